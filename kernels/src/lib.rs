@@ -1,0 +1,1 @@
+//! CUDA kernels for the engine (filled in by the CUDA backend work).
