@@ -1,1 +1,324 @@
-//! sgl-crds
+//! The `SGLangService` custom resource: one SGLang deployment (engines, router, autoscaler)
+//! described by a single namespaced object.
+//!
+//! Field names mirror the engine's launch flags (`tpSize` ↔ `--tp-size`, `grammarBackend` ↔
+//! `--grammar-backend`, ...). Validation lives in the schema itself (enums, minimums and CEL
+//! rules under `x-kubernetes-validations`), so the API server refuses a bad spec at apply
+//! time; [`SGLangService::validate`] runs the same CEL rules locally, so the operator and its
+//! `render` command refuse it too.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, EnvVar, ResourceRequirements, SecretKeySelector, Toleration,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+mod defaults;
+pub use defaults::*;
+
+/// API group of every resource this crate defines.
+pub const GROUP: &str = "serving.sgl-rs.io";
+/// Version of [`SGLangService`].
+pub const VERSION: &str = "v1alpha1";
+
+/// Errors of this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum CrdError {
+    #[error("invalid SGLangService {name}: {message}")]
+    Invalid { name: String, message: String },
+    #[error("could not serialize: {0}")]
+    Serialize(#[from] serde_json::Error),
+    #[error("could not write YAML: {0}")]
+    Yaml(#[from] serde_yaml::Error),
+}
+
+/// Desired state of one SGLang serving deployment.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "serving.sgl-rs.io",
+    version = "v1alpha1",
+    kind = "SGLangService",
+    plural = "sglangservices",
+    shortname = "sgls",
+    namespaced,
+    status = "SGLangServiceStatus",
+    scale(
+        spec_replicas_path = ".spec.dpSize",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(name = "Model", type_ = "string", json_path = ".spec.model.path"),
+    printcolumn(name = "TP", type_ = "integer", json_path = ".spec.tpSize"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.ready"),
+    printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.endpoint"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("size(self.metadata.name) <= 40").message("metadata.name must be at most 40 characters (object names derive from it)")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SGLangServiceSpec {
+    /// Which model to serve.
+    pub model: ModelSpec,
+    /// Engine container image.
+    #[serde(default = "default_engine_image")]
+    pub image: String,
+    /// Image pull policy of the engine and router containers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+    /// Where the engine runs: `cuda` requests `tpSize` NVIDIA GPUs per pod, `cpu` none.
+    #[serde(default)]
+    pub device: Device,
+    /// Tensor-parallel degree: GPUs per engine pod (`--tp-size`).
+    #[serde(default = "one")]
+    #[x_kube(validation = Rule::new("self in [1, 2, 4, 8]").message("tpSize must be 1, 2, 4 or 8"))]
+    pub tp_size: i32,
+    /// Data-parallel degree: number of engine pods. Driven by the HPA when autoscaling is on.
+    #[serde(default = "one")]
+    #[schemars(range(min = 0, max = 1024))]
+    pub dp_size: i32,
+    /// Weight quantization (`--quantization`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<Quantization>,
+    /// KV cache data type (`--kv-cache-dtype`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_dtype: Option<KvCacheDtype>,
+    /// Grammar backend for structured outputs (`--grammar-backend`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grammar_backend: Option<GrammarBackend>,
+    /// Maximum context length in tokens (`--context-length`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub context_length: Option<i64>,
+    /// Fraction of accelerator memory for weights and KV cache (`--mem-fraction-static`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0.0 && self < 1.0").message("memFractionStatic must be between 0 and 1, exclusive"))]
+    pub mem_fraction_static: Option<f64>,
+    /// Maximum concurrently running requests per engine (`--max-running-requests`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_running_requests: Option<i64>,
+    /// Maximum tokens in the KV pool (`--max-total-tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_total_tokens: Option<i64>,
+    /// Chunked prefill size in tokens; -1 disables chunking (`--chunked-prefill-size`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == -1 || self >= 1").message("chunkedPrefillSize must be -1 (off) or positive"))]
+    pub chunked_prefill_size: Option<i64>,
+    /// Scheduling policy of the waiting queue (`--schedule-policy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_policy: Option<SchedulePolicy>,
+    /// Engine log level (`--log-level`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_level: Option<LogLevel>,
+    /// Further engine flags, appended verbatim after the ones derived from this spec.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_args: Vec<String>,
+    /// Extra environment variables of the engine container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Engine container resources. With `device: cuda` the operator sets `nvidia.com/gpu` to
+    /// `tpSize` in requests and limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// A PersistentVolumeClaim that holds downloaded weights, mounted in every engine pod and
+    /// used as the Hugging Face cache, so a restart does not download again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_cache: Option<ModelCacheSpec>,
+    /// Secret key holding the API key clients must send (`--api-key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_secret_ref: Option<SecretKeySelector>,
+    /// The cache-aware router in front of the engines.
+    #[serde(default)]
+    pub router: RouterSpec,
+    /// Horizontal autoscaling of the engines on their own metrics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<AutoscalingSpec>,
+    /// Prometheus Operator integration.
+    #[serde(default)]
+    pub monitoring: MonitoringSpec,
+}
+
+/// The model to serve.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSpec {
+    /// A path inside the image or a mounted volume, or a Hugging Face id (`--model-path`).
+    #[schemars(length(min = 1))]
+    pub path: String,
+    /// Name clients use in the `model` field (`--served-model-name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_model_name: Option<String>,
+    /// Hugging Face revision (branch, tag or commit) to download (`--revision`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    /// Tokenizer location when it differs from the model (`--tokenizer-path`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer_path: Option<String>,
+    /// Chat template name or file (`--chat-template`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<String>,
+}
+
+/// A PVC reused as the model cache.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelCacheSpec {
+    /// Name of an existing PersistentVolumeClaim in the service's namespace.
+    #[schemars(length(min = 1))]
+    pub claim_name: String,
+    /// Where the claim is mounted in the engine container; `HF_HOME` points here.
+    #[serde(default = "default_model_cache_path")]
+    #[x_kube(validation = Rule::new("self.startsWith('/')").message("mountPath must be absolute"))]
+    pub mount_path: String,
+    /// Mount read-only (weights already present, nothing to download).
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// The router Deployment.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RouterSpec {
+    /// Deploy the router. Without it, clients reach the engines' headless Service directly.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Router image.
+    #[serde(default = "default_router_image")]
+    pub image: String,
+    #[serde(default = "one")]
+    #[schemars(range(min = 1, max = 64))]
+    pub replicas: i32,
+    /// Load-balancing policy (`--policy`).
+    #[serde(default)]
+    pub policy: RouterPolicy,
+    /// Minimum prefix-match ratio to route by cache rather than by load (`--cache-threshold`).
+    #[serde(default = "default_cache_threshold")]
+    #[x_kube(validation = Rule::new("self >= 0.0 && self <= 1.0").message("cacheThreshold must be within [0, 1]"))]
+    pub cache_threshold: f64,
+    /// Load imbalance, in queued requests, above which the router balances by load
+    /// (`--balance-abs-threshold`).
+    #[serde(default = "default_balance_abs_threshold")]
+    #[schemars(range(min = 0))]
+    pub balance_abs_threshold: i64,
+    /// Load ratio above which the router balances by load (`--balance-rel-threshold`).
+    #[serde(default = "default_balance_rel_threshold")]
+    #[x_kube(validation = Rule::new("self >= 1.0").message("balanceRelThreshold must be at least 1.0"))]
+    pub balance_rel_threshold: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+/// A HorizontalPodAutoscaler on the engine StatefulSet, fed by the engines' own metrics through
+/// the custom metrics API (the chart's prometheus-adapter rules).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.minReplicas <= self.maxReplicas").message("minReplicas must not exceed maxReplicas"))]
+pub struct AutoscalingSpec {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default = "one")]
+    #[schemars(range(min = 1))]
+    pub min_replicas: i32,
+    #[schemars(range(min = 1, max = 1024))]
+    pub max_replicas: i32,
+    /// Target average of waiting requests per engine (`sglang:num_queue_reqs`).
+    #[serde(default = "default_target_queue_length")]
+    #[x_kube(validation = Rule::new("self > 0.0").message("targetQueueLength must be positive"))]
+    pub target_queue_length: f64,
+    /// Target prefix-cache hit rate. Scaling is driven by its complement, the miss rate
+    /// (`1 - sglang:cache_hit_rate`), so that more uncached work means more replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0.0 && self < 1.0").message("targetCacheHitRate must be within [0, 1)"))]
+    pub target_cache_hit_rate: Option<f64>,
+    /// Seconds the HPA waits before acting on a lower recommendation.
+    #[serde(default = "default_scale_down_stabilization")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub scale_down_stabilization_seconds: i32,
+}
+
+/// Prometheus Operator integration.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct MonitoringSpec {
+    /// Create a ServiceMonitor for the engines and router (needs the Prometheus Operator CRDs).
+    #[serde(default)]
+    pub service_monitor: bool,
+    /// Scrape interval, e.g. `15s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+(ms|s|m)$"))]
+    pub interval: Option<String>,
+}
+
+/// Observed state, computed from the objects that exist.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SGLangServiceStatus {
+    /// `Ready`, `Progressing` and `Degraded`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Engine pods that exist.
+    #[serde(default)]
+    pub replicas: i32,
+    /// Engine pods that pass their readiness probe.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// `readyReplicas/replicas`, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<String>,
+    /// URL clients send requests to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Label selector of the engine pods, for the scale subresource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+}
+
+impl SGLangService {
+    /// Runs the schema's CEL rules on this object, as the API server would on create.
+    pub fn validate(&self) -> Result<(), CrdError> {
+        let name = self.metadata.name.clone().unwrap_or_default();
+        let crd = Self::crd();
+        let schema = crd
+            .spec
+            .versions
+            .first()
+            .and_then(|v| v.schema.as_ref())
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .map(serde_json::to_value)
+            .transpose()?
+            .unwrap_or_default();
+        let object = serde_json::to_value(self)?;
+        kube::core::cel::Validator::new()
+            .validate(&schema, &object, None)
+            .map_err(|errors| CrdError::Invalid {
+                name,
+                message: errors
+                    .iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            })
+    }
+
+    /// Whether an enabled HPA owns the engine replica count.
+    pub fn autoscaled(&self) -> bool {
+        self.spec.autoscaling.as_ref().is_some_and(|a| a.enabled)
+    }
+}
+
+/// The CRD as YAML, exactly as `crdgen` writes it.
+pub fn crd_yaml() -> Result<String, CrdError> {
+    Ok(serde_yaml::to_string(&SGLangService::crd())?)
+}

@@ -1,1 +1,208 @@
-//! config
+//! Server arguments: SGLang's `launch_server` flags, parsed once and validated once.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+use crate::error::EngineError;
+
+/// Waiting-queue ordering, SGLang's `--schedule-policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SchedulePolicy {
+    /// Longest cached prefix first.
+    Lpm,
+    /// First come, first served.
+    Fcfs,
+}
+
+/// Which device runs the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeviceKind {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    Error,
+    Warning,
+    Info,
+    Debug,
+}
+
+impl LogLevel {
+    pub fn as_filter(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warning => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+        }
+    }
+}
+
+/// `sgl-engine serve` flags. Names follow SGLang's `launch_server`.
+#[derive(Debug, Clone, Args)]
+pub struct ServerArgs {
+    /// Model to serve: a GGUF file, or a Hugging Face folder (config.json, *.safetensors,
+    /// tokenizer.json).
+    #[arg(long)]
+    pub model_path: PathBuf,
+    /// Tokenizer file or folder (defaults to the model's own).
+    #[arg(long)]
+    pub tokenizer_path: Option<PathBuf>,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 30000)]
+    pub port: u16,
+    /// Model name reported by the API (defaults to the model file or folder name).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Maximum tokens per request (prompt + output); defaults to the model's own limit.
+    #[arg(long)]
+    pub context_length: Option<usize>,
+    /// A Jinja chat template file that replaces the model's own.
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
+    /// Require `Authorization: Bearer <key>` on every route except /health.
+    #[arg(long, env = "SGLANG_API_KEY")]
+    pub api_key: Option<String>,
+    /// Most requests decoding at once.
+    #[arg(long)]
+    pub max_running_requests: Option<usize>,
+    /// Size of the KV cache in tokens.
+    #[arg(long)]
+    pub max_total_tokens: Option<usize>,
+    /// Most prompt tokens prefilled in one step (-1 disables chunking).
+    #[arg(long, default_value_t = 512, allow_negative_numbers = true)]
+    pub chunked_prefill_size: i64,
+    #[arg(long, value_enum, default_value = "lpm")]
+    pub schedule_policy: SchedulePolicy,
+    #[arg(long)]
+    pub disable_radix_cache: bool,
+    /// Serve Prometheus metrics at /metrics.
+    #[arg(long)]
+    pub enable_metrics: bool,
+    /// Report cached prompt tokens in OpenAI `usage.prompt_tokens_details`.
+    #[arg(long)]
+    pub enable_cache_report: bool,
+    #[arg(long)]
+    pub random_seed: Option<u64>,
+    #[arg(long, value_enum, default_value = "info")]
+    pub log_level: LogLevel,
+    /// Log every request's input and output.
+    #[arg(long)]
+    pub log_requests: bool,
+    /// Take and return token ids only (no tokenizer is loaded).
+    #[arg(long)]
+    pub skip_tokenizer_init: bool,
+    /// Device to run on.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: DeviceKind,
+    /// CPU threads for the model (default: all cores).
+    #[arg(long)]
+    pub num_threads: Option<usize>,
+    /// Most requests waiting in the queue before new ones get 503.
+    #[arg(long, default_value_t = 4096)]
+    pub max_queued_requests: usize,
+    /// Fraction of free GPU memory for weights and KV cache (CUDA).
+    #[arg(long, default_value_t = 0.88)]
+    pub mem_fraction_static: f32,
+    /// Tensor parallel size (GPUs per engine).
+    #[arg(long, default_value_t = 1)]
+    pub tp_size: usize,
+    /// Data parallel size (engine replicas; run several engines behind the router).
+    #[arg(long, default_value_t = 1)]
+    pub dp_size: usize,
+    /// Weight quantization of the checkpoint (GGUF files carry their own).
+    #[arg(long)]
+    pub quantization: Option<String>,
+    /// KV cache data type.
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: String,
+    /// Structured-output backend.
+    #[arg(long, default_value = "llguidance")]
+    pub grammar_backend: String,
+    /// Largest decode batch captured in a CUDA graph.
+    #[arg(long, default_value_t = 160)]
+    pub cuda_graph_max_bs: usize,
+    #[arg(long)]
+    pub disable_cuda_graph: bool,
+}
+
+impl ServerArgs {
+    /// Checks that do not need the model; model-dependent limits are checked at load.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        let bad = |m: String| Err(EngineError::InvalidArgument(m));
+        if !self.model_path.exists() {
+            return bad(format!(
+                "--model-path {} does not exist (a GGUF file or a Hugging Face model folder)",
+                self.model_path.display()
+            ));
+        }
+        if let Some(p) = &self.chat_template
+            && !p.is_file()
+        {
+            return bad(format!("--chat-template {} is not a readable file", p.display()));
+        }
+        if self.max_running_requests == Some(0) {
+            return bad("--max-running-requests must be at least 1".into());
+        }
+        if let Some(n) = self.max_total_tokens
+            && n < 16
+        {
+            return bad(format!("--max-total-tokens {n} is too small (at least 16)"));
+        }
+        if self.chunked_prefill_size == 0 || self.chunked_prefill_size < -1 {
+            return bad("--chunked-prefill-size must be positive, or -1 to disable chunking".into());
+        }
+        if self.context_length == Some(0) {
+            return bad("--context-length must be positive".into());
+        }
+        if !(0.0..=1.0).contains(&self.mem_fraction_static) || self.mem_fraction_static == 0.0 {
+            return bad("--mem-fraction-static must be in (0, 1]".into());
+        }
+        if self.tp_size != 1 {
+            return bad(format!(
+                "--tp-size {} is not supported by this engine build (only 1); run data-parallel replicas behind sgl-router instead",
+                self.tp_size
+            ));
+        }
+        if self.num_threads == Some(0) {
+            return bad("--num-threads must be at least 1".into());
+        }
+        match self.grammar_backend.as_str() {
+            "llguidance" | "outlines" | "xgrammar" | "none" => {}
+            other => {
+                return bad(format!(
+                    "--grammar-backend {other} is unknown (llguidance, outlines, xgrammar, none)"
+                ));
+            }
+        }
+        match self.kv_cache_dtype.as_str() {
+            "auto" | "bf16" | "fp16" | "fp32" => {}
+            other => return bad(format!("--kv-cache-dtype {other} is not supported (auto, bf16, fp16, fp32)")),
+        }
+        if let Some(q) = &self.quantization {
+            return bad(format!(
+                "--quantization {q} is not supported yet; serve a GGUF file for quantized weights"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Name reported by /v1/models and in metrics labels.
+    pub fn model_name(&self) -> String {
+        if let Some(n) = &self.served_model_name {
+            return n.clone();
+        }
+        self.model_path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "default".into())
+    }
+
+    pub fn chunked_prefill(&self) -> Option<usize> {
+        (self.chunked_prefill_size > 0).then_some(self.chunked_prefill_size as usize)
+    }
+}

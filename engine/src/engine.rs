@@ -1,1 +1,201 @@
-//! engine
+//! The engine as the HTTP layer sees it: a cloneable [`EngineHandle`] that submits requests to
+//! the scheduler thread and reads their token streams back.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::Instant;
+
+use tokio::sync::{mpsc as tmpsc, oneshot};
+
+use crate::config::ServerArgs;
+use crate::error::{EngineError, Result};
+use crate::metrics::Metrics;
+use crate::request::{GenerateRequest, StreamEvent};
+use crate::tokenizer::Tokenizer;
+
+/// What the API reports about the served model.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub model_path: String,
+    pub served_model_name: String,
+    /// Most tokens (prompt + output) of one request.
+    pub context_length: usize,
+    pub vocab_size: usize,
+    /// KV cache size in tokens.
+    pub max_total_tokens: usize,
+    pub max_running_requests: usize,
+    /// Token ids that end generation unless `ignore_eos`.
+    pub eos_token_ids: Vec<u32>,
+    pub architecture: String,
+}
+
+/// Live counters the scheduler publishes (also exported as metrics).
+#[derive(Debug, Default)]
+pub struct SchedulerStats {
+    pub num_running_reqs: AtomicUsize,
+    pub num_queue_reqs: AtomicUsize,
+    pub num_used_tokens: AtomicUsize,
+    /// Set false if the scheduler thread exits.
+    pub alive: AtomicBool,
+    /// Generated tokens since start.
+    pub total_generated: AtomicU64,
+    /// Cached prompt tokens / prompt tokens since start, for the cache hit rate.
+    pub total_prompt_tokens: AtomicU64,
+    pub total_cached_tokens: AtomicU64,
+}
+
+/// A request on its way to the scheduler.
+pub struct PendingRequest {
+    /// Internal id, unique for the life of the server (user rids may repeat).
+    pub id: u64,
+    pub req: GenerateRequest,
+    pub events: tmpsc::UnboundedSender<StreamEvent>,
+    pub arrival: Instant,
+}
+
+pub enum SchedulerMsg {
+    Generate(Box<PendingRequest>),
+    Abort(u64),
+    /// Reply true when the cache was flushed (only possible while no request runs).
+    FlushCache(oneshot::Sender<bool>),
+}
+
+struct Inner {
+    tx: mpsc::Sender<SchedulerMsg>,
+    info: ModelInfo,
+    tokenizer: Option<Arc<Tokenizer>>,
+    args: ServerArgs,
+    metrics: Arc<Metrics>,
+    stats: Arc<SchedulerStats>,
+    next_id: AtomicU64,
+    started: Instant,
+}
+
+/// Cloneable handle to a running engine.
+#[derive(Clone)]
+pub struct EngineHandle {
+    inner: Arc<Inner>,
+}
+
+/// The parts from which a handle is built (see `crate::scheduler::launch`).
+pub struct EngineParts {
+    pub tx: mpsc::Sender<SchedulerMsg>,
+    pub info: ModelInfo,
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    pub args: ServerArgs,
+    pub metrics: Arc<Metrics>,
+    pub stats: Arc<SchedulerStats>,
+}
+
+impl EngineHandle {
+    pub fn from_parts(p: EngineParts) -> Self {
+        EngineHandle {
+            inner: Arc::new(Inner {
+                tx: p.tx,
+                info: p.info,
+                tokenizer: p.tokenizer,
+                args: p.args,
+                metrics: p.metrics,
+                stats: p.stats,
+                next_id: AtomicU64::new(1),
+                started: Instant::now(),
+            }),
+        }
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.inner.info
+    }
+
+    /// `None` with `--skip-tokenizer-init`.
+    pub fn tokenizer(&self) -> Option<&Arc<Tokenizer>> {
+        self.inner.tokenizer.as_ref()
+    }
+
+    pub fn args(&self) -> &ServerArgs {
+        &self.inner.args
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    pub fn stats(&self) -> &SchedulerStats {
+        &self.inner.stats
+    }
+
+    pub fn uptime_secs(&self) -> f64 {
+        self.inner.started.elapsed().as_secs_f64()
+    }
+
+    /// Queue a request. Fails with 503/429-class errors when the scheduler is gone or the queue
+    /// is full; the request is then not queued at all.
+    pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream> {
+        let stats = &self.inner.stats;
+        if !stats.alive.load(Ordering::Acquire) {
+            return Err(EngineError::Unavailable("the engine's scheduler is not running".into()));
+        }
+        if stats.num_queue_reqs.load(Ordering::Relaxed) >= self.inner.args.max_queued_requests {
+            return Err(EngineError::Overloaded(format!(
+                "too many waiting requests ({}); retry later",
+                self.inner.args.max_queued_requests
+            )));
+        }
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let (events, rx) = tmpsc::unbounded_channel();
+        let pending = PendingRequest { id, req, events, arrival: Instant::now() };
+        self.inner
+            .tx
+            .send(SchedulerMsg::Generate(Box::new(pending)))
+            .map_err(|_| EngineError::Unavailable("the engine is shutting down".into()))?;
+        Ok(RequestStream { id, rx, tx: self.inner.tx.clone(), done: false })
+    }
+
+    /// Drop the radix cache. False when requests are running (SGLang refuses then too).
+    pub async fn flush_cache(&self) -> bool {
+        let (tx, rx) = oneshot::channel();
+        if self.inner.tx.send(SchedulerMsg::FlushCache(tx)).is_err() {
+            return false;
+        }
+        rx.await.unwrap_or(false)
+    }
+}
+
+/// The events of one request. Dropping it before the final event aborts the request, which
+/// frees its KV slots: this is how a client disconnect reaches the scheduler.
+pub struct RequestStream {
+    id: u64,
+    rx: tmpsc::UnboundedReceiver<StreamEvent>,
+    tx: mpsc::Sender<SchedulerMsg>,
+    done: bool,
+}
+
+impl RequestStream {
+    pub async fn next(&mut self) -> Option<StreamEvent> {
+        if self.done {
+            return None;
+        }
+        let ev = self.rx.recv().await;
+        match &ev {
+            Some(StreamEvent::Finished { .. }) | Some(StreamEvent::Error { .. }) | None => {
+                self.done = true
+            }
+            Some(StreamEvent::Tokens { .. }) => {}
+        }
+        ev
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if !self.done {
+            // The scheduler may already be gone; nothing else to do then.
+            let _ = self.tx.send(SchedulerMsg::Abort(self.id));
+        }
+    }
+}

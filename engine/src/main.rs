@@ -1,3 +1,82 @@
-fn main() {
-    println!("sgl-engine");
+//! `sgl-engine`: serve a model over SGLang's native and OpenAI-compatible APIs.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use sgl_engine::config::ServerArgs;
+
+#[derive(Parser)]
+#[command(
+    name = "sgl-engine",
+    version,
+    about = "SGLang-compatible LLM serving engine"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve a model (flags follow SGLang's launch_server).
+    Serve(Box<ServerArgs>),
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!("{level},sgl_engine={level}"))
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+async fn serve(args: ServerArgs) -> Result<(), String> {
+    let addr = format!("{}:{}", args.host, args.port);
+    // Bind first so a port clash fails fast, before the model load.
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let engine = tokio::task::spawn_blocking(move || sgl_engine::scheduler::launch(args))
+        .await
+        .map_err(|e| format!("start-up failed: {e}"))?
+        .map_err(|e| e.to_string())?;
+    tracing::info!("The server is fired up and ready to roll! Listening on http://{local}");
+    // One machine-readable line on stdout for scripts and tests.
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "listening on http://{local}");
+    let _ = out.flush();
+    sgl_engine::api::serve(engine, listener)
+        .await
+        .map_err(|e| format!("server error: {e}"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => {
+            init_logging(args.log_level.as_filter());
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match rt.block_on(serve(*args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
 }

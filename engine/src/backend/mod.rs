@@ -1,1 +1,50 @@
+//! The narrow interface between the scheduler and whatever runs the model.
+//!
+//! The scheduler owns KV slot *indices* (see [`crate::cache`]); a backend owns the KV *memory*
+//! (one K and one V row per slot and layer) and runs forward passes over batches of sequences.
+
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
+use crate::error::Result;
+
+/// One sequence's part of a forward pass.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqInput<'a> {
+    /// Tokens to run now (a whole prompt, a chunk of one, or one decode token).
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`; positions before it are already in the KV cache.
+    pub start_pos: usize,
+    /// KV slots of positions `0..start_pos + tokens.len()`: the cached prefix's slots then the
+    /// slots where the new tokens' K/V are written.
+    pub kv_slots: &'a [u32],
+    /// Whether the caller needs logits for this sequence's last token (false for a prompt chunk
+    /// that is not the last).
+    pub need_logits: bool,
+}
+
+/// Sampling controls a backend may apply on its own device.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleInput {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: i32,
+    pub min_p: f32,
+    /// A fresh uniform draw in [0, 1) from the request's generator.
+    pub uniform: f32,
+}
+
+pub trait Backend: Send {
+    /// Run one forward pass. Returns the logits of the last token of every sequence with
+    /// `need_logits`, in order, each `vocab_size()` long.
+    fn forward(&mut self, batch: &[SeqInput<'_>]) -> Result<Vec<f32>>;
+
+    fn vocab_size(&self) -> usize;
+
+    /// Number of KV slots this backend allocated.
+    fn kv_capacity(&self) -> usize;
+
+    /// A short description for logs and /get_server_info (device, dtype).
+    fn describe(&self) -> String;
+}

@@ -1,1 +1,204 @@
-//! cpu backend
+//! The CPU backend: the Llama forward pass over our own quantized kernels, with the KV cache
+//! held as one f32 row per slot and layer.
+
+pub mod kernels;
+mod ops;
+
+use std::time::Instant;
+
+use crate::backend::{Backend, SeqInput};
+use crate::error::{EngineError, Result};
+use crate::model::config::ModelConfig;
+use crate::model::llama::LlamaWeights;
+
+use kernels::matmul;
+
+pub struct CpuBackend {
+    cfg: ModelConfig,
+    weights: LlamaWeights,
+    /// Per layer: `capacity × kv_dim` keys, then values.
+    k_cache: Vec<Vec<f32>>,
+    v_cache: Vec<Vec<f32>>,
+    capacity: usize,
+    rope: ops::RopeTable,
+}
+
+impl CpuBackend {
+    /// `kv_capacity` token slots; `max_positions` bounds the RoPE table.
+    pub fn new(
+        cfg: ModelConfig,
+        weights: LlamaWeights,
+        kv_capacity: usize,
+        max_positions: usize,
+    ) -> Result<Self> {
+        let kv_dim = cfg.num_kv_heads * cfg.head_dim;
+        let per_layer = kv_capacity
+            .checked_mul(kv_dim)
+            .ok_or_else(|| EngineError::Load("KV cache size overflows".into()))?;
+        let bytes = per_layer as u128 * 4 * 2 * cfg.num_layers as u128;
+        tracing::info!(
+            "KV cache: {kv_capacity} tokens, {:.1} MiB ({} layers, {} KV heads × {})",
+            bytes as f64 / (1024.0 * 1024.0),
+            cfg.num_layers,
+            cfg.num_kv_heads,
+            cfg.head_dim
+        );
+        let k_cache = (0..cfg.num_layers).map(|_| vec![0f32; per_layer]).collect();
+        let v_cache = (0..cfg.num_layers).map(|_| vec![0f32; per_layer]).collect();
+        let rope = ops::RopeTable::new(&cfg.rope_inv_freq(), max_positions);
+        Ok(CpuBackend { cfg, weights, k_cache, v_cache, capacity: kv_capacity, rope })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn check_batch(&self, batch: &[SeqInput<'_>]) -> Result<()> {
+        for s in batch {
+            let end = s.start_pos + s.tokens.len();
+            if s.kv_slots.len() != end {
+                return Err(EngineError::Internal(format!(
+                    "sequence has {} KV slots for {end} positions",
+                    s.kv_slots.len()
+                )));
+            }
+            if end > self.rope.max_positions() {
+                return Err(EngineError::Internal(format!(
+                    "position {end} beyond the RoPE table ({})",
+                    self.rope.max_positions()
+                )));
+            }
+            if let Some(&bad) = s.kv_slots.iter().find(|&&x| x as usize >= self.capacity) {
+                return Err(EngineError::Internal(format!("KV slot {bad} out of range")));
+            }
+            if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+                return Err(EngineError::Internal(format!("token id {bad} out of vocabulary")));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Backend for CpuBackend {
+    fn forward(&mut self, batch: &[SeqInput<'_>]) -> Result<Vec<f32>> {
+        self.check_batch(batch)?;
+        let started = Instant::now();
+        let cfg = &self.cfg;
+        let h = cfg.hidden_size;
+        let hd = cfg.head_dim;
+        let qd = cfg.num_heads * hd;
+        let kvd = cfg.num_kv_heads * hd;
+        let ffn = cfg.intermediate_size;
+        let t_total: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        if t_total == 0 {
+            return Ok(Vec::new());
+        }
+
+        // Flattened per-token bookkeeping.
+        let mut positions = Vec::with_capacity(t_total);
+        let mut slots = Vec::with_capacity(t_total);
+        let mut tokens = Vec::with_capacity(t_total);
+        for s in batch {
+            for (i, &t) in s.tokens.iter().enumerate() {
+                positions.push(s.start_pos + i);
+                slots.push(s.kv_slots[s.start_pos + i] as usize);
+                tokens.push(t);
+            }
+        }
+
+        let mut x = vec![0f32; t_total * h];
+        for (i, &t) in tokens.iter().enumerate() {
+            self.weights.embed.dequantize_row(t as usize, &mut x[i * h..(i + 1) * h]);
+        }
+        let mut hbuf = vec![0f32; t_total * h];
+        let mut q = vec![0f32; t_total * qd];
+        let mut k = vec![0f32; t_total * kvd];
+        let mut v = vec![0f32; t_total * kvd];
+        let mut attn = vec![0f32; t_total * qd];
+        let mut o = vec![0f32; t_total * h];
+        let mut gate = vec![0f32; t_total * ffn];
+        let mut up = vec![0f32; t_total * ffn];
+
+        for (l, lw) in self.weights.layers.iter().enumerate() {
+            ops::rms_norm(&x, &lw.attn_norm, cfg.rms_norm_eps, h, &mut hbuf);
+            matmul(&lw.wq, &hbuf, t_total, &mut q);
+            matmul(&lw.wk, &hbuf, t_total, &mut k);
+            matmul(&lw.wv, &hbuf, t_total, &mut v);
+            if let (Some(bq), Some(bk), Some(bv)) = (&lw.bq, &lw.bk, &lw.bv) {
+                ops::add_bias(&mut q, bq);
+                ops::add_bias(&mut k, bk);
+                ops::add_bias(&mut v, bv);
+            }
+            self.rope.apply(&mut q, &positions, cfg.num_heads, hd, cfg.rope_interleaved);
+            self.rope.apply(&mut k, &positions, cfg.num_kv_heads, hd, cfg.rope_interleaved);
+            let kc = &mut self.k_cache[l];
+            let vc = &mut self.v_cache[l];
+            for (i, &slot) in slots.iter().enumerate() {
+                kc[slot * kvd..(slot + 1) * kvd].copy_from_slice(&k[i * kvd..(i + 1) * kvd]);
+                vc[slot * kvd..(slot + 1) * kvd].copy_from_slice(&v[i * kvd..(i + 1) * kvd]);
+            }
+            ops::attention(
+                &q,
+                &self.k_cache[l],
+                &self.v_cache[l],
+                batch,
+                cfg.num_heads,
+                cfg.num_kv_heads,
+                hd,
+                &mut attn,
+            );
+            matmul(&lw.wo, &attn, t_total, &mut o);
+            ops::add_in_place(&mut x, &o);
+            ops::rms_norm(&x, &lw.ffn_norm, cfg.rms_norm_eps, h, &mut hbuf);
+            matmul(&lw.w_gate, &hbuf, t_total, &mut gate);
+            matmul(&lw.w_up, &hbuf, t_total, &mut up);
+            ops::silu_mul(&mut gate, &up);
+            matmul(&lw.w_down, &gate, t_total, &mut o);
+            ops::add_in_place(&mut x, &o);
+        }
+
+        // Final norm and logits for the last token of each sequence that wants them.
+        let mut rows = Vec::new();
+        let mut off = 0;
+        for s in batch {
+            off += s.tokens.len();
+            if s.need_logits && !s.tokens.is_empty() {
+                rows.push(off - 1);
+            }
+        }
+        let n = rows.len();
+        let mut last = vec![0f32; n * h];
+        for (j, &r) in rows.iter().enumerate() {
+            last[j * h..(j + 1) * h].copy_from_slice(&x[r * h..(r + 1) * h]);
+        }
+        let mut normed = vec![0f32; n * h];
+        ops::rms_norm(&last, &self.weights.norm, cfg.rms_norm_eps, h, &mut normed);
+        let vocab = cfg.vocab_size;
+        let mut logits = vec![0f32; n * vocab];
+        if n > 0 {
+            matmul(self.weights.lm_head(), &normed, n, &mut logits);
+        }
+        tracing::trace!(
+            "forward: {} seqs, {t_total} tokens in {:.2} ms",
+            batch.len(),
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(logits)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.cfg.vocab_size
+    }
+
+    fn kv_capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "cpu ({} threads, {:.1} MiB of weights)",
+            kernels::num_threads(),
+            self.weights.size_bytes() as f64 / (1024.0 * 1024.0)
+        )
+    }
+}

@@ -1,1 +1,241 @@
-//! CPU numeric kernels
+//! CPU numeric kernels: products of weight matrices (GGUF block formats Q4_0, Q4_1, Q8_0 and
+//! row-major F32, F16, BF16) with f32 activations, and the thread pool they run on.
+//!
+//! How a quantized product works: each activation row is quantized once per call to 8-bit
+//! blocks of 32 values with one f32 scale (like ggml's Q8_0/Q8_1 activation blocks), then each
+//! output is a sum over blocks of `scale_w * scale_x * (integer dot of the 32 pairs)` plus, for
+//! Q4_1, `min_w * scale_x * sum(x quants)`. The integer dots run on SIMD units picked at run
+//! time ([`Isa`]): AVX-512 VNNI, AVX2 + FMA, or portable scalar code (other architectures and old
+//! x86 CPUs). All paths quantize activations identically, so they differ only in the order of
+//! f32 additions.
+//!
+//! Accuracy: the only error beyond f32 rounding comes from the activation quantization; each
+//! activation moves by at most half a quantization step (`amax(block) / 254`), so an output moves
+//! by at most `sum_blocks amax_x(block) / 254 * sum |w| over the block` (what the tests check).
+//!
+//! Work is split over output rows across the pool ([`set_num_threads`], [`parallel_for`]);
+//! batches of activation rows are tiled so each weight tile is read from memory once per tile.
+
+mod dispatch;
+mod pool;
+mod quant;
+mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86_avx2;
+
+#[cfg(test)]
+mod tests;
+
+pub use dispatch::Isa;
+pub use pool::{num_threads, parallel_for, set_num_threads};
+
+/// Storage format of a weight matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WeightFormat {
+    F32,
+    F16,
+    BF16,
+    /// Blocks of 32: f16 scale `d`, 32 × i8; value = d * q.
+    Q8_0,
+    /// Blocks of 32: f16 scale `d`, 16 bytes of nibbles; value = d * (q - 8).
+    Q4_0,
+    /// Blocks of 32: f16 scale `d`, f16 min `m`, 16 bytes of nibbles; value = d * q + m.
+    Q4_1,
+}
+
+/// Elements per quantized block.
+pub const BLOCK: usize = 32;
+
+impl WeightFormat {
+    /// Elements per storage unit: 32 for block formats, 1 for float formats.
+    pub fn block_elems(self) -> usize {
+        match self {
+            WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 => 1,
+            WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q4_1 => BLOCK,
+        }
+    }
+
+    /// Bytes per storage unit (one element or one block).
+    pub fn block_bytes(self) -> usize {
+        match self {
+            WeightFormat::F32 => 4,
+            WeightFormat::F16 | WeightFormat::BF16 => 2,
+            WeightFormat::Q8_0 => 34,
+            WeightFormat::Q4_0 => 18,
+            WeightFormat::Q4_1 => 20,
+        }
+    }
+
+    /// Whether this is a block-quantized format.
+    pub fn is_quantized(self) -> bool {
+        self.block_elems() > 1
+    }
+
+    /// Bytes of one row of `cols` elements (`cols` must be a multiple of the block size).
+    pub fn row_bytes(self, cols: usize) -> usize {
+        cols / self.block_elems() * self.block_bytes()
+    }
+}
+
+impl std::fmt::Display for WeightFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match self {
+            WeightFormat::F32 => "F32",
+            WeightFormat::F16 => "F16",
+            WeightFormat::BF16 => "BF16",
+            WeightFormat::Q8_0 => "Q8_0",
+            WeightFormat::Q4_0 => "Q4_0",
+            WeightFormat::Q4_1 => "Q4_1",
+        };
+        f.write_str(name)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("{format} weight of {rows}x{cols} needs {expected} bytes, got {got}")]
+    SizeMismatch {
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        expected: usize,
+        got: usize,
+    },
+    #[error("{format} weight has {cols} columns, not a multiple of the block size {block}")]
+    ColsNotBlockAligned {
+        format: WeightFormat,
+        cols: usize,
+        block: usize,
+    },
+    #[error("weight of {rows}x{cols} is too large")]
+    TooLarge { rows: usize, cols: usize },
+}
+
+/// A weight matrix: `rows` output features, each a row of `cols` input features, stored in
+/// GGUF/ggml layout (each row is `cols / 32` consecutive blocks for block formats).
+#[derive(Clone)]
+pub struct Weight {
+    rows: usize,
+    cols: usize,
+    format: WeightFormat,
+    row_bytes: usize,
+    bytes: Vec<u8>,
+}
+
+impl std::fmt::Debug for Weight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Weight")
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .field("format", &self.format)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Weight {
+    /// Bytes in GGUF/ggml layout (row-major, rows × cols elements). Errors on a length that does
+    /// not match, or `cols` not a multiple of 32 for block formats.
+    pub fn from_raw(
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        bytes: Vec<u8>,
+    ) -> Result<Weight, KernelError> {
+        let block = format.block_elems();
+        if !cols.is_multiple_of(block) {
+            return Err(KernelError::ColsNotBlockAligned {
+                format,
+                cols,
+                block,
+            });
+        }
+        let row_bytes = (cols / block)
+            .checked_mul(format.block_bytes())
+            .ok_or(KernelError::TooLarge { rows, cols })?;
+        let expected = row_bytes
+            .checked_mul(rows)
+            .ok_or(KernelError::TooLarge { rows, cols })?;
+        if bytes.len() != expected {
+            return Err(KernelError::SizeMismatch {
+                format,
+                rows,
+                cols,
+                expected,
+                got: bytes.len(),
+            });
+        }
+        Ok(Weight {
+            rows,
+            cols,
+            format,
+            row_bytes,
+            bytes,
+        })
+    }
+
+    /// An F32 weight from row-major values.
+    pub fn from_f32(rows: usize, cols: usize, data: Vec<f32>) -> Result<Weight, KernelError> {
+        let expected = rows
+            .checked_mul(cols)
+            .ok_or(KernelError::TooLarge { rows, cols })?;
+        if data.len() != expected {
+            return Err(KernelError::SizeMismatch {
+                format: WeightFormat::F32,
+                rows,
+                cols,
+                expected: expected.saturating_mul(4),
+                got: data.len().saturating_mul(4),
+            });
+        }
+        let bytes = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Weight::from_raw(WeightFormat::F32, rows, cols, bytes)
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn format(&self) -> WeightFormat {
+        self.format
+    }
+
+    /// Bytes of weight data (what one full product reads).
+    pub fn size_bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// The raw bytes of row `row` in GGUF layout.
+    pub(crate) fn row_data(&self, row: usize) -> &[u8] {
+        &self.bytes[row * self.row_bytes..(row + 1) * self.row_bytes]
+    }
+
+    /// Dequantize one row to f32 (used for embedding lookup).
+    pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
+        assert!(
+            row < self.rows,
+            "dequantize_row: row {row} of {}",
+            self.rows
+        );
+        assert_eq!(
+            out.len(),
+            self.cols,
+            "dequantize_row: output length must equal cols"
+        );
+        scalar::dequantize_row(self.format, self.row_data(row), out);
+    }
+}
+
+/// `out[i*rows + r] = sum_c x[i*cols + c] * W[r, c]` for `i in 0..n`. Multi-threaded.
+pub fn matmul(w: &Weight, x: &[f32], n: usize, out: &mut [f32]) {
+    dispatch::matmul_with(Isa::detect(), w, x, n, out);
+}
+
+/// [`matmul`] on a chosen instruction set (one of [`Isa::all_supported`]; panics otherwise), for
+/// tests and benchmarks.
+pub fn matmul_with_isa(isa: Isa, w: &Weight, x: &[f32], n: usize, out: &mut [f32]) {
+    dispatch::matmul_with(isa, w, x, n, out);
+}

@@ -1,0 +1,468 @@
+//! The OpenAI-compatible routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
+//!
+//! Response shapes follow SGLang 0.4.3's OpenAI adapter: OpenAI's fields plus `matched_stop`
+//! on each choice, and `usage.prompt_tokens_details.cached_tokens` with
+//! `--enable-cache-report`. Without `max_tokens` a request may use the rest of the context
+//! window, capped at [`OPENAI_DEFAULT_MAX_TOKENS_CAP`] tokens.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use serde_json::{Map, Value, json};
+
+use super::generation::{Output, Step, finish_all, merge, submit_all};
+use super::validate::{
+    Dialect, Limits, MaxTokensDefault, OPENAI_DEFAULT_MAX_TOKENS_CAP, Obj, SamplingInput, check_model,
+    describe, build_request, new_rid, parse_sampling, token_id_list,
+};
+use super::{JsonObject, run_blocking, sse};
+use crate::engine::EngineHandle;
+use crate::error::{EngineError, Result};
+use crate::request::{FinishReason, GenerateRequest, Usage};
+use crate::tokenizer::Tokenizer;
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// `matched_stop`: the stop token id or stop string that ended the choice.
+fn matched_stop(reason: &FinishReason) -> Value {
+    match reason {
+        FinishReason::Stop { matched } => matched.clone(),
+        _ => Value::Null,
+    }
+}
+
+/// Which of the two completion routes a request came through.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+/// A request body turned into generations, plus what the response needs.
+struct Parsed {
+    kind: Kind,
+    id: String,
+    model: String,
+    reqs: Vec<GenerateRequest>,
+    stream: bool,
+    include_usage: bool,
+    /// Samples per prompt: choice `i * n + j` is sample `j` of prompt `i`.
+    n: usize,
+    /// Text put before each choice's output (`echo` on completions), per prompt.
+    echo: Vec<String>,
+}
+
+fn no_tokenizer(what: &str) -> EngineError {
+    EngineError::bad_request(format!(
+        "{what} needs a tokenizer, but this server runs with --skip-tokenizer-init; send token ids to /v1/completions or /generate"
+    ))
+}
+
+/// Read the shared fields and fan prompts out into requests.
+fn build(
+    engine: &EngineHandle,
+    obj: &Obj<'_>,
+    kind: Kind,
+    prompts: Vec<Vec<u32>>,
+    prompt_field: &str,
+    echo: Vec<String>,
+    sampling: SamplingInput,
+) -> Result<Parsed> {
+    let model = check_model(engine, obj)?;
+    let stream = obj.bool("stream")?.unwrap_or(false);
+    let include_usage = match obj.object("stream_options")? {
+        Some(o) => o.bool("include_usage")?.unwrap_or(false),
+        None => false,
+    };
+    let n = sampling.n;
+    let total = prompts.len().saturating_mul(n);
+    if total > super::validate::MAX_FAN_OUT {
+        return Err(EngineError::bad_param(
+            "n",
+            format!(
+                "{} prompts × n = {n} is {total} generations; at most {} per request",
+                prompts.len(),
+                super::validate::MAX_FAN_OUT
+            ),
+        ));
+    }
+    let limits = Limits::of(engine);
+    let base = new_rid();
+    let default = MaxTokensDefault::Fixed(OPENAI_DEFAULT_MAX_TOKENS_CAP);
+    let mut reqs = Vec::with_capacity(total);
+    for (i, ids) in prompts.into_iter().enumerate() {
+        for j in 0..n {
+            let rid = if total == 1 { base.clone() } else { format!("{base}-{}", i * n + j) };
+            reqs.push(build_request(rid, ids.clone(), prompt_field, &sampling, default, &limits)?);
+        }
+    }
+    let id = match kind {
+        Kind::Chat => format!("chatcmpl-{base}"),
+        Kind::Completion => format!("cmpl-{base}"),
+    };
+    Ok(Parsed { kind, id, model, reqs, stream, include_usage, n, echo })
+}
+
+/// Check the shape of `messages` (the template gets them as they are).
+fn check_messages(obj: &Obj<'_>) -> Result<Vec<Value>> {
+    let Some(v) = obj.get("messages") else {
+        return Err(EngineError::bad_param(
+            "messages",
+            "`messages` is required: a list of {\"role\": ..., \"content\": ...} objects",
+        ));
+    };
+    let Value::Array(messages) = v else {
+        return Err(obj.err("messages", format!("must be a list of message objects, got {}", describe(v))));
+    };
+    if messages.is_empty() {
+        return Err(obj.err("messages", "is empty: give at least one message"));
+    }
+    for (i, m) in messages.iter().enumerate() {
+        let name = format!("messages[{i}]");
+        let Value::Object(map) = m else {
+            return Err(obj.err(&name, format!("must be an object with `role` and `content`, got {}", describe(m))));
+        };
+        let msg = Obj::with_prefix(map, format!("{name}."));
+        if msg.str("role")?.is_none() {
+            return Err(msg.err("role", "is required (\"system\", \"user\", \"assistant\" or \"tool\")"));
+        }
+        match msg.get("content") {
+            None | Some(Value::String(_)) => {}
+            Some(Value::Array(parts)) => {
+                for (j, part) in parts.iter().enumerate() {
+                    let pname = format!("content[{j}]");
+                    let Value::Object(pm) = part else {
+                        return Err(msg.err(&pname, format!("must be a content part object, got {}", describe(part))));
+                    };
+                    let p = Obj::with_prefix(pm, format!("{name}.{pname}."));
+                    match p.str("type")? {
+                        Some("text") => {
+                            if p.str("text")?.is_none() {
+                                return Err(p.err("text", "is required for a text part"));
+                            }
+                        }
+                        Some(other) => {
+                            return Err(p.err(
+                                "type",
+                                format!("`{other}` is not supported: this server takes text content only"),
+                            ));
+                        }
+                        None => return Err(p.err("type", "is required (\"text\")")),
+                    }
+                }
+            }
+            Some(other) => {
+                return Err(msg.err("content", format!("must be a string or a list of parts, got {}", describe(other))));
+            }
+        }
+    }
+    Ok(messages.clone())
+}
+
+fn parse_chat(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Parsed> {
+    let obj = Obj::new(body);
+    let messages = check_messages(&obj)?;
+    let sampling = parse_sampling(&obj, Dialect::OpenAi)?;
+    let tok = engine.tokenizer().ok_or_else(|| no_tokenizer("/v1/chat/completions"))?;
+    let template = tok.chat_template().ok_or_else(|| {
+        EngineError::bad_request(
+            "this model has no chat template: start the server with --chat-template FILE, or use /v1/completions",
+        )
+    })?;
+    let tools = match obj.get("tools") {
+        None => None,
+        Some(Value::Array(t)) => Some(t.as_slice()),
+        Some(v) => return Err(obj.err("tools", format!("must be a list of tool objects, got {}", describe(v)))),
+    };
+    let tools = if obj.str("tool_choice")? == Some("none") { None } else { tools };
+    let extra = match obj.get("chat_template_kwargs") {
+        None => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(v) => return Err(obj.err("chat_template_kwargs", format!("must be an object, got {}", describe(v)))),
+    };
+    let prompt = template
+        .render_with(&messages, true, tools, &extra)
+        .map_err(|e| EngineError::bad_param("messages", format!("the chat template failed on these messages: {e}")))?;
+    // The template already wrote any BOS it wants; HF's apply_chat_template adds none.
+    let ids = tok
+        .encode(&prompt, false)
+        .map_err(|e| EngineError::bad_param("messages", e.to_string()))?;
+    build(engine, &obj, Kind::Chat, vec![ids], "messages", Vec::new(), sampling)
+}
+
+/// `prompt`: a string, a list of strings, a list of token ids, or a list of such lists.
+/// Returns the token ids of each prompt and its text (for `echo`).
+fn completion_prompts(obj: &Obj<'_>, tok: Option<&Tokenizer>) -> Result<(Vec<Vec<u32>>, Vec<String>)> {
+    let Some(v) = obj.get("prompt") else {
+        return Err(EngineError::bad_param(
+            "prompt",
+            "`prompt` is required: a string, a list of strings, a list of token ids, or a list of token-id lists",
+        ));
+    };
+    let encode = |text: &str| -> Result<Vec<u32>> {
+        let tok = tok.ok_or_else(|| no_tokenizer("a text prompt"))?;
+        tok.encode(text, true).map_err(|e| EngineError::bad_param("prompt", e.to_string()))
+    };
+    let decode = |ids: &[u32]| -> String { tok.and_then(|t| t.decode(ids, false).ok()).unwrap_or_default() };
+    let empty = || EngineError::bad_param("prompt", "`prompt` is empty: give some text or token ids");
+    match v {
+        Value::String(s) => {
+            if s.is_empty() {
+                return Err(empty());
+            }
+            Ok((vec![encode(s)?], vec![s.clone()]))
+        }
+        Value::Array(items) if items.is_empty() => Err(empty()),
+        Value::Array(items) if items.iter().all(Value::is_string) => {
+            let mut ids = Vec::with_capacity(items.len());
+            let mut texts = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                let s = item.as_str().unwrap_or_default();
+                if s.is_empty() {
+                    return Err(EngineError::bad_param("prompt", format!("`prompt[{i}]` is empty")));
+                }
+                ids.push(encode(s)?);
+                texts.push(s.to_string());
+            }
+            Ok((ids, texts))
+        }
+        Value::Array(items) if items.iter().all(Value::is_array) => {
+            let ids = items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| token_id_list(item, &format!("prompt[{i}]")))
+                .collect::<Result<Vec<_>>>()?;
+            let texts = ids.iter().map(|p| decode(p)).collect();
+            Ok((ids, texts))
+        }
+        Value::Array(_) => {
+            let ids = token_id_list(v, "prompt")?;
+            let text = decode(&ids);
+            Ok((vec![ids], vec![text]))
+        }
+        other => Err(obj.err(
+            "prompt",
+            format!(
+                "must be a string, a list of strings, a list of token ids, or a list of token-id lists; got {}",
+                describe(other)
+            ),
+        )),
+    }
+}
+
+fn parse_completion(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Parsed> {
+    let obj = Obj::new(body);
+    let tok = engine.tokenizer().map(|t| t.as_ref());
+    let (prompts, texts) = completion_prompts(&obj, tok)?;
+    let sampling = parse_sampling(&obj, Dialect::OpenAi)?;
+    let echo = if obj.bool("echo")?.unwrap_or(false) { texts } else { vec![String::new(); prompts.len()] };
+    build(engine, &obj, Kind::Completion, prompts, "prompt", echo, sampling)
+}
+
+fn usage_json(engine: &EngineHandle, prompt: usize, completion: usize, cached: usize) -> Value {
+    let mut u = json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    });
+    if engine.args().enable_cache_report {
+        u["prompt_tokens_details"] = json!({ "cached_tokens": cached });
+    }
+    u
+}
+
+/// Sum usage over choices: each prompt's tokens count once, not once per sample.
+#[derive(Default)]
+struct UsageSum {
+    prompt: usize,
+    completion: usize,
+    cached: usize,
+}
+
+impl UsageSum {
+    fn add(&mut self, index: usize, n: usize, u: &Usage) {
+        if index % n == 0 {
+            self.prompt += u.prompt_tokens;
+        }
+        self.completion += u.completion_tokens;
+        self.cached += u.cached_tokens;
+    }
+}
+
+fn respond(engine: &EngineHandle, p: &Parsed, outs: Vec<Output>) -> Response {
+    let mut sum = UsageSum::default();
+    let choices: Vec<Value> = outs
+        .into_iter()
+        .enumerate()
+        .map(|(index, o)| {
+            sum.add(index, p.n, &o.usage);
+            let mut c = json!({
+                "index": index,
+                "logprobs": null,
+                "finish_reason": o.reason.openai_str(),
+                "matched_stop": matched_stop(&o.reason),
+            });
+            match p.kind {
+                Kind::Chat => c["message"] = json!({ "role": "assistant", "content": o.text }),
+                Kind::Completion => {
+                    let echo = p.echo.get(index / p.n).map(String::as_str).unwrap_or("");
+                    c["text"] = Value::String(format!("{echo}{}", o.text));
+                }
+            }
+            c
+        })
+        .collect();
+    let object = match p.kind {
+        Kind::Chat => "chat.completion",
+        Kind::Completion => "text_completion",
+    };
+    Json(json!({
+        "id": p.id,
+        "object": object,
+        "created": unix_now(),
+        "model": p.model,
+        "choices": choices,
+        "usage": usage_json(engine, sum.prompt, sum.completion, sum.cached),
+    }))
+    .into_response()
+}
+
+/// One streamed chunk for choice `index`: `piece` is new text (chat `delta.content`,
+/// completion `text`), `finish` is set on the choice's last chunk.
+fn chunk(p: &Parsed, created: u64, index: usize, piece: Option<&str>, finish: Option<&FinishReason>) -> Value {
+    let mut choice = json!({
+        "index": index,
+        "logprobs": null,
+        "finish_reason": finish.map(FinishReason::openai_str),
+        "matched_stop": finish.map(matched_stop).unwrap_or(Value::Null),
+    });
+    let object = match p.kind {
+        Kind::Chat => {
+            choice["delta"] = match piece {
+                Some(t) => json!({ "content": t }),
+                None => json!({}),
+            };
+            "chat.completion.chunk"
+        }
+        Kind::Completion => {
+            choice["text"] = Value::String(piece.unwrap_or("").to_string());
+            "text_completion"
+        }
+    };
+    json!({
+        "id": p.id,
+        "object": object,
+        "created": created,
+        "model": p.model,
+        "choices": [choice],
+    })
+}
+
+fn stream_response(engine: EngineHandle, p: Parsed, gens: Vec<super::generation::Generation>) -> Response {
+    let created = unix_now();
+    let events = async_stream::stream! {
+        let choices = gens.len();
+        // The first chunk of each choice: the assistant role (chat) or the echoed prompt.
+        for index in 0..choices {
+            match p.kind {
+                Kind::Chat => {
+                    let mut c = chunk(&p, created, index, Some(""), None);
+                    c["choices"][0]["delta"]["role"] = json!("assistant");
+                    yield sse::json(&c);
+                }
+                Kind::Completion => {
+                    if let Some(echo) = p.echo.get(index / p.n).filter(|e| !e.is_empty()) {
+                        yield sse::json(&chunk(&p, created, index, Some(echo), None));
+                    }
+                }
+            }
+        }
+        let mut sum = UsageSum::default();
+        let mut steps = merge(gens, false);
+        while let Some(t) = steps.next().await {
+            match t.step {
+                Ok(Step::Delta { text, .. }) => {
+                    if !text.is_empty() {
+                        yield sse::json(&chunk(&p, created, t.index, Some(&text), None));
+                    }
+                }
+                Ok(Step::Done { reason, usage, text }) => {
+                    sum.add(t.index, p.n, &usage);
+                    let piece = (!text.is_empty()).then_some(text.as_str());
+                    yield sse::json(&chunk(&p, created, t.index, piece, Some(&reason)));
+                }
+                Err(e) => {
+                    yield sse::error(&e);
+                    yield sse::done();
+                    return;
+                }
+            }
+        }
+        if p.include_usage {
+            yield sse::json(&json!({
+                "id": p.id,
+                "object": match p.kind { Kind::Chat => "chat.completion.chunk", Kind::Completion => "text_completion" },
+                "created": created,
+                "model": p.model,
+                "choices": [],
+                "usage": usage_json(&engine, sum.prompt, sum.completion, sum.cached),
+            }));
+        }
+        yield sse::done();
+    };
+    sse::response(events.map(|e: Event| e))
+}
+
+async fn run(engine: EngineHandle, mut p: Parsed) -> Result<Response> {
+    let gens = submit_all(&engine, std::mem::take(&mut p.reqs))?;
+    if p.stream {
+        return Ok(stream_response(engine, p, gens));
+    }
+    let outs = finish_all(gens).await?;
+    Ok(respond(&engine, &p, outs))
+}
+
+/// `POST /v1/chat/completions`
+pub async fn chat_completions(State(engine): State<EngineHandle>, JsonObject(body): JsonObject) -> Result<Response> {
+    let e = engine.clone();
+    let parsed = run_blocking(move || parse_chat(&e, &body)).await?;
+    run(engine, parsed).await
+}
+
+/// `POST /v1/completions`
+pub async fn completions(State(engine): State<EngineHandle>, JsonObject(body): JsonObject) -> Result<Response> {
+    let e = engine.clone();
+    let parsed = run_blocking(move || parse_completion(&e, &body)).await?;
+    run(engine, parsed).await
+}
+
+fn model_card(engine: &EngineHandle) -> Value {
+    let info = engine.info();
+    json!({
+        "id": info.served_model_name,
+        "object": "model",
+        "created": unix_now(),
+        "owned_by": "sglang",
+        "root": info.served_model_name,
+        "max_model_len": info.context_length,
+    })
+}
+
+/// `GET /v1/models`
+pub async fn list_models(State(engine): State<EngineHandle>) -> Json<Value> {
+    Json(json!({ "object": "list", "data": [model_card(&engine)] }))
+}
+
+/// `GET /v1/models/{model}`
+pub async fn retrieve_model(State(engine): State<EngineHandle>, Path(model): Path<String>) -> Result<Json<Value>> {
+    let mut body = Map::new();
+    body.insert("model".into(), Value::String(model));
+    check_model(&engine, &Obj::new(&body))?;
+    Ok(Json(model_card(&engine)))
+}

@@ -1,0 +1,542 @@
+//! Request bodies in, [`GenerateRequest`]s out ("parse, don't validate").
+//!
+//! Bodies arrive as JSON objects. Fields are read one by one through [`Obj`], so that every
+//! error names the field at fault (`sampling_params[1].top_p`) and says what would be accepted.
+//! Unknown fields are ignored, as SGLang and OpenAI do; fields this engine cannot honour yet
+//! (penalties, logprobs, structured outputs) are refused unless they carry their neutral value,
+//! so that a client never gets output that silently ignores what it asked for.
+
+use serde_json::{Map, Value};
+
+use crate::engine::EngineHandle;
+use crate::error::{EngineError, Result};
+use crate::request::{GenerateRequest, SamplingParams};
+
+/// `/generate` default for `max_new_tokens` (SGLang's).
+pub const NATIVE_DEFAULT_MAX_NEW_TOKENS: usize = 128;
+/// OpenAI routes without `max_tokens` get the rest of the context, but at most this many.
+pub const OPENAI_DEFAULT_MAX_TOKENS_CAP: usize = 4096;
+/// Most generations one HTTP request may start (prompts × `n`).
+pub const MAX_FAN_OUT: usize = 1024;
+
+/// A JSON object being read field by field. `prefix` is prepended to field names in errors.
+pub struct Obj<'a> {
+    map: &'a Map<String, Value>,
+    prefix: String,
+}
+
+/// Short description of a JSON value for error messages.
+pub fn describe(v: &Value) -> String {
+    let kind = match v {
+        Value::Null => return "null".into(),
+        Value::Bool(b) => return format!("boolean {b}"),
+        Value::Number(n) => return format!("number {n}"),
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    let mut text = v.to_string();
+    if text.len() > 40 {
+        let mut cut = 40;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push_str("...");
+    }
+    format!("{kind} {text}")
+}
+
+impl<'a> Obj<'a> {
+    pub fn new(map: &'a Map<String, Value>) -> Self {
+        Obj { map, prefix: String::new() }
+    }
+
+    pub fn with_prefix(map: &'a Map<String, Value>, prefix: impl Into<String>) -> Self {
+        Obj { map, prefix: prefix.into() }
+    }
+
+    /// Full field name as shown to the user.
+    pub fn name(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    pub fn err(&self, key: &str, message: impl std::fmt::Display) -> EngineError {
+        let name = self.name(key);
+        EngineError::bad_param(&name, format!("`{name}` {message}"))
+    }
+
+    /// The value of `key`; JSON `null` counts as absent.
+    pub fn get(&self, key: &str) -> Option<&'a Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    pub fn has(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    fn wrong(&self, key: &str, want: &str, got: &Value) -> EngineError {
+        self.err(key, format!("must be {want}, got {}", describe(got)))
+    }
+
+    pub fn f32(&self, key: &str) -> Result<Option<f32>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() => Ok(Some(x as f32)),
+                _ => Err(self.wrong(key, "a number", v)),
+            },
+        }
+    }
+
+    pub fn i64(&self, key: &str) -> Result<Option<i64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_i64().map(Some).ok_or_else(|| self.wrong(key, "an integer", v)),
+        }
+    }
+
+    /// A non-negative integer.
+    pub fn usize(&self, key: &str) -> Result<Option<usize>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|x| usize::try_from(x).ok())
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "a non-negative integer", v)),
+        }
+    }
+
+    pub fn bool(&self, key: &str) -> Result<Option<bool>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.wrong(key, "true or false", v)),
+        }
+    }
+
+    pub fn str(&self, key: &str) -> Result<Option<&'a str>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_str().map(Some).ok_or_else(|| self.wrong(key, "a string", v)),
+        }
+    }
+
+    pub fn object(&self, key: &str) -> Result<Option<Obj<'a>>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Object(m)) => Ok(Some(Obj::with_prefix(m, format!("{}.", self.name(key))))),
+            Some(v) => Err(self.wrong(key, "an object", v)),
+        }
+    }
+
+    /// A string or a list of strings (OpenAI's `stop`). Empty strings are dropped.
+    pub fn string_or_list(&self, key: &str) -> Result<Vec<String>> {
+        let want = "a string or a list of strings";
+        match self.get(key) {
+            None => Ok(Vec::new()),
+            Some(Value::String(s)) => Ok(if s.is_empty() { Vec::new() } else { vec![s.clone()] }),
+            Some(Value::Array(items)) => {
+                let mut out = Vec::with_capacity(items.len());
+                for (i, item) in items.iter().enumerate() {
+                    match item {
+                        Value::String(s) if s.is_empty() => {}
+                        Value::String(s) => out.push(s.clone()),
+                        other => {
+                            return Err(self.err(
+                                &format!("{key}[{i}]"),
+                                format!("must be a string, got {}", describe(other)),
+                            ));
+                        }
+                    }
+                }
+                Ok(out)
+            }
+            Some(v) => Err(self.wrong(key, want, v)),
+        }
+    }
+
+    /// A list of token ids.
+    pub fn token_ids(&self, key: &str) -> Result<Option<Vec<u32>>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => token_id_list(v, &self.name(key)).map(Some),
+        }
+    }
+
+    /// Refuse a feature this engine does not have, unless the field holds `neutral` (or is
+    /// absent/null).
+    pub fn unsupported(&self, key: &str, neutral: &[Value], what: &str) -> Result<()> {
+        match self.get(key) {
+            Some(v) if !neutral.contains(v) => {
+                Err(self.err(key, format!("is not supported by this server yet ({what})")))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Parse `[1, 2, 3]` into token ids; `name` is the field name for errors.
+pub fn token_id_list(v: &Value, name: &str) -> Result<Vec<u32>> {
+    let Value::Array(items) = v else {
+        return Err(EngineError::bad_param(
+            name,
+            format!("`{name}` must be a list of token ids, got {}", describe(v)),
+        ));
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            item.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(|| {
+                EngineError::bad_param(
+                    name,
+                    format!("`{name}[{i}]` must be a token id (integer >= 0), got {}", describe(item)),
+                )
+            })
+        })
+        .collect()
+}
+
+/// Which API's field names a body uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// `/v1/chat/completions`, `/v1/completions`.
+    OpenAi,
+    /// `/generate`'s `sampling_params`.
+    Native,
+}
+
+/// Sampling fields read from a body, before they meet a prompt.
+#[derive(Debug, Clone)]
+pub struct SamplingInput {
+    pub params: SamplingParams,
+    /// What the user asked for; `None` takes the route's default.
+    pub max_tokens: Option<usize>,
+    /// The field `max_tokens` came from, for error messages.
+    pub max_tokens_field: String,
+    /// Samples per prompt.
+    pub n: usize,
+}
+
+fn zero() -> Value {
+    Value::from(0)
+}
+
+/// Read the sampling fields of `obj` in the given dialect.
+pub fn parse_sampling(obj: &Obj<'_>, dialect: Dialect) -> Result<SamplingInput> {
+    let mut p = SamplingParams::default();
+    // OpenAI's documented default temperature is 1.0, as is SGLang's.
+    if let Some(t) = obj.f32("temperature")? {
+        if t < 0.0 {
+            return Err(obj.err("temperature", format!("must be >= 0 (0 means greedy), got {t}")));
+        }
+        p.temperature = t;
+    }
+    if let Some(x) = obj.f32("top_p")? {
+        if !(x > 0.0 && x <= 1.0) {
+            return Err(obj.err("top_p", format!("must be in (0, 1], got {x}")));
+        }
+        p.top_p = x;
+    }
+    if let Some(k) = obj.i64("top_k")? {
+        if k == 0 || k < -1 {
+            return Err(obj.err("top_k", format!("must be -1 (off) or at least 1, got {k}")));
+        }
+        p.top_k = i32::try_from(k).unwrap_or(i32::MAX);
+    }
+    if let Some(x) = obj.f32("min_p")? {
+        if !(0.0..=1.0).contains(&x) {
+            return Err(obj.err("min_p", format!("must be in [0, 1], got {x}")));
+        }
+        p.min_p = x;
+    }
+    let max_keys: &[&str] = match dialect {
+        Dialect::OpenAi => &["max_completion_tokens", "max_tokens"],
+        Dialect::Native => &["max_new_tokens"],
+    };
+    let mut max_tokens = None;
+    let mut max_tokens_field = obj.name(max_keys[max_keys.len() - 1]);
+    for key in max_keys {
+        if let Some(m) = obj.usize(key)? {
+            if m == 0 {
+                return Err(obj.err(key, "must be at least 1"));
+            }
+            max_tokens = Some(m);
+            max_tokens_field = obj.name(key);
+            break;
+        }
+    }
+    p.stop = obj.string_or_list("stop")?;
+    p.stop_token_ids = obj.token_ids("stop_token_ids")?.unwrap_or_default();
+    if let Some(b) = obj.bool("ignore_eos")? {
+        p.ignore_eos = b;
+    }
+    if let Some(b) = obj.bool("skip_special_tokens")? {
+        p.skip_special_tokens = b;
+    }
+    for key in ["seed", "sampling_seed"] {
+        if let Some(s) = obj.i64(key)? {
+            // Negative seeds are valid for OpenAI clients; keep their bits.
+            p.seed = Some(s as u64);
+        }
+    }
+    let n = obj.usize("n")?.unwrap_or(1);
+    if n == 0 || n > MAX_FAN_OUT {
+        return Err(obj.err("n", format!("must be between 1 and {MAX_FAN_OUT}, got {n}")));
+    }
+
+    // Features the scheduler does not implement yet: accept only their neutral values.
+    obj.unsupported("frequency_penalty", &[zero(), Value::from(0.0)], "penalties")?;
+    obj.unsupported("presence_penalty", &[zero(), Value::from(0.0)], "penalties")?;
+    obj.unsupported("repetition_penalty", &[Value::from(1), Value::from(1.0)], "penalties")?;
+    obj.unsupported("min_tokens", &[zero()], "min_tokens")?;
+    obj.unsupported("min_new_tokens", &[zero()], "min_new_tokens")?;
+    obj.unsupported("regex", &[], "structured outputs")?;
+    obj.unsupported("json_schema", &[], "structured outputs")?;
+    obj.unsupported("ebnf", &[], "structured outputs")?;
+    obj.unsupported("logit_bias", &[Value::Object(Map::new())], "logit_bias")?;
+    obj.unsupported("custom_params", &[], "custom logit processors")?;
+    if dialect == Dialect::OpenAi {
+        obj.unsupported("logprobs", &[Value::Bool(false), zero()], "logprobs")?;
+        obj.unsupported("top_logprobs", &[zero()], "logprobs")?;
+        obj.unsupported("best_of", &[Value::from(1)], "best_of")?;
+        obj.unsupported("suffix", &[Value::from("")], "suffix")?;
+        if let Some(rf) = obj.object("response_format")? {
+            match rf.str("type")? {
+                None | Some("text") => {}
+                Some(other) => {
+                    return Err(rf.err(
+                        "type",
+                        format!("`{other}` is not supported by this server yet (structured outputs)"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(SamplingInput { params: p, max_tokens, max_tokens_field, n })
+}
+
+/// What a route does when the user gives no output budget.
+#[derive(Debug, Clone, Copy)]
+pub enum MaxTokensDefault {
+    /// At most this many (clamped to the room left in the context).
+    Fixed(usize),
+}
+
+/// Limits a request is checked against.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub context_length: usize,
+    pub vocab_size: usize,
+    /// Text output exists (a tokenizer is loaded).
+    pub detokenize: bool,
+}
+
+impl Limits {
+    pub fn of(engine: &EngineHandle) -> Self {
+        let info = engine.info();
+        Limits {
+            context_length: info.context_length,
+            vocab_size: info.vocab_size,
+            detokenize: engine.tokenizer().is_some(),
+        }
+    }
+}
+
+/// Check `input_ids` against the model and turn prompt + sampling into a request.
+/// `prompt_field` names the field the prompt came from.
+pub fn build_request(
+    rid: String,
+    input_ids: Vec<u32>,
+    prompt_field: &str,
+    sampling: &SamplingInput,
+    default: MaxTokensDefault,
+    limits: &Limits,
+) -> Result<GenerateRequest> {
+    if input_ids.is_empty() {
+        return Err(EngineError::bad_param(
+            prompt_field,
+            format!("`{prompt_field}` is empty: give at least one token of prompt"),
+        ));
+    }
+    if let Some((i, id)) = input_ids.iter().enumerate().find(|(_, id)| **id as usize >= limits.vocab_size) {
+        return Err(EngineError::bad_param(
+            prompt_field,
+            format!(
+                "`{prompt_field}` token {i} is {id}, out of range: the vocabulary has {} tokens (ids 0..{})",
+                limits.vocab_size,
+                limits.vocab_size.saturating_sub(1)
+            ),
+        ));
+    }
+    let ctx = limits.context_length;
+    let n = input_ids.len();
+    if n >= ctx {
+        return Err(EngineError::bad_param(
+            prompt_field,
+            format!(
+                "prompt has {n} tokens, context length {ctx}: no room is left for output; shorten the prompt to at most {} tokens",
+                ctx.saturating_sub(1)
+            ),
+        ));
+    }
+    let room = ctx - n;
+    let mut params = sampling.params.clone();
+    params.max_new_tokens = match (sampling.max_tokens, default) {
+        (Some(m), _) if m > room => {
+            let field = &sampling.max_tokens_field;
+            return Err(EngineError::bad_param(
+                field,
+                format!(
+                    "prompt has {n} tokens, {field} {m}, context length {ctx}: {n} + {m} > {ctx}; lower {field} to at most {room} or shorten the prompt"
+                ),
+            ));
+        }
+        (Some(m), _) => m,
+        (None, MaxTokensDefault::Fixed(d)) => d.min(room),
+    };
+    if !params.stop.is_empty() && !limits.detokenize {
+        return Err(EngineError::bad_param(
+            "stop",
+            "stop strings need a tokenizer, but this server runs with --skip-tokenizer-init; use stop_token_ids",
+        ));
+    }
+    if let Some(id) = params.stop_token_ids.iter().find(|id| **id as usize >= limits.vocab_size) {
+        return Err(EngineError::bad_param(
+            "stop_token_ids",
+            format!("stop token id {id} is out of range: the vocabulary has {} tokens", limits.vocab_size),
+        ));
+    }
+    Ok(GenerateRequest { rid, input_ids, sampling: params, detokenize: limits.detokenize })
+}
+
+/// A fresh request id (SGLang uses uuid4 hex).
+pub fn new_rid() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// The OpenAI `model` field: accept the served name, "default" and the model path; refuse
+/// anything else with the names that would work.
+pub fn check_model(engine: &EngineHandle, obj: &Obj<'_>) -> Result<String> {
+    let served = engine.info().served_model_name.clone();
+    let Some(name) = obj.str("model")? else {
+        return Ok(served);
+    };
+    let path = engine.info().model_path.clone();
+    let arg_path = engine.args().model_path.to_string_lossy().into_owned();
+    if name == served || name == "default" || name == path || name == arg_path {
+        return Ok(served);
+    }
+    Err(EngineError::NotFound(format!(
+        "The model `{name}` does not exist. This server serves `{served}` (also reachable as `default`)."
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn sampling(v: Value, d: Dialect) -> Result<SamplingInput> {
+        let Value::Object(m) = v else { panic!("not an object") };
+        parse_sampling(&Obj::new(&m), d)
+    }
+
+    fn msg(e: EngineError) -> String {
+        e.to_string()
+    }
+
+    const LIMITS: Limits = Limits { context_length: 100, vocab_size: 1000, detokenize: true };
+
+    #[test]
+    fn sampling_defaults_and_values() {
+        let s = sampling(json!({}), Dialect::OpenAi).unwrap();
+        assert_eq!(s.params, SamplingParams::default());
+        assert_eq!(s.max_tokens, None);
+        let s = sampling(
+            json!({"temperature": 0, "top_p": 0.5, "top_k": 5, "min_p": 0.1, "max_tokens": 7,
+                   "stop": "x", "seed": -3, "ignore_eos": true, "frequency_penalty": 0}),
+            Dialect::OpenAi,
+        )
+        .unwrap();
+        assert_eq!(s.params.temperature, 0.0);
+        assert_eq!(s.params.top_k, 5);
+        assert_eq!(s.max_tokens, Some(7));
+        assert_eq!(s.params.stop, vec!["x".to_string()]);
+        assert_eq!(s.params.seed, Some((-3i64) as u64));
+        assert!(s.params.ignore_eos);
+        let s = sampling(json!({"max_completion_tokens": 3, "max_tokens": 9}), Dialect::OpenAi).unwrap();
+        assert_eq!(s.max_tokens, Some(3));
+        assert_eq!(s.max_tokens_field, "max_completion_tokens");
+    }
+
+    #[test]
+    fn sampling_errors_name_the_field() {
+        let cases = [
+            (json!({"temperature": -1}), "temperature"),
+            (json!({"temperature": "hot"}), "temperature"),
+            (json!({"top_p": 0}), "top_p"),
+            (json!({"top_p": 1.5}), "top_p"),
+            (json!({"top_k": 0}), "top_k"),
+            (json!({"top_k": -2}), "top_k"),
+            (json!({"min_p": 2}), "min_p"),
+            (json!({"max_tokens": 0}), "max_tokens"),
+            (json!({"max_tokens": -5}), "max_tokens"),
+            (json!({"stop": 3}), "stop"),
+            (json!({"stop": ["a", 1]}), "stop[1]"),
+            (json!({"presence_penalty": 1.0}), "presence_penalty"),
+            (json!({"logprobs": true}), "logprobs"),
+            (json!({"n": 0}), "n"),
+            (json!({"response_format": {"type": "json_object"}}), "response_format.type"),
+        ];
+        for (body, field) in cases {
+            let e = sampling(body.clone(), Dialect::OpenAi).expect_err(&body.to_string());
+            assert!(matches!(e, EngineError::BadRequest { .. }));
+            assert!(msg(e).contains(&format!("`{field}`")), "{body}");
+        }
+        let e = sampling(json!({"max_new_tokens": "x"}), Dialect::Native).unwrap_err();
+        assert!(msg(e).contains("max_new_tokens"));
+    }
+
+    #[test]
+    fn build_checks_prompt_and_budget() {
+        let s = sampling(json!({"max_tokens": 10}), Dialect::OpenAi).unwrap();
+        let r = build_request("r".into(), vec![1, 2, 3], "prompt", &s, MaxTokensDefault::Fixed(128), &LIMITS)
+            .unwrap();
+        assert_eq!(r.sampling.max_new_tokens, 10);
+        let e = build_request("r".into(), vec![], "prompt", &s, MaxTokensDefault::Fixed(1), &LIMITS).unwrap_err();
+        assert!(msg(e).contains("empty"));
+        let e = build_request("r".into(), vec![1000], "input_ids", &s, MaxTokensDefault::Fixed(1), &LIMITS)
+            .unwrap_err();
+        assert!(msg(e).contains("1000"));
+        let s = sampling(json!({"max_tokens": 95}), Dialect::OpenAi).unwrap();
+        let e = build_request("r".into(), vec![1; 10], "prompt", &s, MaxTokensDefault::Fixed(1), &LIMITS)
+            .unwrap_err();
+        let m = msg(e);
+        assert!(m.contains("prompt has 10 tokens") && m.contains("max_tokens 95") && m.contains("100"), "{m}");
+        let s = sampling(json!({}), Dialect::OpenAi).unwrap();
+        let r = build_request("r".into(), vec![1; 90], "prompt", &s, MaxTokensDefault::Fixed(4096), &LIMITS)
+            .unwrap();
+        assert_eq!(r.sampling.max_new_tokens, 10);
+        let e = build_request("r".into(), vec![1; 100], "prompt", &s, MaxTokensDefault::Fixed(1), &LIMITS)
+            .unwrap_err();
+        assert!(msg(e).contains("context length 100"));
+    }
+
+    #[test]
+    fn stop_strings_need_a_tokenizer() {
+        let limits = Limits { detokenize: false, ..LIMITS };
+        let s = sampling(json!({"stop": ["a"]}), Dialect::Native).unwrap();
+        let e = build_request("r".into(), vec![1], "input_ids", &s, MaxTokensDefault::Fixed(1), &limits)
+            .unwrap_err();
+        assert!(msg(e).contains("skip-tokenizer-init"));
+    }
+
+    #[test]
+    fn token_id_lists() {
+        assert_eq!(token_id_list(&json!([1, 2]), "x").unwrap(), vec![1, 2]);
+        assert!(msg(token_id_list(&json!([1, -2]), "x").unwrap_err()).contains("`x[1]`"));
+        assert!(token_id_list(&json!("abc"), "x").is_err());
+    }
+}

@@ -1,0 +1,198 @@
+//! Run-time choice of the instruction set, and the split of a product over threads and tiles.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use super::pool::{num_threads, parallel_for};
+use super::quant::QuantActs;
+use super::{Weight, scalar};
+
+/// Instruction set the kernels use, best first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// Portable Rust; every architecture.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86-64 AVX2 kernels plus AVX-512 (F, BW, VL) VNNI where they help.
+    Avx512Vnni,
+}
+
+impl Isa {
+    /// The best instruction set this CPU supports, detected once. The environment variable
+    /// `SGL_CPU_ISA` (`scalar`, `avx2`, `avx512`) caps it, for debugging and comparisons.
+    pub fn detect() -> Isa {
+        static CACHE: AtomicU8 = AtomicU8::new(u8::MAX);
+        let cached = CACHE.load(Ordering::Relaxed);
+        if let Some(isa) = Isa::from_u8(cached) {
+            return isa;
+        }
+        let mut isa = Isa::best_supported();
+        if let Ok(cap) = std::env::var("SGL_CPU_ISA") {
+            let cap = match cap.to_ascii_lowercase().as_str() {
+                "scalar" => Isa::Scalar,
+                "avx2" => Isa::Avx2,
+                _ => Isa::Avx512Vnni,
+            };
+            isa = isa.min(cap);
+        }
+        CACHE.store(isa as u8, Ordering::Relaxed);
+        isa
+    }
+
+    fn from_u8(v: u8) -> Option<Isa> {
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni]
+            .into_iter()
+            .find(|i| *i as u8 == v)
+    }
+
+    /// Every instruction set this CPU can run (for tests and benchmarks).
+    pub fn all_supported() -> Vec<Isa> {
+        let best = Isa::best_supported();
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni]
+            .into_iter()
+            .filter(|i| *i <= best)
+            .collect()
+    }
+
+    fn best_supported() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    }
+}
+
+/// `matmul` on a given instruction set (which must be one of [`Isa::all_supported`]).
+pub(crate) fn matmul_with(isa: Isa, w: &Weight, x: &[f32], n: usize, out: &mut [f32]) {
+    let (rows, cols) = (w.rows(), w.cols());
+    assert_eq!(
+        x.len(),
+        n * cols,
+        "matmul: x has {} values, expected n ({n}) x cols ({cols})",
+        x.len()
+    );
+    assert_eq!(
+        out.len(),
+        n * rows,
+        "matmul: out has {} values, expected n ({n}) x rows ({rows})",
+        out.len()
+    );
+    assert!(isa <= Isa::best_supported(), "matmul: {isa:?} not supported");
+    if n == 0 || rows == 0 {
+        return;
+    }
+    if cols == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let out = OutPtr {
+        ptr: out.as_mut_ptr(),
+        len: out.len(),
+    };
+    if w.format().is_quantized() {
+        let acts = QuantActs::new(isa, x, n, cols);
+        for_row_tiles(rows, n, |tile, i| {
+            // SAFETY: tiles are disjoint row ranges and each (tile, i) pair is visited once, so
+            // no two calls get overlapping output.
+            let o = unsafe { out.slice(i * rows + tile.start, tile.len()) };
+            dot_rows_quant(isa, w, tile, &acts, i, o);
+        });
+    } else {
+        for_row_tiles(rows, n, |tile, i| {
+            // SAFETY: as above, disjoint outputs.
+            let o = unsafe { out.slice(i * rows + tile.start, tile.len()) };
+            dot_rows_float(isa, w, tile, &x[i * cols..(i + 1) * cols], o);
+        });
+    }
+}
+
+fn dot_rows_quant(
+    isa: Isa,
+    w: &Weight,
+    rows: Range<usize>,
+    acts: &QuantActs,
+    i: usize,
+    out: &mut [f32],
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `matmul_with` checked that this ISA is supported (AVX2, FMA, F16C detected).
+        Isa::Avx2 | Isa::Avx512Vnni => unsafe {
+            super::x86_avx2::dot_rows_quant(w, rows, acts, i, out)
+        },
+        _ => scalar::dot_rows_quant(w, rows, acts, i, out),
+    }
+}
+
+fn dot_rows_float(isa: Isa, w: &Weight, rows: Range<usize>, x: &[f32], out: &mut [f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `matmul_with` checked that this ISA is supported (AVX2, FMA, F16C detected).
+        Isa::Avx2 | Isa::Avx512Vnni => unsafe {
+            super::x86_avx2::dot_rows_float(w, rows, x, out)
+        },
+        _ => scalar::dot_rows_float(w, rows, x, out),
+    }
+}
+
+/// Rows per tile when several activation rows share it: small enough that the tile's weights
+/// stay in L1/L2 while every activation row passes over them.
+const TILE_ROWS: usize = 16;
+
+/// Calls `f(tile, i)` for every row tile and activation row `i in 0..n`, chunks of rows spread
+/// over the pool.
+fn for_row_tiles(rows: usize, n: usize, f: impl Fn(Range<usize>, usize) + Sync) {
+    let threads = num_threads();
+    let chunk = if threads <= 1 {
+        rows
+    } else {
+        // About four chunks per thread so a descheduled thread does not hold up the call.
+        rows.div_ceil(threads * 4).next_multiple_of(TILE_ROWS).max(TILE_ROWS)
+    };
+    let n_chunks = rows.div_ceil(chunk);
+    parallel_for(n_chunks, |c| {
+        let chunk = c * chunk..((c + 1) * chunk).min(rows);
+        if n == 1 {
+            f(chunk, 0);
+            return;
+        }
+        let mut start = chunk.start;
+        while start < chunk.end {
+            let tile = start..(start + TILE_ROWS).min(chunk.end);
+            for i in 0..n {
+                f(tile.clone(), i);
+            }
+            start = tile.end;
+        }
+    });
+}
+
+/// The output buffer, shared by tasks that write disjoint parts of it.
+struct OutPtr {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: tasks only write disjoint ranges (see `slice`), so sharing the pointer is sound.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// `out[start..start + len]`.
+    ///
+    /// # Safety
+    /// No other live slice from this `OutPtr` may overlap the range.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
+        assert!(start + len <= self.len, "output range out of bounds");
+        // SAFETY: in bounds (checked above), exclusive by the caller's contract, and the
+        // buffer outlives the tasks (`parallel_for` returns only when they are done).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
+    }
+}

@@ -1,0 +1,83 @@
+//! Activation quantization: f32 rows to 8-bit blocks of 32 with one f32 scale per block.
+//!
+//! Every ISA produces bit-identical blocks (same scale, same round-half-to-even), so the
+//! kernels differ only in f32 summation order.
+
+use super::BLOCK;
+use super::dispatch::Isa;
+
+/// `n` activation rows of `nb` blocks each, structure-of-arrays.
+pub(crate) struct QuantActs {
+    pub nb: usize,
+    /// `n * nb * 32` quants.
+    pub qs: Vec<i8>,
+    /// Per block: scale `d` (value ≈ d * q).
+    pub d: Vec<f32>,
+    /// Per block: `d * sum(q)` (for Q4_1's min and Q4_0's offset).
+    pub s: Vec<f32>,
+}
+
+impl QuantActs {
+    /// Quantizes `n` rows of `cols` values (`cols` a multiple of 32).
+    pub fn new(isa: Isa, x: &[f32], n: usize, cols: usize) -> QuantActs {
+        debug_assert!(cols.is_multiple_of(BLOCK));
+        debug_assert_eq!(x.len(), n * cols);
+        let nb = cols / BLOCK;
+        let mut acts = QuantActs {
+            nb,
+            qs: vec![0; n * cols],
+            d: vec![0.0; n * nb],
+            s: vec![0.0; n * nb],
+        };
+        let blocks = x
+            .chunks_exact(BLOCK)
+            .zip(acts.qs.chunks_exact_mut(BLOCK))
+            .zip(acts.d.iter_mut().zip(acts.s.iter_mut()));
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 | Isa::Avx512Vnni => {
+                for ((x, q), (d, s)) in blocks {
+                    // SAFETY: `Isa::Avx2`/`Avx512Vnni` are only produced after run-time detection
+                    // of AVX2 and FMA (see `Isa::detect`); slices are exactly one block.
+                    (*d, *s) = unsafe { super::x86_avx2::quantize_block(x, q) };
+                }
+            }
+            _ => {
+                for ((x, q), (d, s)) in blocks {
+                    (*d, *s) = quantize_block(x, q);
+                }
+            }
+        }
+        acts
+    }
+
+    /// Quants of row `i`.
+    pub fn row_qs(&self, i: usize) -> &[i8] {
+        &self.qs[i * self.nb * BLOCK..(i + 1) * self.nb * BLOCK]
+    }
+
+    /// Scales of row `i`.
+    pub fn row_d(&self, i: usize) -> &[f32] {
+        &self.d[i * self.nb..(i + 1) * self.nb]
+    }
+
+    /// `d * sum(q)` of row `i`.
+    pub fn row_s(&self, i: usize) -> &[f32] {
+        &self.s[i * self.nb..(i + 1) * self.nb]
+    }
+}
+
+/// Quantizes one block of 32; returns `(d, d * sum(q))`.
+pub(crate) fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, f32) {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut sum = 0i32;
+    for (q, &v) in q.iter_mut().zip(x) {
+        let r = (v * id).round_ties_even() as i32;
+        let r = r.clamp(-127, 127);
+        *q = r as i8;
+        sum += r;
+    }
+    (d, d * sum as f32)
+}

@@ -1,0 +1,242 @@
+//! Small CPU operations of the forward pass: RMSNorm, RoPE, SiLU-and-mul, and attention over
+//! the slot-indexed KV cache.
+
+use std::cell::RefCell;
+
+use super::kernels::parallel_for;
+use crate::backend::SeqInput;
+
+/// A raw pointer that tasks of one `parallel_for` use to write disjoint parts of a buffer.
+#[derive(Clone, Copy)]
+struct SharedMut(*mut f32);
+// SAFETY: each task writes a region no other task touches (see the use below).
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
+
+impl SharedMut {
+    /// A method (not field access) so closures capture the whole `Sync` wrapper.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// `out[r] = x[r] / rms(x[r]) * w` for each row of `dim` values.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, dim: usize, out: &mut [f32]) {
+    for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        let ss: f32 = xr.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+        let scale = 1.0 / (ss + eps).sqrt();
+        for ((o, &xv), &wv) in or.iter_mut().zip(xr).zip(w) {
+            *o = xv * scale * wv;
+        }
+    }
+}
+
+pub fn add_bias(x: &mut [f32], b: &[f32]) {
+    for row in x.chunks_exact_mut(b.len()) {
+        for (v, &bv) in row.iter_mut().zip(b) {
+            *v += bv;
+        }
+    }
+}
+
+pub fn add_in_place(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// `gate = silu(gate) * up`.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// Precomputed cos/sin of RoPE angles for positions `0..max_positions`.
+pub struct RopeTable {
+    half: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    max_positions: usize,
+}
+
+impl RopeTable {
+    pub fn new(inv_freq: &[f32], max_positions: usize) -> Self {
+        let half = inv_freq.len();
+        let mut cos = Vec::with_capacity(max_positions * half);
+        let mut sin = Vec::with_capacity(max_positions * half);
+        for p in 0..max_positions {
+            for &f in inv_freq {
+                let a = p as f64 * f as f64;
+                cos.push(a.cos() as f32);
+                sin.push(a.sin() as f32);
+            }
+        }
+        RopeTable { half, cos, sin, max_positions }
+    }
+
+    pub fn max_positions(&self) -> usize {
+        self.max_positions
+    }
+
+    /// Rotate every head of every token row of `x` (`heads × head_dim` per row) by its position.
+    /// `interleaved`: pairs are (2i, 2i+1) (GGUF layout); else (i, i + head_dim/2) (HF layout).
+    pub fn apply(&self, x: &mut [f32], positions: &[usize], heads: usize, head_dim: usize, interleaved: bool) {
+        let half = self.half;
+        let row = heads * head_dim;
+        for (xr, &p) in x.chunks_exact_mut(row).zip(positions) {
+            let c = &self.cos[p * half..(p + 1) * half];
+            let s = &self.sin[p * half..(p + 1) * half];
+            for head in xr.chunks_exact_mut(head_dim) {
+                if interleaved {
+                    for i in 0..half {
+                        let (a, b) = (head[2 * i], head[2 * i + 1]);
+                        head[2 * i] = a * c[i] - b * s[i];
+                        head[2 * i + 1] = a * s[i] + b * c[i];
+                    }
+                } else {
+                    for i in 0..half {
+                        let (a, b) = (head[i], head[i + half]);
+                        head[i] = a * c[i] - b * s[i];
+                        head[i + half] = a * s[i] + b * c[i];
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ac, ar) = a.split_at(a.len() / 8 * 8);
+    let (bc, br) = b.split_at(ac.len());
+    for (x, y) in ac.chunks_exact(8).zip(bc.chunks_exact(8)) {
+        for k in 0..8 {
+            acc[k] += x[k] * y[k];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ar.iter().zip(br) {
+        s += x * y;
+    }
+    s
+}
+
+#[inline]
+fn axpy(out: &mut [f32], a: f32, x: &[f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o += a * v;
+    }
+}
+
+thread_local! {
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Causal attention of each new token over its sequence's cached keys/values.
+///
+/// `q` holds `heads × head_dim` per new token (tokens of all sequences, in batch order); the KV
+/// caches hold `kv_heads × head_dim` per slot. Query head `h` reads KV head `h / (heads /
+/// kv_heads)`. Writes `out` in `q`'s layout.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    batch: &[SeqInput<'_>],
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    out: &mut [f32],
+) {
+    let group = heads / kv_heads;
+    let qd = heads * head_dim;
+    let kvd = kv_heads * head_dim;
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    // (sequence index, position) of each new token.
+    let mut owners = Vec::with_capacity(q.len() / qd);
+    for (si, s) in batch.iter().enumerate() {
+        for i in 0..s.tokens.len() {
+            owners.push((si, s.start_pos + i));
+        }
+    }
+    let out_ptr = SharedMut(out.as_mut_ptr());
+    let n_tasks = owners.len() * heads;
+    parallel_for(n_tasks, |task| {
+        let (t, h) = (task / heads, task % heads);
+        let (si, pos) = owners[t];
+        let slots = &batch[si].kv_slots[..=pos];
+        let kvh = h / group;
+        let qh = &q[t * qd + h * head_dim..t * qd + (h + 1) * head_dim];
+        // SAFETY: task (t, h) alone writes out[t*qd + h*head_dim .. + head_dim], and `out`
+        // outlives the parallel_for call.
+        let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * qd + h * head_dim), head_dim) };
+        SCORES.with(|sc| {
+            let mut sc = sc.borrow_mut();
+            sc.clear();
+            let mut max = f32::NEG_INFINITY;
+            for &slot in slots {
+                let base = slot as usize * kvd + kvh * head_dim;
+                let s = dot(qh, &k_cache[base..base + head_dim]) * scale;
+                max = max.max(s);
+                sc.push(s);
+            }
+            let mut sum = 0f32;
+            for s in sc.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            let inv = 1.0 / sum;
+            o.fill(0.0);
+            for (&slot, &w) in slots.iter().zip(sc.iter()) {
+                let base = slot as usize * kvd + kvh * head_dim;
+                axpy(o, w * inv, &v_cache[base..base + head_dim]);
+            }
+        });
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_unit_rows() {
+        let x = [3.0, 4.0, 0.0, 0.0];
+        let w = [1.0, 2.0];
+        let mut out = [0.0; 4];
+        rms_norm(&x, &w, 0.0, 2, &mut out);
+        let r = (12.5f32).sqrt();
+        assert!((out[0] - 3.0 / r).abs() < 1e-6);
+        assert!((out[1] - 8.0 / r).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_layouts_agree_after_permutation() {
+        // Interleaved layout of a head equals the half-split layout after permuting pairs.
+        let inv = [1.0f32, 0.1];
+        let table = RopeTable::new(&inv, 8);
+        let half_split = [1.0f32, 2.0, 3.0, 4.0];
+        let interleaved = [1.0f32, 3.0, 2.0, 4.0];
+        let mut a = half_split;
+        let mut b = interleaved;
+        table.apply(&mut a, &[5], 1, 4, false);
+        table.apply(&mut b, &[5], 1, 4, true);
+        assert!((a[0] - b[0]).abs() < 1e-6 && (a[2] - b[1]).abs() < 1e-6);
+        assert!((a[1] - b[2]).abs() < 1e-6 && (a[3] - b[3]).abs() < 1e-6);
+    }
+
+    #[test]
+    fn attention_single_key_returns_its_value() {
+        let q = [1.0f32, 0.0];
+        let k = [0.5f32, 0.5];
+        let v = [7.0f32, -3.0];
+        let toks = [1u32];
+        let slots = [0u32];
+        let batch = [SeqInput { tokens: &toks, start_pos: 0, kv_slots: &slots, need_logits: true }];
+        let mut out = [0f32; 2];
+        attention(&q, &k, &v, &batch, 1, 1, 2, &mut out);
+        assert_eq!(out, [7.0, -3.0]);
+    }
+}

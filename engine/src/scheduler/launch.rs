@@ -1,0 +1,172 @@
+//! Start-up: load the tokenizer and the model, size the KV cache, start the scheduler thread.
+
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use super::{Scheduler, SchedulerConfig};
+use crate::backend::Backend;
+use crate::backend::cpu::{CpuBackend, kernels};
+use crate::config::{DeviceKind, ServerArgs};
+use crate::engine::{EngineHandle, EngineParts, ModelInfo, SchedulerStats};
+use crate::error::{EngineError, Result};
+use crate::metrics::Metrics;
+use crate::model::config::ModelConfig;
+use crate::model::loader::ModelFiles;
+use crate::tokenizer::Tokenizer;
+
+/// Bytes of KV cache the CPU backend takes when `--max-total-tokens` is not given.
+const CPU_KV_BUDGET_BYTES: usize = 2 << 30;
+const CPU_DEFAULT_MAX_RUNNING: usize = 128;
+
+fn load_tokenizer(
+    args: &ServerArgs,
+    files: &ModelFiles,
+    gguf: Option<&candle_core::quantized::gguf_file::Content>,
+) -> Result<Option<Arc<Tokenizer>>> {
+    if args.skip_tokenizer_init {
+        return Ok(None);
+    }
+    let tok_err = |e: crate::tokenizer::TokenizerError| EngineError::Load(format!("tokenizer: {e}"));
+    let mut tok = match (&args.tokenizer_path, files, gguf) {
+        (Some(p), _, _) => Tokenizer::from_dir_or_file(p).map_err(tok_err)?,
+        (None, _, Some(content)) => Tokenizer::from_gguf(content).map_err(tok_err)?,
+        (None, ModelFiles::HfDir(dir), _) => Tokenizer::from_dir_or_file(dir).map_err(tok_err)?,
+        (None, ModelFiles::Gguf(p), None) => {
+            return Err(EngineError::Load(format!("{}: GGUF header not loaded", p.display())));
+        }
+    };
+    if let Some(path) = &args.chat_template {
+        let arg = path.to_string_lossy();
+        let t = tok.load_chat_template(&arg).map_err(tok_err)?;
+        tok.set_chat_template(t);
+    }
+    Ok(Some(Arc::new(tok)))
+}
+
+fn resolve_context_length(args: &ServerArgs, cfg: &ModelConfig) -> Result<usize> {
+    match args.context_length {
+        Some(c) if c > cfg.max_position_embeddings => Err(EngineError::InvalidArgument(format!(
+            "--context-length {c} is longer than the model's {} positions",
+            cfg.max_position_embeddings
+        ))),
+        Some(c) => Ok(c),
+        None => Ok(cfg.max_position_embeddings),
+    }
+}
+
+fn cpu_backend(
+    args: &ServerArgs,
+    loaded: crate::model::LoadedModel,
+    context_length: usize,
+) -> Result<Box<dyn Backend>> {
+    let cfg = loaded.config;
+    let per_token = 2 * 4 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim;
+    let capacity = match args.max_total_tokens {
+        Some(n) => n,
+        None => (CPU_KV_BUDGET_BYTES / per_token.max(1)).clamp(2048, 131_072),
+    };
+    Ok(Box::new(CpuBackend::new(cfg, loaded.weights, capacity, context_length + 1)?))
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_backend(args: &ServerArgs, files: &ModelFiles, cfg: &ModelConfig) -> Result<Box<dyn Backend>> {
+    let ModelFiles::HfDir(dir) = files else {
+        return Err(EngineError::InvalidArgument(
+            "--device cuda serves Hugging Face folders (safetensors); GGUF files run on --device cpu".into(),
+        ));
+    };
+    crate::backend::cuda::load_cuda_backend(dir, cfg, args.mem_fraction_static, args.max_total_tokens)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_backend(_: &ServerArgs, _: &ModelFiles, _: &ModelConfig) -> Result<Box<dyn Backend>> {
+    Err(EngineError::InvalidArgument(
+        "this sgl-engine was built without CUDA support; rebuild with `--features cuda` or use --device cpu".into(),
+    ))
+}
+
+/// Load everything and start the scheduler thread.
+pub fn launch(args: ServerArgs) -> Result<EngineHandle> {
+    args.validate()?;
+    let started = Instant::now();
+    if let Some(n) = args.num_threads {
+        kernels::set_num_threads(n);
+    }
+    let files = ModelFiles::detect(&args.model_path)?;
+    tracing::info!("loading model from {}", args.model_path.display());
+    let (backend, cfg, tokenizer) = match args.device {
+        DeviceKind::Cpu => {
+            let loaded = crate::model::load(&args.model_path)?;
+            let tokenizer = load_tokenizer(&args, &files, loaded.gguf.as_ref())?;
+            let cfg = loaded.config.clone();
+            let ctx = resolve_context_length(&args, &cfg)?;
+            (cpu_backend(&args, loaded, ctx)?, cfg, tokenizer)
+        }
+        DeviceKind::Cuda => {
+            let ModelFiles::HfDir(dir) = &files else {
+                return Err(EngineError::InvalidArgument(
+                    "--device cuda serves Hugging Face folders (safetensors); GGUF files run on --device cpu".into(),
+                ));
+            };
+            let cfg = ModelConfig::from_hf_config(&dir.join("config.json"))?;
+            let tokenizer = load_tokenizer(&args, &files, None)?;
+            (cuda_backend(&args, &files, &cfg)?, cfg, tokenizer)
+        }
+    };
+    let context_length = resolve_context_length(&args, &cfg)?;
+    let max_total_tokens = backend.kv_capacity();
+    if max_total_tokens < 2 {
+        return Err(EngineError::InvalidArgument("the KV cache has room for fewer than 2 tokens".into()));
+    }
+    let eos_token_ids = tokenizer.as_ref().map(|t| t.eos_token_ids().to_vec()).unwrap_or_default();
+    if let Some(t) = &tokenizer
+        && t.vocab_size() > cfg.vocab_size
+    {
+        tracing::warn!("tokenizer has {} tokens, the model {}", t.vocab_size(), cfg.vocab_size);
+    }
+    let max_running = args.max_running_requests.unwrap_or(CPU_DEFAULT_MAX_RUNNING);
+    let model_name = args.model_name();
+    let metrics = Arc::new(
+        Metrics::new(&model_name).map_err(|e| EngineError::Internal(format!("metrics: {e}")))?,
+    );
+    let stats = Arc::new(SchedulerStats::default());
+    let info = ModelInfo {
+        model_path: args.model_path.display().to_string(),
+        served_model_name: model_name,
+        context_length,
+        vocab_size: cfg.vocab_size,
+        max_total_tokens,
+        max_running_requests: max_running,
+        eos_token_ids: eos_token_ids.clone(),
+        architecture: cfg.architecture.clone(),
+    };
+    tracing::info!(
+        "model ready in {:.1}s: {} ({} layers, hidden {}, vocab {}), {}; context {context_length}, KV cache {max_total_tokens} tokens",
+        started.elapsed().as_secs_f64(),
+        info.architecture,
+        cfg.num_layers,
+        cfg.hidden_size,
+        cfg.vocab_size,
+        backend.describe()
+    );
+    let sched_cfg = SchedulerConfig {
+        max_running_requests: max_running,
+        chunked_prefill_size: args.chunked_prefill(),
+        policy: args.schedule_policy,
+        context_length,
+        eos_token_ids,
+        disable_radix_cache: args.disable_radix_cache,
+        random_seed: args.random_seed.unwrap_or_else(rand::random),
+        log_requests: args.log_requests,
+    };
+    let (tx, rx) = mpsc::channel();
+    let scheduler = Scheduler::new(backend, rx, tokenizer.clone(), sched_cfg, metrics.clone(), stats.clone());
+    // Alive before the first request can arrive, so /health is right from the start.
+    stats.alive.store(true, std::sync::atomic::Ordering::Release);
+    std::thread::Builder::new()
+        .name("scheduler".into())
+        .spawn(move || scheduler.run())
+        .map_err(|e| EngineError::Internal(format!("cannot start the scheduler thread: {e}")))?;
+    Ok(EngineHandle::from_parts(EngineParts { tx, info, tokenizer, args, metrics, stats }))
+}

@@ -1,0 +1,173 @@
+"""The official `openai` Python client against a running sgl-engine.
+
+Run by engine/tests/openai_client.rs, which starts the server and sets:
+  SGL_BASE_URL  e.g. http://127.0.0.1:40123
+  SGL_API_KEY   the server's --api-key
+Runs under pytest, or as a plain script (`python3 test_openai_client.py`).
+"""
+
+import os
+import sys
+
+import openai
+
+BASE_URL = os.environ.get("SGL_BASE_URL", "http://127.0.0.1:30000").rstrip("/") + "/v1"
+API_KEY = os.environ.get("SGL_API_KEY", "")
+
+
+def client(key=None):
+    return openai.OpenAI(base_url=BASE_URL, api_key=key or API_KEY or "none", max_retries=0, timeout=300)
+
+
+def model_name():
+    models = client().models.list()
+    assert len(models.data) == 1, models
+    return models.data[0].id
+
+
+def test_models():
+    assert model_name()
+
+
+def test_chat():
+    r = client().chat.completions.create(
+        model=model_name(),
+        messages=[
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "What is the capital of France?"},
+        ],
+        temperature=0,
+        max_tokens=12,
+    )
+    assert r.object == "chat.completion"
+    choice = r.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 0
+    assert 0 < r.usage.completion_tokens <= 12
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_default_model_name_and_seed():
+    kwargs = dict(
+        model="default",
+        messages=[{"role": "user", "content": "Pick a random word."}],
+        temperature=1.0,
+        seed=1234,
+        max_tokens=8,
+    )
+    a = client().chat.completions.create(**kwargs)
+    b = client().chat.completions.create(**kwargs)
+    assert a.choices[0].message.content == b.choices[0].message.content
+
+
+def test_chat_stream():
+    kwargs = dict(
+        model=model_name(),
+        messages=[{"role": "user", "content": "Write a short sentence about cats."}],
+        temperature=0,
+        max_tokens=12,
+    )
+    full = client().chat.completions.create(**kwargs)
+    stream = client().chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs)
+    pieces, roles, finish, usage = [], [], None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        if delta.role:
+            roles.append(delta.role)
+        if delta.content:
+            pieces.append(delta.content)
+        if chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert roles == ["assistant"]
+    assert len(pieces) > 1
+    assert "".join(pieces) == full.choices[0].message.content
+    assert finish == full.choices[0].finish_reason
+    assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
+
+
+def test_completion_and_stream():
+    kwargs = dict(model=model_name(), prompt="The quick brown fox", temperature=0, max_tokens=8)
+    r = client().completions.create(**kwargs)
+    assert r.object == "text_completion"
+    text = r.choices[0].text
+    assert text
+    pieces = [c.choices[0].text for c in client().completions.create(stream=True, **kwargs) if c.choices]
+    assert "".join(pieces) == text
+    batch = client().completions.create(**{**kwargs, "prompt": ["The quick brown fox", "Hello"]})
+    assert [c.index for c in batch.choices] == [0, 1]
+    assert batch.choices[0].text == text
+
+
+def test_stop():
+    kwargs = dict(
+        model=model_name(),
+        prompt="Count: 1, 2, 3, 4,",
+        temperature=0,
+        max_tokens=20,
+        extra_body={"ignore_eos": True},
+    )
+    full = client().completions.create(**kwargs).choices[0].text
+    words = full.split()
+    assert len(words) >= 3, full
+    stop = words[1]
+    want = full[: full.index(stop)]
+    r = client().completions.create(stop=[stop], **kwargs)
+    assert r.choices[0].text == want
+    assert r.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].text for c in client().completions.create(stop=stop, stream=True, **kwargs) if c.choices)
+    assert streamed == want
+
+
+def expect_bad_request(param_fragment, **kwargs):
+    try:
+        client().chat.completions.create(**kwargs)
+    except openai.BadRequestError as e:
+        assert e.status_code == 400
+        assert param_fragment in str(e), str(e)
+        return
+    raise AssertionError(f"expected a 400 for {kwargs}")
+
+
+def test_errors():
+    msgs = [{"role": "user", "content": "hi"}]
+    name = model_name()
+    expect_bad_request("temperature", model=name, messages=msgs, temperature=-1)
+    expect_bad_request("top_p", model=name, messages=msgs, top_p=1.5)
+    expect_bad_request("max_tokens", model=name, messages=msgs, max_tokens=0)
+    expect_bad_request("messages", model=name, messages=[])
+    expect_bad_request("top_k", model=name, messages=msgs, extra_body={"top_k": 0})
+    try:
+        client().chat.completions.create(model="no-such-model", messages=msgs)
+        raise AssertionError("expected a 404 for an unknown model")
+    except openai.NotFoundError as e:
+        assert name in str(e)
+
+
+def test_auth():
+    if not API_KEY:
+        return
+    try:
+        client(key="wrong-key").models.list()
+        raise AssertionError("expected a 401 with a wrong key")
+    except openai.AuthenticationError as e:
+        assert e.status_code == 401
+
+
+if __name__ == "__main__":
+    failed = 0
+    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
+    for name, fn in tests:
+        try:
+            fn()
+            print(f"PASS {name}")
+        except Exception as e:  # noqa: BLE001 - report every failure, then exit non-zero
+            failed += 1
+            print(f"FAIL {name}: {type(e).__name__}: {e}")
+    print(f"{len(tests) - failed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)

@@ -1,0 +1,130 @@
+// Row-wise and element-wise kernels of the Llama forward pass. Rounding follows PyTorch's bf16
+// modules (each op's output rounded to bf16) so the engine tracks transformers closely.
+
+// out[t, :] = table[ids[t], :]; ids outside the table give a zero row.
+extern "C" __global__ void embedding_gather_bf16(bf16_t* __restrict__ out,
+                                                 const bf16_t* __restrict__ table,
+                                                 const unsigned int* __restrict__ ids,
+                                                 int hidden, int vocab) {
+    const int t = blockIdx.x;
+    const unsigned int id = ids[t];
+    const int nvec = hidden / 8;
+    uint4* dst = (uint4*)(out + (size_t)t * hidden);
+    if (id >= (unsigned int)vocab) {
+        for (int i = threadIdx.x; i < nvec; i += blockDim.x) dst[i] = make_uint4(0, 0, 0, 0);
+        return;
+    }
+    const uint4* src = (const uint4*)(table + (size_t)id * hidden);
+    for (int i = threadIdx.x; i < nvec; i += blockDim.x) dst[i] = src[i];
+}
+
+// With `delta`: residual = bf16(residual + delta). Then out = rmsnorm(residual) * weight, as
+// transformers' LlamaRMSNorm computes it (normalise in f32, round, multiply in bf16).
+// One block per token; hidden % 8 == 0.
+extern "C" __global__ void add_rmsnorm_bf16(bf16_t* __restrict__ out, bf16_t* __restrict__ residual,
+                                            const bf16_t* __restrict__ delta,
+                                            const bf16_t* __restrict__ weight, int hidden,
+                                            float eps) {
+    __shared__ float scratch[32];
+    const size_t row = (size_t)blockIdx.x * hidden;
+    uint4* res = (uint4*)(residual + row);
+    const int nvec = hidden / 8;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
+        float x[8];
+        unpack8(res[i], x);
+        if (delta != nullptr) {
+            float d[8];
+            unpack8(((const uint4*)(delta + row))[i], d);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) x[j] = rbf(x[j] + d[j]);
+            res[i] = pack8(x);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) ss += x[j] * x[j];
+    }
+    const float total = block_sum(ss, scratch);
+    const float inv = rsqrtf(total / (float)hidden + eps);
+    uint4* o = (uint4*)(out + row);
+    const uint4* w = (const uint4*)weight;
+    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
+        float x[8], g[8];
+        unpack8(res[i], x);
+        unpack8(w[i], g);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) x[j] = g[j] * rbf(x[j] * inv);
+        o[i] = pack8(x);
+    }
+}
+
+// Rotate-half RoPE on q and k of a fused qkv row ([q heads | k heads | v heads] x head_dim),
+// in place for q; k (rotated) and v are written to the paged pool at `slots[t]`.
+// cos/sin are rounded to bf16 and each product rounded, as transformers' apply_rotary_pos_emb.
+extern "C" __global__ void rope_kv_store_bf16(bf16_t* __restrict__ qkv,
+                                              bf16_t* __restrict__ k_cache,
+                                              bf16_t* __restrict__ v_cache,
+                                              const int* __restrict__ positions,
+                                              const int* __restrict__ slots,
+                                              const float* __restrict__ inv_freq, int n_heads,
+                                              int n_kv_heads, int head_dim) {
+    const int t = blockIdx.x;
+    const int half = head_dim / 2;
+    const int row_len = (n_heads + 2 * n_kv_heads) * head_dim;
+    bf16_t* row = qkv + (size_t)t * row_len;
+    const float pos = (float)positions[t];
+    const size_t kv_row = (size_t)slots[t] * n_kv_heads * head_dim;
+    const int n_rot = (n_heads + n_kv_heads) * half;
+    for (int idx = threadIdx.x; idx < n_rot; idx += blockDim.x) {
+        const int head = idx / half, i = idx % half;
+        float s, c;
+        sincosf(pos * inv_freq[i], &s, &c);
+        c = rbf(c);
+        s = rbf(s);
+        const float x1 = bf2f(row[head * head_dim + i]);
+        const float x2 = bf2f(row[head * head_dim + i + half]);
+        const bf16_t o1 = f2bf(rbf(x1 * c) + rbf(-x2 * s));
+        const bf16_t o2 = f2bf(rbf(x2 * c) + rbf(x1 * s));
+        if (head < n_heads) {
+            row[head * head_dim + i] = o1;
+            row[head * head_dim + i + half] = o2;
+        } else {
+            bf16_t* k = k_cache + kv_row + (head - n_heads) * head_dim;
+            k[i] = o1;
+            k[i + half] = o2;
+        }
+    }
+    const bf16_t* v = row + (n_heads + n_kv_heads) * head_dim;
+    const int nvec = n_kv_heads * head_dim / 8;
+    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
+        ((uint4*)(v_cache + kv_row))[i] = ((const uint4*)v)[i];
+    }
+}
+
+// out[t, i] = bf16(bf16(silu(gate[t, i])) * up[t, i]) with gate_up = [gate | up] per row.
+extern "C" __global__ void silu_mul_bf16(bf16_t* __restrict__ out,
+                                         const bf16_t* __restrict__ gate_up, int n_tokens,
+                                         int inter) {
+    const int nvec_row = inter / 8;
+    const size_t total = (size_t)n_tokens * nvec_row;
+    for (size_t v = (size_t)blockIdx.x * blockDim.x + threadIdx.x; v < total;
+         v += (size_t)gridDim.x * blockDim.x) {
+        const size_t t = v / nvec_row, i = v % nvec_row;
+        const uint4* row = (const uint4*)(gate_up + t * 2 * inter);
+        float g[8], u[8];
+        unpack8(row[i], g);
+        unpack8(row[nvec_row + i], u);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) g[j] = rbf(g[j] / (1.0f + expf(-g[j]))) * u[j];
+        ((uint4*)(out + t * inter))[i] = pack8(g);
+    }
+}
+
+// out[i, :] = src[rows[i], :] for bf16 rows of `width` elements (width % 8 == 0).
+extern "C" __global__ void gather_rows_bf16(bf16_t* __restrict__ out,
+                                            const bf16_t* __restrict__ src,
+                                            const int* __restrict__ rows, int width) {
+    const int i = blockIdx.x;
+    const uint4* s = (const uint4*)(src + (size_t)rows[i] * width);
+    uint4* d = (uint4*)(out + (size_t)i * width);
+    for (int j = threadIdx.x; j < width / 8; j += blockDim.x) d[j] = s[j];
+}

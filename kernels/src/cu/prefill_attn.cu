@@ -1,0 +1,197 @@
+// Causal prefill attention for a variable-length batch over the paged KV pool, on tensor cores
+// (mma.sync m16n8k16 bf16, f32 accumulators), flash-attention style (online softmax, scores
+// never leave registers).
+//
+// A sequence's queries are positions prefix .. prefix + q_len - 1 (a prompt may start after a
+// cached prefix); its keys are positions 0 .. prefix + q_len - 1, all read from the pool through
+// kv_indices (the new tokens' K/V were written there by rope_kv_store first).
+//
+// Grid (n_tiles, n_heads); tile i covers 64 queries of sequence tiles[2i] from query offset
+// tiles[2i+1]. 4 warps, 16 query rows each. K/V tiles of 64 keys in shared memory, rows padded
+// by 8 elements so the fragment loads are free of bank conflicts.
+
+#define PF_BQ 64
+#define PF_BK 64
+#define PF_THREADS 128
+
+template <int D>
+__device__ __forceinline__ void prefill_attn_impl(
+    bf16_t* __restrict__ out, int out_stride, const bf16_t* __restrict__ qkv, int q_stride,
+    const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache, int kv_stride,
+    const int* __restrict__ tiles, const int* __restrict__ q_indptr,
+    const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
+    const int* __restrict__ prefix_lens, int group, float scale_log2) {
+    constexpr int LD = D + 8;
+    constexpr int CH = D / 8;  // 16-byte chunks per row
+    __shared__ __align__(16) bf16_t sK[PF_BK * LD];
+    __shared__ __align__(16) bf16_t sV[PF_BK * LD];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, tig = lane & 3;
+    const int seq = tiles[2 * blockIdx.x], qoff = tiles[2 * blockIdx.x + 1];
+    const int h = blockIdx.y, kvh = h / group;
+    const int qbeg = q_indptr[seq], qlen = q_indptr[seq + 1] - qbeg;
+    const int prefix = prefix_lens[seq];
+    const int kvbeg = kv_indptr[seq];
+    const int kvlen = kv_indptr[seq + 1] - kvbeg;
+    const int kv_end = min(kvlen, prefix + qoff + PF_BQ);
+
+    // Stage the Q tile through sK, then keep it in registers as A fragments.
+    for (int idx = tid; idx < PF_BQ * CH; idx += PF_THREADS) {
+        const int r = idx / CH, c = idx % CH;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (qoff + r < qlen) {
+            v = *(const uint4*)(qkv + (size_t)(qbeg + qoff + r) * q_stride + h * D + c * 8);
+        }
+        *(uint4*)(sK + r * LD + c * 8) = v;
+    }
+    __syncthreads();
+    unsigned int qf[D / 16][4];
+    {
+        const int r = warp * 16 + g;
+#pragma unroll
+        for (int kb = 0; kb < D / 16; ++kb) {
+            const int c = kb * 16 + tig * 2;
+            qf[kb][0] = *(const unsigned int*)(sK + r * LD + c);
+            qf[kb][1] = *(const unsigned int*)(sK + (r + 8) * LD + c);
+            qf[kb][2] = *(const unsigned int*)(sK + r * LD + c + 8);
+            qf[kb][3] = *(const unsigned int*)(sK + (r + 8) * LD + c + 8);
+        }
+    }
+    __syncthreads();
+
+    const int qpos0 = prefix + qoff + warp * 16 + g;
+    const int qpos1 = qpos0 + 8;
+    float o[D / 8][4];
+#pragma unroll
+    for (int nb = 0; nb < D / 8; ++nb) o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0.0f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
+
+    for (int kt = 0; kt < kv_end; kt += PF_BK) {
+        for (int idx = tid; idx < PF_BK * CH; idx += PF_THREADS) {
+            const int r = idx / CH, c = idx % CH;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (kt + r < kv_end) {
+                const size_t off =
+                    (size_t)kv_indices[kvbeg + kt + r] * kv_stride + (size_t)kvh * D + c * 8;
+                kv = *(const uint4*)(k_cache + off);
+                vv = *(const uint4*)(v_cache + off);
+            }
+            *(uint4*)(sK + r * LD + c * 8) = kv;
+            *(uint4*)(sV + r * LD + c * 8) = vv;
+        }
+        __syncthreads();
+
+        float s[PF_BK / 8][4];
+#pragma unroll
+        for (int nb = 0; nb < PF_BK / 8; ++nb) {
+            s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
+            const bf16_t* krow = sK + (nb * 8 + g) * LD + tig * 2;
+#pragma unroll
+            for (int kb = 0; kb < D / 16; ++kb) {
+                const unsigned int b0 = *(const unsigned int*)(krow + kb * 16);
+                const unsigned int b1 = *(const unsigned int*)(krow + kb * 16 + 8);
+                mma_bf16_16816(s[nb], qf[kb], b0, b1);
+            }
+        }
+        // mask, scale (log2 domain), running max
+        float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+        for (int nb = 0; nb < PF_BK / 8; ++nb) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = kt + nb * 8 + tig * 2 + (e & 1);
+                const int qp = e < 2 ? qpos0 : qpos1;
+                const float v = (key < kv_end && key <= qp) ? s[nb][e] * scale_log2 : NEG_INF;
+                s[nb][e] = v;
+                if (e < 2) mx0 = fmaxf(mx0, v);
+                else mx1 = fmaxf(mx1, v);
+            }
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        // A row with every key masked so far keeps m = -inf; guard the subtraction.
+        const float base0 = mn0 == NEG_INF ? 0.0f : mn0;
+        const float base1 = mn1 == NEG_INF ? 0.0f : mn1;
+        const float a0 = exp2f(m0 - base0), a1 = exp2f(m1 - base1);
+        m0 = mn0;
+        m1 = mn1;
+        float rs0 = 0.0f, rs1 = 0.0f;
+#pragma unroll
+        for (int nb = 0; nb < PF_BK / 8; ++nb) {
+            s[nb][0] = exp2f(s[nb][0] - base0);
+            s[nb][1] = exp2f(s[nb][1] - base0);
+            s[nb][2] = exp2f(s[nb][2] - base1);
+            s[nb][3] = exp2f(s[nb][3] - base1);
+            rs0 += s[nb][0] + s[nb][1];
+            rs1 += s[nb][2] + s[nb][3];
+        }
+        l0 = l0 * a0 + rs0;
+        l1 = l1 * a1 + rs1;
+#pragma unroll
+        for (int nb = 0; nb < D / 8; ++nb) {
+            o[nb][0] *= a0;
+            o[nb][1] *= a0;
+            o[nb][2] *= a1;
+            o[nb][3] *= a1;
+        }
+        // O += P V; P's accumulator layout is reused as the A fragment.
+#pragma unroll
+        for (int kb = 0; kb < PF_BK / 16; ++kb) {
+            unsigned int pa[4];
+            pa[0] = pack_bf2(s[2 * kb][0], s[2 * kb][1]);
+            pa[1] = pack_bf2(s[2 * kb][2], s[2 * kb][3]);
+            pa[2] = pack_bf2(s[2 * kb + 1][0], s[2 * kb + 1][1]);
+            pa[3] = pack_bf2(s[2 * kb + 1][2], s[2 * kb + 1][3]);
+            const int key = kb * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+            for (int nb = 0; nb < D / 8; nb += 2) {
+                const int dim = nb * 8 + (lane >> 4) * 8;
+                unsigned int r0, r1, r2, r3;
+                asm volatile(
+                    "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                    : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                    : "r"(smem_addr(sV + key * LD + dim)));
+                mma_bf16_16816(o[nb], pa, r0, r1);
+                mma_bf16_16816(o[nb + 1], pa, r2, r3);
+            }
+        }
+        __syncthreads();
+    }
+
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f;
+    const float inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    const int r0 = qoff + warp * 16 + g, r1 = r0 + 8;
+#pragma unroll
+    for (int nb = 0; nb < D / 8; ++nb) {
+        const int col = h * D + nb * 8 + tig * 2;
+        if (r0 < qlen) {
+            *(unsigned int*)(out + (size_t)(qbeg + r0) * out_stride + col) =
+                pack_bf2(o[nb][0] * inv0, o[nb][1] * inv0);
+        }
+        if (r1 < qlen) {
+            *(unsigned int*)(out + (size_t)(qbeg + r1) * out_stride + col) =
+                pack_bf2(o[nb][2] * inv1, o[nb][3] * inv1);
+        }
+    }
+}
+
+#define PREFILL_ATTN(D)                                                                         \
+    extern "C" __global__ void __launch_bounds__(PF_THREADS) prefill_attn_d##D(                 \
+        bf16_t* out, int out_stride, const bf16_t* qkv, int q_stride, const bf16_t* kc,         \
+        const bf16_t* vc, int kv_stride, const int* tiles, const int* q_indptr,                 \
+        const int* kv_indptr, const int* kv_indices, const int* prefix_lens, int group,         \
+        float scale_log2) {                                                                     \
+        prefill_attn_impl<D>(out, out_stride, qkv, q_stride, kc, vc, kv_stride, tiles, q_indptr, \
+                             kv_indptr, kv_indices, prefix_lens, group, scale_log2);            \
+    }
+
+PREFILL_ATTN(64)
+PREFILL_ATTN(128)

@@ -1,0 +1,165 @@
+//! bf16 GEMMs through cuBLASLt: `y = x · wᵀ` for row-major activations and `[out, in]` weights
+//! (the checkpoint's own layout), with f32 accumulation. Descriptors and the heuristic's
+//! algorithm are made once per shape and reused, so a call costs one `cublasLtMatmul`.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublaslt::{result, sys};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use half::bf16;
+
+use crate::{Dptr, KernelError, Result};
+
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    c: sys::cublasLtMatrixLayout_t,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: each handle was created once by `Gemm::plan` and is destroyed once here.
+        unsafe {
+            let _ = result::destroy_matrix_layout(self.a);
+            let _ = result::destroy_matrix_layout(self.b);
+            let _ = result::destroy_matrix_layout(self.c);
+            let _ = result::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+pub struct Gemm {
+    handle: sys::cublasLtHandle_t,
+    workspace: CudaSlice<u8>,
+    stream: Arc<CudaStream>,
+    plans: Mutex<HashMap<(usize, usize, usize), Plan>>,
+}
+
+// SAFETY: the cuBLASLt handle and descriptors are only used through &self methods that take
+// the plan lock, and every call is ordered on the one stream this Gemm was made for.
+unsafe impl Send for Gemm {}
+// SAFETY: as above.
+unsafe impl Sync for Gemm {}
+
+impl Drop for Gemm {
+    fn drop(&mut self) {
+        if let Ok(mut p) = self.plans.lock() {
+            p.clear();
+        }
+        // SAFETY: the handle was created in `new` and is destroyed once.
+        unsafe {
+            let _ = result::destroy_handle(self.handle);
+        }
+    }
+}
+
+impl Gemm {
+    pub fn new(stream: Arc<CudaStream>) -> Result<Self> {
+        let handle = result::create_handle()?;
+        let workspace = stream.alloc_zeros::<u8>(WORKSPACE_BYTES)?;
+        Ok(Gemm { handle, workspace, stream, plans: Mutex::new(HashMap::new()) })
+    }
+
+    fn plan(&self, tokens: usize, in_f: usize, out_f: usize) -> Result<Plan> {
+        let bf = sys::cudaDataType_t::CUDA_R_16BF;
+        // Column-major view: C (out x tokens) = op(A) B with A = W stored (in x out), op = T.
+        let a = result::create_matrix_layout(bf, in_f as u64, out_f as u64, in_f as i64)?;
+        let b = result::create_matrix_layout(bf, in_f as u64, tokens as u64, in_f as i64)?;
+        let c = result::create_matrix_layout(bf, out_f as u64, tokens as u64, out_f as i64)?;
+        let desc = result::create_matmul_desc(
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cudaDataType_t::CUDA_R_32F,
+        )?;
+        let trans: i32 = 1;
+        let pref = result::create_matmul_pref()?;
+        let ws = WORKSPACE_BYTES;
+        // SAFETY: attribute buffers are live locals of the documented types and sizes.
+        let heur = unsafe {
+            result::set_matmul_desc_attribute(
+                desc,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                (&trans) as *const i32 as *const c_void,
+                std::mem::size_of::<i32>(),
+            )?;
+            result::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&ws) as *const usize as *const c_void,
+                std::mem::size_of::<usize>(),
+            )?;
+            let h = result::get_matmul_algo_heuristic(self.handle, desc, a, b, c, c, pref);
+            let _ = result::destroy_matmul_pref(pref);
+            h
+        };
+        let plan = Plan { desc, a, b, c, algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] } };
+        let heur = heur.map_err(|e| {
+            KernelError::Unsupported(format!(
+                "no cuBLASLt algorithm for {tokens}x{in_f} -> {out_f}: {e:?}"
+            ))
+        })?;
+        Ok(Plan { algo: heur.algo, ..plan })
+    }
+
+    /// `y[t, o] = Σ_i x[t, i] w[o, i]` (+ `y` when `accumulate`), bf16 in and out, f32 inside.
+    ///
+    /// # Safety
+    /// x: tokens x in_f; w: out_f x in_f; y: tokens x out_f, not overlapping x or w; all on
+    /// the device of this Gemm's stream.
+    pub unsafe fn linear(
+        &self,
+        x: Dptr<bf16>,
+        w: Dptr<bf16>,
+        y: Dptr<bf16>,
+        tokens: usize,
+        in_f: usize,
+        out_f: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        if tokens == 0 {
+            return Ok(());
+        }
+        let mut plans = self
+            .plans
+            .lock()
+            .map_err(|_| KernelError::Unsupported("GEMM plan cache poisoned".into()))?;
+        let key = (tokens, in_f, out_f);
+        if !plans.contains_key(&key) {
+            let p = self.plan(tokens, in_f, out_f)?;
+            plans.insert(key, p);
+        }
+        let Some(p) = plans.get(&key) else {
+            return Err(KernelError::Unsupported("GEMM plan vanished".into()));
+        };
+        let alpha: f32 = 1.0;
+        let beta: f32 = if accumulate { 1.0 } else { 0.0 };
+        let (ws, _sync) = self.workspace.device_ptr(&self.stream);
+        // SAFETY: the plan matches these extents; the caller guarantees the buffers.
+        unsafe {
+            result::matmul(
+                self.handle,
+                p.desc,
+                (&alpha) as *const f32 as *const c_void,
+                (&beta) as *const f32 as *const c_void,
+                w.addr() as *const c_void,
+                p.a,
+                x.addr() as *const c_void,
+                p.b,
+                y.addr() as *const c_void,
+                p.c,
+                y.addr() as *mut c_void,
+                p.c,
+                (&p.algo) as *const _,
+                ws as *mut c_void,
+                WORKSPACE_BYTES,
+                self.stream.cu_stream() as *mut _,
+            )?;
+        }
+        Ok(())
+    }
+}

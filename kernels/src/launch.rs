@@ -1,0 +1,412 @@
+//! Typed launchers. Each mirrors its kernel's signature; the caller guarantees, as each
+//! `# Safety` says, that every address covers the shape it passes.
+#![allow(clippy::too_many_arguments)]
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use half::bf16;
+
+use crate::source::{KERNEL_NAMES, cached_ptx};
+use crate::{Dptr, KernelError, Result};
+
+/// Most sequence splits of one decode attention launch.
+pub const MAX_DECODE_SPLITS: u32 = 32;
+
+/// How a decode attention launch divides the work: `splits` parts along each sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeAttnPlan {
+    pub splits: u32,
+}
+
+/// Attention geometry shared by the attention launchers.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+pub struct Kernels {
+    embedding: CudaFunction,
+    add_rmsnorm: CudaFunction,
+    rope_kv_store: CudaFunction,
+    silu_mul: CudaFunction,
+    gather_rows: CudaFunction,
+    /// [head_dim 64, 128] x [group 1, 2, 4, 8]
+    decode: [[CudaFunction; 4]; 2],
+    merge: CudaFunction,
+    /// [head_dim 64, 128]
+    prefill: [CudaFunction; 2],
+    sample: CudaFunction,
+    num_sms: u32,
+}
+
+fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 }
+}
+
+fn dim_index(head_dim: usize) -> Result<usize> {
+    match head_dim {
+        64 => Ok(0),
+        128 => Ok(1),
+        d => Err(KernelError::Unsupported(format!("head_dim {d} (attention supports 64, 128)"))),
+    }
+}
+
+fn group_index(group: usize) -> Result<usize> {
+    match group {
+        1 => Ok(0),
+        2 => Ok(1),
+        4 => Ok(2),
+        8 => Ok(3),
+        g => Err(KernelError::Unsupported(format!("GQA group {g} (supported: 1, 2, 4, 8)"))),
+    }
+}
+
+impl Kernels {
+    /// Compile (or take from the cache) and load every kernel for `ctx`'s device.
+    pub fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
+        let (major, minor) = ctx.compute_capability()?;
+        if major < 8 {
+            return Err(KernelError::Unsupported(format!(
+                "compute capability {major}.{minor}: the kernels need 8.0 or newer (bf16 tensor cores)"
+            )));
+        }
+        let ptx = cached_ptx(&format!("compute_{major}{minor}"))?;
+        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx))?;
+        let f = |name: &str| -> Result<CudaFunction> {
+            debug_assert!(KERNEL_NAMES.contains(&name));
+            Ok(module.load_function(name)?)
+        };
+        let num_sms = ctx.attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )? as u32;
+        Ok(Kernels {
+            embedding: f("embedding_gather_bf16")?,
+            add_rmsnorm: f("add_rmsnorm_bf16")?,
+            rope_kv_store: f("rope_kv_store_bf16")?,
+            silu_mul: f("silu_mul_bf16")?,
+            gather_rows: f("gather_rows_bf16")?,
+            decode: [
+                [
+                    f("decode_attn_d64_g1")?,
+                    f("decode_attn_d64_g2")?,
+                    f("decode_attn_d64_g4")?,
+                    f("decode_attn_d64_g8")?,
+                ],
+                [
+                    f("decode_attn_d128_g1")?,
+                    f("decode_attn_d128_g2")?,
+                    f("decode_attn_d128_g4")?,
+                    f("decode_attn_d128_g8")?,
+                ],
+            ],
+            merge: f("attn_merge_splits")?,
+            prefill: [f("prefill_attn_d64")?, f("prefill_attn_d128")?],
+            sample: f("sample_bf16")?,
+            num_sms,
+        })
+    }
+
+    pub fn num_sms(&self) -> u32 {
+        self.num_sms
+    }
+
+    /// `out[t] = table[ids[t]]`, rows of `hidden` (a multiple of 8); ids >= vocab give zeros.
+    ///
+    /// # Safety
+    /// out: n_tokens x hidden; table: vocab x hidden; ids: n_tokens.
+    pub unsafe fn embedding(
+        &self,
+        s: &CudaStream,
+        out: Dptr<bf16>,
+        table: Dptr<bf16>,
+        ids: Dptr<u32>,
+        n_tokens: usize,
+        hidden: usize,
+        vocab: usize,
+    ) -> Result<()> {
+        if n_tokens == 0 {
+            return Ok(());
+        }
+        let (o, t, i) = (out.addr(), table.addr(), ids.addr());
+        let (h, v) = (hidden as i32, vocab as i32);
+        let mut b = s.launch_builder(&self.embedding);
+        b.arg(&o).arg(&t).arg(&i).arg(&h).arg(&v);
+        // SAFETY: argument types match the kernel; the caller guarantees the extents.
+        unsafe { b.launch(cfg((n_tokens as u32, 1, 1), 256)) }?;
+        Ok(())
+    }
+
+    /// With `delta`: `residual += delta` (rounded to bf16); then `out = rmsnorm(residual) * w`.
+    ///
+    /// # Safety
+    /// out, residual, delta: n_tokens x hidden; weight: hidden.
+    pub unsafe fn add_rmsnorm(
+        &self,
+        s: &CudaStream,
+        out: Dptr<bf16>,
+        residual: Dptr<bf16>,
+        delta: Option<Dptr<bf16>>,
+        weight: Dptr<bf16>,
+        n_tokens: usize,
+        hidden: usize,
+        eps: f32,
+    ) -> Result<()> {
+        if n_tokens == 0 {
+            return Ok(());
+        }
+        let (o, r, d, w) =
+            (out.addr(), residual.addr(), delta.unwrap_or(Dptr::null()).addr(), weight.addr());
+        let h = hidden as i32;
+        let mut b = s.launch_builder(&self.add_rmsnorm);
+        b.arg(&o).arg(&r).arg(&d).arg(&w).arg(&h).arg(&eps);
+        let threads = (hidden / 8).clamp(32, 1024).next_multiple_of(32) as u32;
+        // SAFETY: argument types match the kernel; the caller guarantees the extents.
+        unsafe { b.launch(cfg((n_tokens as u32, 1, 1), threads)) }?;
+        Ok(())
+    }
+
+    /// Rotate q (in place) and k of each fused qkv row; store k and v at the token's pool slot.
+    ///
+    /// # Safety
+    /// qkv: n_tokens x (n_heads + 2 n_kv_heads) x head_dim; caches: slots x n_kv_heads x
+    /// head_dim covering every slot; positions, slots: n_tokens; inv_freq: head_dim / 2.
+    pub unsafe fn rope_kv_store(
+        &self,
+        s: &CudaStream,
+        qkv: Dptr<bf16>,
+        k_cache: Dptr<bf16>,
+        v_cache: Dptr<bf16>,
+        positions: Dptr<i32>,
+        slots: Dptr<i32>,
+        inv_freq: Dptr<f32>,
+        n_tokens: usize,
+        shape: AttnShape,
+    ) -> Result<()> {
+        if n_tokens == 0 {
+            return Ok(());
+        }
+        let (q, k, v, p, sl, f) = (
+            qkv.addr(),
+            k_cache.addr(),
+            v_cache.addr(),
+            positions.addr(),
+            slots.addr(),
+            inv_freq.addr(),
+        );
+        let (nh, nkv, hd) = (shape.n_heads as i32, shape.n_kv_heads as i32, shape.head_dim as i32);
+        let mut b = s.launch_builder(&self.rope_kv_store);
+        b.arg(&q).arg(&k).arg(&v).arg(&p).arg(&sl).arg(&f).arg(&nh).arg(&nkv).arg(&hd);
+        // SAFETY: argument types match the kernel; the caller guarantees the extents.
+        unsafe { b.launch(cfg((n_tokens as u32, 1, 1), 256)) }?;
+        Ok(())
+    }
+
+    /// `out = silu(gate) * up` with `gate_up` rows `[gate | up]` of 2 x inter.
+    ///
+    /// # Safety
+    /// out: n_tokens x inter; gate_up: n_tokens x 2 inter.
+    pub unsafe fn silu_mul(
+        &self,
+        s: &CudaStream,
+        out: Dptr<bf16>,
+        gate_up: Dptr<bf16>,
+        n_tokens: usize,
+        inter: usize,
+    ) -> Result<()> {
+        if n_tokens == 0 {
+            return Ok(());
+        }
+        let (o, g) = (out.addr(), gate_up.addr());
+        let (n, i) = (n_tokens as i32, inter as i32);
+        let vecs = n_tokens * inter / 8;
+        let blocks = vecs.div_ceil(256).clamp(1, self.num_sms as usize * 8) as u32;
+        let mut b = s.launch_builder(&self.silu_mul);
+        b.arg(&o).arg(&g).arg(&n).arg(&i);
+        // SAFETY: argument types match the kernel; the caller guarantees the extents.
+        unsafe { b.launch(cfg((blocks, 1, 1), 256)) }?;
+        Ok(())
+    }
+
+    /// `out[i] = src[rows[i]]` for rows of `width` bf16.
+    ///
+    /// # Safety
+    /// out: n x width; rows: n indices into src.
+    pub unsafe fn gather_rows(
+        &self,
+        s: &CudaStream,
+        out: Dptr<bf16>,
+        src: Dptr<bf16>,
+        rows: Dptr<i32>,
+        n: usize,
+        width: usize,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let (o, sr, r) = (out.addr(), src.addr(), rows.addr());
+        let w = width as i32;
+        let mut b = s.launch_builder(&self.gather_rows);
+        b.arg(&o).arg(&sr).arg(&r).arg(&w);
+        // SAFETY: argument types match the kernel; the caller guarantees the extents.
+        unsafe { b.launch(cfg((n as u32, 1, 1), 256)) }?;
+        Ok(())
+    }
+
+    /// Splits for a decode batch: about two blocks per multiprocessor, at least 32 keys each.
+    pub fn decode_plan(&self, batch: usize, n_kv_heads: usize, max_len: usize) -> DecodeAttnPlan {
+        let blocks = (batch * n_kv_heads).max(1);
+        let want = (2 * self.num_sms as usize).div_ceil(blocks);
+        let by_len = max_len.div_ceil(32).max(1);
+        DecodeAttnPlan { splits: want.min(by_len).clamp(1, MAX_DECODE_SPLITS as usize) as u32 }
+    }
+
+    /// Decode attention (one query per sequence) over the paged pool, then the split merge.
+    /// `kv_indptr[b]..kv_indptr[b+1]` index `kv_indices`, the slots of sequence b's keys.
+    ///
+    /// # Safety
+    /// q rows of q_stride for batch sequences; out rows of out_stride; caches hold every slot;
+    /// partial_o: batch x n_heads x splits x head_dim f32; partial_ml: batch x n_heads x splits x 2.
+    pub unsafe fn decode_attn(
+        &self,
+        s: &CudaStream,
+        plan: DecodeAttnPlan,
+        out: Dptr<bf16>,
+        out_stride: usize,
+        q: Dptr<bf16>,
+        q_stride: usize,
+        k_cache: Dptr<bf16>,
+        v_cache: Dptr<bf16>,
+        kv_indptr: Dptr<i32>,
+        kv_indices: Dptr<i32>,
+        partial_o: Dptr<f32>,
+        partial_ml: Dptr<f32>,
+        batch: usize,
+        shape: AttnShape,
+    ) -> Result<()> {
+        if batch == 0 {
+            return Ok(());
+        }
+        let group = shape.n_heads / shape.n_kv_heads;
+        let f = &self.decode[dim_index(shape.head_dim)?][group_index(group)?];
+        let (po, pml, qa, kc, vc, ip, ix) = (
+            partial_o.addr(),
+            partial_ml.addr(),
+            q.addr(),
+            k_cache.addr(),
+            v_cache.addr(),
+            kv_indptr.addr(),
+            kv_indices.addr(),
+        );
+        let qs = q_stride as i32;
+        let kvs = (shape.n_kv_heads * shape.head_dim) as i32;
+        let nh = shape.n_heads as i32;
+        let scale_log2 = std::f32::consts::LOG2_E / (shape.head_dim as f32).sqrt();
+        let mut b = s.launch_builder(f);
+        b.arg(&po).arg(&pml).arg(&qa).arg(&qs).arg(&kc).arg(&vc).arg(&kvs).arg(&ip).arg(&ix);
+        b.arg(&nh).arg(&scale_log2);
+        let grid = (batch as u32, shape.n_kv_heads as u32, plan.splits);
+        // SAFETY: argument types match the kernel; the caller guarantees the extents.
+        unsafe { b.launch(cfg(grid, 128)) }?;
+
+        let (o, os) = (out.addr(), out_stride as i32);
+        let ns = plan.splits as i32;
+        let hd = shape.head_dim as i32;
+        let mut m = s.launch_builder(&self.merge);
+        m.arg(&o).arg(&os).arg(&po).arg(&pml).arg(&nh).arg(&ns).arg(&hd);
+        // SAFETY: as above.
+        unsafe { m.launch(cfg((batch as u32, shape.n_heads as u32, 1), shape.head_dim as u32)) }?;
+        Ok(())
+    }
+
+    /// Causal prefill attention for a packed variable-length batch whose queries may start
+    /// after a cached prefix. `tiles` holds (sequence, query offset) pairs, one per 64 queries
+    /// (see [`prefill_tiles`]); q rows come from the fused qkv buffer (rows of q_stride).
+    ///
+    /// # Safety
+    /// Every index array matches the batch: q_indptr, kv_indptr: batch + 1; prefix_lens: batch;
+    /// kv_indices: kv_indptr[batch]; tiles: 2 n_tiles; out rows of out_stride for every token.
+    pub unsafe fn prefill_attn(
+        &self,
+        s: &CudaStream,
+        out: Dptr<bf16>,
+        out_stride: usize,
+        qkv: Dptr<bf16>,
+        q_stride: usize,
+        k_cache: Dptr<bf16>,
+        v_cache: Dptr<bf16>,
+        tiles: Dptr<i32>,
+        n_tiles: usize,
+        q_indptr: Dptr<i32>,
+        kv_indptr: Dptr<i32>,
+        kv_indices: Dptr<i32>,
+        prefix_lens: Dptr<i32>,
+        shape: AttnShape,
+    ) -> Result<()> {
+        if n_tiles == 0 {
+            return Ok(());
+        }
+        let f = &self.prefill[dim_index(shape.head_dim)?];
+        let (o, qa, kc, vc, t, qi, ki, kx, pl) = (
+            out.addr(),
+            qkv.addr(),
+            k_cache.addr(),
+            v_cache.addr(),
+            tiles.addr(),
+            q_indptr.addr(),
+            kv_indptr.addr(),
+            kv_indices.addr(),
+            prefix_lens.addr(),
+        );
+        let (os, qs) = (out_stride as i32, q_stride as i32);
+        let kvs = (shape.n_kv_heads * shape.head_dim) as i32;
+        let group = (shape.n_heads / shape.n_kv_heads) as i32;
+        let scale_log2 = std::f32::consts::LOG2_E / (shape.head_dim as f32).sqrt();
+        let mut b = s.launch_builder(f);
+        b.arg(&o).arg(&os).arg(&qa).arg(&qs).arg(&kc).arg(&vc).arg(&kvs).arg(&t).arg(&qi);
+        b.arg(&ki).arg(&kx).arg(&pl).arg(&group).arg(&scale_log2);
+        // SAFETY: argument types match the kernel; the caller guarantees the extents.
+        unsafe { b.launch(cfg((n_tiles as u32, shape.n_heads as u32, 1), 128)) }?;
+        Ok(())
+    }
+
+    /// Sample one token per row of bf16 logits. params: 5 floats per row
+    /// (temperature, top_p, top_k, min_p, uniform draw); temperature <= 0 is greedy.
+    ///
+    /// # Safety
+    /// out: rows; logits: rows x vocab; params: 5 rows.
+    pub unsafe fn sample(
+        &self,
+        s: &CudaStream,
+        out: Dptr<i32>,
+        logits: Dptr<bf16>,
+        params: Dptr<f32>,
+        rows: usize,
+        vocab: usize,
+    ) -> Result<()> {
+        if rows == 0 {
+            return Ok(());
+        }
+        let (o, l, p) = (out.addr(), logits.addr(), params.addr());
+        let v = vocab as i32;
+        let mut b = s.launch_builder(&self.sample);
+        b.arg(&o).arg(&l).arg(&v).arg(&p);
+        // SAFETY: argument types match the kernel; the caller guarantees the extents.
+        unsafe { b.launch(cfg((rows as u32, 1, 1), 1024)) }?;
+        Ok(())
+    }
+}
+
+/// (sequence, query offset) pairs, one per 64 queries, for [`Kernels::prefill_attn`].
+pub fn prefill_tiles(q_lens: &[usize]) -> Vec<i32> {
+    let mut t = Vec::new();
+    for (i, &n) in q_lens.iter().enumerate() {
+        for off in (0..n).step_by(64) {
+            t.push(i as i32);
+            t.push(off as i32);
+        }
+    }
+    t
+}

@@ -1,0 +1,228 @@
+//! Pure builders: one `SGLangService` in, every Kubernetes object the operator owns out.
+//!
+//! Nothing here talks to a cluster. The controller applies what [`plan`] returns and the
+//! `render` command prints it, so the two can never disagree.
+
+mod engine;
+mod router;
+mod scaling;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use sgl_crds::SGLangService;
+
+use crate::Error;
+
+pub use engine::{ENGINE_PORT, engine_args};
+pub use router::router_args;
+pub use scaling::{CACHE_MISS_METRIC, QUEUE_METRIC};
+
+/// Field manager name for server-side apply.
+pub const MANAGER: &str = "sgl-operator";
+/// Label on engine pods that the router selects on (`--selector`).
+pub const ENGINE_LABEL: &str = "serving.sgl-rs.io/engine";
+
+/// The kinds of object the operator creates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    Service,
+    StatefulSet,
+    ServiceAccount,
+    Role,
+    RoleBinding,
+    Deployment,
+    HorizontalPodAutoscaler,
+    PodDisruptionBudget,
+    ServiceMonitor,
+}
+
+impl Kind {
+    /// Group, version, kind and plural for the dynamic API.
+    pub fn api_resource(self) -> ApiResource {
+        use k8s_openapi::api::{
+            apps::v1 as apps, autoscaling::v2 as autoscaling, core::v1 as core,
+            policy::v1 as policy, rbac::v1 as rbac,
+        };
+        match self {
+            Self::Service => ApiResource::erase::<core::Service>(&()),
+            Self::StatefulSet => ApiResource::erase::<apps::StatefulSet>(&()),
+            Self::ServiceAccount => ApiResource::erase::<core::ServiceAccount>(&()),
+            Self::Role => ApiResource::erase::<rbac::Role>(&()),
+            Self::RoleBinding => ApiResource::erase::<rbac::RoleBinding>(&()),
+            Self::Deployment => ApiResource::erase::<apps::Deployment>(&()),
+            Self::HorizontalPodAutoscaler => {
+                ApiResource::erase::<autoscaling::HorizontalPodAutoscaler>(&())
+            }
+            Self::PodDisruptionBudget => ApiResource::erase::<policy::PodDisruptionBudget>(&()),
+            Self::ServiceMonitor => ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"),
+                "servicemonitors",
+            ),
+        }
+    }
+}
+
+/// One object to apply, already serialized with `apiVersion` and `kind`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Manifest {
+    pub kind: Kind,
+    pub name: String,
+    pub object: serde_json::Value,
+}
+
+/// What one reconcile converges to: objects to apply, and owned objects that must not exist.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub apply: Vec<Manifest>,
+    pub delete: Vec<(Kind, String)>,
+}
+
+impl Plan {
+    pub fn get(&self, kind: Kind) -> Option<&Manifest> {
+        self.apply.iter().find(|m| m.kind == kind)
+    }
+}
+
+/// Names of the objects of one service, derived from its own name.
+#[derive(Clone, Debug)]
+pub struct Names {
+    pub namespace: String,
+    pub instance: String,
+    pub engine: String,
+    pub router: String,
+}
+
+impl Names {
+    pub fn of(svc: &SGLangService) -> Result<Self, Error> {
+        let instance = svc.metadata.name.clone().ok_or(Error::MissingField("metadata.name"))?;
+        let namespace = svc.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+        Ok(Self {
+            engine: format!("{instance}-engine"),
+            router: format!("{instance}-router"),
+            namespace,
+            instance,
+        })
+    }
+
+    /// The URL clients use: the router's Service, or the engines' headless Service.
+    pub fn endpoint(&self, svc: &SGLangService) -> String {
+        let host = if svc.spec.router.enabled { &self.router } else { &self.engine };
+        format!("http://{host}.{}.svc:{ENGINE_PORT}", self.namespace)
+    }
+}
+
+/// Labels on every object of one service.
+fn common_labels(names: &Names, component: &str) -> BTreeMap<String, String> {
+    let mut labels = selector_labels(names, component);
+    labels.insert("app.kubernetes.io/managed-by".into(), MANAGER.into());
+    labels
+}
+
+/// Labels a component's pods are selected by; immutable once a workload exists.
+pub fn selector_labels(names: &Names, component: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), "sglang".to_string()),
+        ("app.kubernetes.io/instance".to_string(), names.instance.clone()),
+        ("app.kubernetes.io/component".to_string(), component.to_string()),
+    ])
+}
+
+/// The engine pod selector as a string, for `status.selector` and the scale subresource.
+pub fn engine_selector_string(names: &Names) -> String {
+    selector_labels(names, "engine")
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn owner_ref(svc: &SGLangService) -> Result<OwnerReference, Error> {
+    svc.controller_owner_ref(&()).ok_or(Error::MissingField("metadata.uid"))
+}
+
+fn meta(
+    svc: &SGLangService,
+    names: &Names,
+    name: &str,
+    component: &str,
+) -> Result<ObjectMeta, Error> {
+    Ok(ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: Some(names.namespace.clone()),
+        labels: Some(common_labels(names, component)),
+        owner_references: Some(vec![owner_ref(svc)?]),
+        ..ObjectMeta::default()
+    })
+}
+
+fn manifest<K>(kind: Kind, object: &K) -> Result<Manifest, Error>
+where
+    K: Resource<DynamicType = ()> + Serialize,
+{
+    let mut value = serde_json::to_value(object)?;
+    if let Some(map) = value.as_object_mut() {
+        map.insert("apiVersion".into(), K::api_version(&()).into());
+        map.insert("kind".into(), K::kind(&()).into());
+    }
+    let name = object.meta().name.clone().unwrap_or_default();
+    Ok(Manifest { kind, name, object: value })
+}
+
+/// Everything the operator applies for `svc`, in apply order, and what it removes.
+pub fn plan(svc: &SGLangService) -> Result<Plan, Error> {
+    svc.validate()?;
+    let names = Names::of(svc)?;
+    let mut apply = vec![
+        manifest(Kind::Service, &engine::headless_service(svc, &names)?)?,
+        manifest(Kind::StatefulSet, &engine::stateful_set(svc, &names)?)?,
+        manifest(Kind::PodDisruptionBudget, &scaling::pdb(svc, &names)?)?,
+    ];
+    let mut delete = Vec::new();
+
+    let router_kinds = [
+        Kind::ServiceAccount,
+        Kind::Role,
+        Kind::RoleBinding,
+        Kind::Deployment,
+        Kind::Service,
+    ];
+    if svc.spec.router.enabled {
+        apply.push(manifest(Kind::ServiceAccount, &router::service_account(svc, &names)?)?);
+        apply.push(manifest(Kind::Role, &router::role(svc, &names)?)?);
+        apply.push(manifest(Kind::RoleBinding, &router::role_binding(svc, &names)?)?);
+        apply.push(manifest(Kind::Deployment, &router::deployment(svc, &names)?)?);
+        apply.push(manifest(Kind::Service, &router::service(svc, &names)?)?);
+    } else {
+        delete.extend(router_kinds.iter().map(|k| (*k, names.router.clone())));
+    }
+
+    match scaling::hpa(svc, &names)? {
+        Some(hpa) => apply.push(manifest(Kind::HorizontalPodAutoscaler, &hpa)?),
+        None => delete.push((Kind::HorizontalPodAutoscaler, names.engine.clone())),
+    }
+    if svc.spec.monitoring.service_monitor {
+        apply.push(Manifest {
+            kind: Kind::ServiceMonitor,
+            name: names.instance.clone(),
+            object: scaling::service_monitor(svc, &names)?,
+        });
+    } else {
+        delete.push((Kind::ServiceMonitor, names.instance.clone()));
+    }
+    Ok(Plan { apply, delete })
+}
+
+/// The plan as a multi-document YAML stream, as `sgl-operator render` prints it.
+pub fn render_yaml(svc: &SGLangService) -> Result<String, Error> {
+    let plan = plan(svc)?;
+    let mut out = String::new();
+    for m in &plan.apply {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&m.object)?);
+    }
+    Ok(out)
+}

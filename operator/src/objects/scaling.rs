@@ -1,0 +1,136 @@
+//! HorizontalPodAutoscaler, PodDisruptionBudget and ServiceMonitor.
+
+use k8s_openapi::api::autoscaling::v2::{
+    CrossVersionObjectReference, HPAScalingRules, HorizontalPodAutoscaler,
+    HorizontalPodAutoscalerBehavior, HorizontalPodAutoscalerSpec, MetricIdentifier, MetricSpec,
+    MetricTarget, PodsMetricSource,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde_json::json;
+use sgl_crds::SGLangService;
+
+use super::{Names, common_labels, meta, owner_ref, selector_labels};
+use crate::Error;
+
+/// Custom metric (per pod) of waiting requests, exposed by the chart's adapter rules from
+/// `sglang:num_queue_reqs`.
+pub const QUEUE_METRIC: &str = "sglang_num_queue_reqs";
+/// Custom metric (per pod) `1 - sglang:cache_hit_rate`: rises with uncached work.
+pub const CACHE_MISS_METRIC: &str = "sglang_cache_miss_rate";
+
+/// A decimal quantity in thousandths, exact for the targets a spec can hold.
+fn quantity(value: f64) -> Quantity {
+    let milli = (value * 1000.0).round() as i64;
+    if milli % 1000 == 0 {
+        Quantity((milli / 1000).to_string())
+    } else {
+        Quantity(format!("{milli}m"))
+    }
+}
+
+fn pods_metric(name: &str, average: f64) -> MetricSpec {
+    MetricSpec {
+        type_: "Pods".into(),
+        pods: Some(PodsMetricSource {
+            metric: MetricIdentifier {
+                name: name.into(),
+                selector: None,
+            },
+            target: MetricTarget {
+                type_: "AverageValue".into(),
+                average_value: Some(quantity(average)),
+                ..MetricTarget::default()
+            },
+        }),
+        ..MetricSpec::default()
+    }
+}
+
+/// The HPA on the engine StatefulSet, or `None` when autoscaling is off.
+pub fn hpa(svc: &SGLangService, names: &Names) -> Result<Option<HorizontalPodAutoscaler>, Error> {
+    let Some(a) = svc.spec.autoscaling.as_ref().filter(|a| a.enabled) else {
+        return Ok(None);
+    };
+    let mut metrics = vec![pods_metric(QUEUE_METRIC, a.target_queue_length)];
+    if let Some(hit) = a.target_cache_hit_rate {
+        metrics.push(pods_metric(CACHE_MISS_METRIC, 1.0 - hit));
+    }
+    Ok(Some(HorizontalPodAutoscaler {
+        metadata: meta(svc, names, &names.engine, "engine")?,
+        spec: Some(HorizontalPodAutoscalerSpec {
+            scale_target_ref: CrossVersionObjectReference {
+                api_version: Some("apps/v1".into()),
+                kind: "StatefulSet".into(),
+                name: names.engine.clone(),
+            },
+            min_replicas: Some(a.min_replicas),
+            max_replicas: a.max_replicas,
+            metrics: Some(metrics),
+            behavior: Some(HorizontalPodAutoscalerBehavior {
+                scale_down: Some(HPAScalingRules {
+                    stabilization_window_seconds: Some(a.scale_down_stabilization_seconds),
+                    ..HPAScalingRules::default()
+                }),
+                scale_up: None,
+            }),
+        }),
+        status: None,
+    }))
+}
+
+/// At most one engine down at a time for voluntary disruptions (drains, upgrades).
+pub fn pdb(svc: &SGLangService, names: &Names) -> Result<PodDisruptionBudget, Error> {
+    Ok(PodDisruptionBudget {
+        metadata: meta(svc, names, &names.engine, "engine")?,
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(selector_labels(names, "engine")),
+                ..LabelSelector::default()
+            }),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// A Prometheus Operator ServiceMonitor over the engine and router Services.
+pub fn service_monitor(svc: &SGLangService, names: &Names) -> Result<serde_json::Value, Error> {
+    let mut endpoint = json!({"port": "http", "path": "/metrics"});
+    if let Some(interval) = &svc.spec.monitoring.interval {
+        endpoint["interval"] = json!(interval);
+    }
+    let mut labels = common_labels(names, "engine");
+    labels.remove("app.kubernetes.io/component");
+    let mut selector = selector_labels(names, "engine");
+    selector.remove("app.kubernetes.io/component");
+    Ok(json!({
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": {
+            "name": names.instance,
+            "namespace": names.namespace,
+            "labels": labels,
+            "ownerReferences": [owner_ref(svc)?],
+        },
+        "spec": {
+            "selector": {"matchLabels": selector},
+            "endpoints": [endpoint],
+        },
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quantity;
+
+    #[test]
+    fn quantities_are_exact_decimals() {
+        assert_eq!(quantity(4.0).0, "4");
+        assert_eq!(quantity(0.25).0, "250m");
+        assert_eq!(quantity(1.0 - 0.7).0, "300m");
+    }
+}

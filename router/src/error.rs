@@ -1,0 +1,113 @@
+//! The router's one error type and its one mapping to an HTTP status and JSON body.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// Every failure the router can report, to a client or to its caller.
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    #[error("invalid request: {0}")]
+    BadRequest(String),
+
+    #[error("request body is larger than the limit of {limit} bytes (--max-payload-size)")]
+    PayloadTooLarge { limit: usize },
+
+    #[error("missing or invalid API key: send `Authorization: Bearer <key>`")]
+    Unauthorized,
+
+    #[error("no healthy worker is available to serve this request; check GET /list_workers")]
+    NoHealthyWorker,
+
+    #[error("worker {url} did not answer within {secs} s (--request-timeout-secs)")]
+    Timeout { url: String, secs: u64 },
+
+    #[error("request failed after {attempts} attempt(s); last error: {last}")]
+    RetriesExhausted { attempts: u32, last: String },
+
+    #[error("worker {url} failed: {message}")]
+    Upstream { url: String, message: String },
+
+    #[error("invalid worker url `{url}`: {reason}")]
+    InvalidWorkerUrl { url: String, reason: String },
+
+    #[error("worker {0} is already registered")]
+    WorkerExists(String),
+
+    #[error("worker {0} is not registered")]
+    WorkerNotFound(String),
+
+    #[error("service discovery: {0}")]
+    Discovery(String),
+
+    #[error("invalid configuration: {0}")]
+    Config(String),
+
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl RouterError {
+    /// The HTTP status a client sees for this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::BadRequest(_) | Self::InvalidWorkerUrl { .. } => StatusCode::BAD_REQUEST,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::NoHealthyWorker => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::RetriesExhausted { .. } | Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            Self::WorkerExists(_) => StatusCode::CONFLICT,
+            Self::WorkerNotFound(_) => StatusCode::NOT_FOUND,
+            Self::Discovery(_) | Self::Config(_) | Self::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// A short, stable label for the `kind` label of error metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::BadRequest(_) => "bad_request",
+            Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::Unauthorized => "unauthorized",
+            Self::NoHealthyWorker => "no_healthy_worker",
+            Self::Timeout { .. } => "timeout",
+            Self::RetriesExhausted { .. } => "retries_exhausted",
+            Self::Upstream { .. } => "upstream",
+            Self::InvalidWorkerUrl { .. } => "invalid_worker_url",
+            Self::WorkerExists(_) => "worker_exists",
+            Self::WorkerNotFound(_) => "worker_not_found",
+            Self::Discovery(_) => "discovery",
+            Self::Config(_) => "config",
+            Self::Io(_) => "io",
+        }
+    }
+
+    fn error_type(&self) -> &'static str {
+        match self.status() {
+            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "BadRequestError",
+            StatusCode::UNAUTHORIZED => "AuthenticationError",
+            StatusCode::NOT_FOUND => "NotFoundError",
+            StatusCode::CONFLICT => "ConflictError",
+            StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
+            StatusCode::GATEWAY_TIMEOUT => "TimeoutError",
+            _ => "InternalServerError",
+        }
+    }
+}
+
+impl IntoResponse for RouterError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let body = json!({
+            "error": {
+                "message": self.to_string(),
+                "type": self.error_type(),
+                "code": status.as_u16(),
+            }
+        });
+        (status, Json(body)).into_response()
+    }
+}
+
+pub type Result<T, E = RouterError> = std::result::Result<T, E>;
