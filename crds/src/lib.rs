@@ -158,7 +158,7 @@ pub struct ModelSpec {
     /// Name clients use in the `model` field (`--served-model-name`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub served_model_name: Option<String>,
-    /// Hugging Face revision (branch, tag or commit) to download (`--revision`).
+    /// Hugging Face revision (branch, tag or commit) to download (`HF_REVISION` in the engine).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<String>,
     /// Tokenizer location when it differs from the model (`--tokenizer-path`).

@@ -1,4 +1,5 @@
 //! The generated CRD matches the committed one, and its validation refuses bad specs.
+#![allow(clippy::unwrap_used)]
 
 use kube::CustomResourceExt;
 use sgl_crds::{SGLangService, crd_yaml};
@@ -23,10 +24,19 @@ fn crd_declares_scale_status_and_short_name() {
     let crd = SGLangService::crd();
     assert_eq!(crd.spec.names.short_names, Some(vec!["sgls".to_string()]));
     let version = &crd.spec.versions[0];
-    let scale = version.subresources.as_ref().unwrap().scale.as_ref().unwrap();
+    let scale = version
+        .subresources
+        .as_ref()
+        .unwrap()
+        .scale
+        .as_ref()
+        .unwrap();
     assert_eq!(scale.spec_replicas_path, ".spec.dpSize");
     assert_eq!(scale.status_replicas_path, ".status.replicas");
-    assert_eq!(scale.label_selector_path.as_deref(), Some(".status.selector"));
+    assert_eq!(
+        scale.label_selector_path.as_deref(),
+        Some(".status.selector")
+    );
     let columns: Vec<_> = version
         .additional_printer_columns
         .as_ref()
@@ -73,14 +83,42 @@ fn rejected(from: &str, to: &str, expect: &str) {
 #[test]
 fn cel_rules_refuse_bad_specs() {
     rejected("tpSize: 2", "tpSize: 3", "tpSize must be 1, 2, 4 or 8");
-    rejected("memFractionStatic: 0.85", "memFractionStatic: 1.5", "memFractionStatic");
-    rejected("memFractionStatic: 0.85", "memFractionStatic: 0.0", "memFractionStatic");
-    rejected("maxReplicas: 4", "maxReplicas: 0", "minReplicas must not exceed maxReplicas");
+    rejected(
+        "memFractionStatic: 0.85",
+        "memFractionStatic: 1.5",
+        "memFractionStatic",
+    );
+    rejected(
+        "memFractionStatic: 0.85",
+        "memFractionStatic: 0.0",
+        "memFractionStatic",
+    );
+    rejected(
+        "maxReplicas: 4",
+        "maxReplicas: 0",
+        "minReplicas must not exceed maxReplicas",
+    );
     rejected("dpSize: 2", "chunkedPrefillSize: 0", "chunkedPrefillSize");
-    rejected("name: llama", &format!("name: {}", "x".repeat(41)), "at most 40");
-    rejected("dpSize: 2", "router: {cacheThreshold: 1.5}", "cacheThreshold");
-    rejected("dpSize: 2", "router: {balanceRelThreshold: 0.5}", "balanceRelThreshold");
-    rejected("dpSize: 2", "modelCache: {claimName: c, mountPath: models}", "mountPath");
+    rejected(
+        "name: llama",
+        &format!("name: {}", "x".repeat(41)),
+        "at most 40",
+    );
+    rejected(
+        "dpSize: 2",
+        "router: {cacheThreshold: 1.5}",
+        "cacheThreshold",
+    );
+    rejected(
+        "dpSize: 2",
+        "router: {balanceRelThreshold: 0.5}",
+        "balanceRelThreshold",
+    );
+    rejected(
+        "dpSize: 2",
+        "modelCache: {claimName: c, mountPath: models}",
+        "mountPath",
+    );
     rejected(
         "maxReplicas: 4}",
         "maxReplicas: 4, targetCacheHitRate: 1.0}",
@@ -97,6 +135,9 @@ fn enums_refuse_unknown_values() {
         ("tpSize: 2", "tpSize: 2\n  router: {policy: fastest}"),
     ] {
         let yaml = GOOD.replace(from, to);
-        assert!(serde_yaml::from_str::<SGLangService>(&yaml).is_err(), "{to}");
+        assert!(
+            serde_yaml::from_str::<SGLangService>(&yaml).is_err(),
+            "{to}"
+        );
     }
 }

@@ -243,6 +243,25 @@ async fn completions_prompt_forms_and_echo() {
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["choices"].as_array().unwrap().len(), 2);
     assert_eq!(r["usage"]["prompt_tokens"], json!(5));
+
+    // n samples per prompt: choice i*n+j; each prompt's tokens count once in usage.
+    let mut two = base.clone();
+    two["prompt"] = json!([prompt, "One, two, three,"]);
+    two["n"] = json!(2);
+    let (status, r) = s.post("/v1/completions", &two).await;
+    assert_eq!(status, 200, "{r}");
+    let choices = r["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 4);
+    assert_eq!(
+        choices[0]["text"], choices[1]["text"],
+        "greedy samples agree"
+    );
+    assert_eq!(choices[1]["text"].as_str().unwrap(), text);
+    assert_eq!(choices[3]["index"], json!(3));
+    assert_eq!(
+        r["usage"]["prompt_tokens"].as_u64().unwrap(),
+        l["usage"]["prompt_tokens"].as_u64().unwrap()
+    );
 }
 
 /// Content pieces of chat chunks, checking the chunk shapes on the way.
@@ -405,6 +424,7 @@ async fn concurrent_requests_match_sequential() {
         .map(|i| format!("Count from {i} to {}:", i + 5))
         .collect();
     let req = |p: &str| json!({"prompt": p, "max_tokens": 8, "temperature": 0, "ignore_eos": true});
+    let bodies: Vec<Value> = prompts.iter().map(|p| req(p)).collect();
     let mut sequential = Vec::new();
     for p in &prompts {
         let (status, r) = s.post("/v1/completions", &req(p)).await;
@@ -412,7 +432,7 @@ async fn concurrent_requests_match_sequential() {
         sequential.push(r["choices"][0]["text"].as_str().unwrap().to_string());
     }
     let concurrent =
-        futures::future::join_all(prompts.iter().map(|p| s.post("/v1/completions", &req(p)))).await;
+        futures::future::join_all(bodies.iter().map(|b| s.post("/v1/completions", b))).await;
     for (i, (status, r)) in concurrent.into_iter().enumerate() {
         assert_eq!(status, 200, "{r}");
         assert_eq!(
@@ -425,8 +445,10 @@ async fn concurrent_requests_match_sequential() {
 }
 
 /// Wait until nothing runs or waits, then flush the cache: every KV slot must be free again.
-async fn assert_no_leak(s: &Server) {
-    let deadline = Instant::now() + Duration::from_secs(180);
+/// `within` must be far shorter than the abandoned generations would take to finish, so that
+/// only an abort can make the server idle in time.
+async fn assert_no_leak(s: &Server, within: Duration) {
+    let deadline = Instant::now() + within;
     loop {
         let (_, info) = s.get("/get_server_info").await;
         let idle = info["num_running_reqs"] == json!(0) && info["num_queue_reqs"] == json!(0);
@@ -450,8 +472,9 @@ async fn assert_no_leak(s: &Server) {
 #[tokio::test]
 async fn client_disconnect_frees_the_request() {
     let s = server();
-    // Streaming: read two chunks of a long generation, then hang up.
-    let req = json!({"prompt": "Tell me a very long story.", "max_tokens": 400, "ignore_eos": true, "stream": true});
+    // Generations of 7000 tokens take minutes on a CPU; aborted, they end at once.
+    // Streaming: read two chunks, then hang up.
+    let req = json!({"prompt": "Tell me a very long story.", "max_tokens": 7000, "ignore_eos": true, "stream": true});
     let resp = s
         .client()
         .post(s.url("/v1/completions"))
@@ -464,6 +487,9 @@ async fn client_disconnect_frees_the_request() {
     for _ in 0..2 {
         body.next().await.unwrap().unwrap();
     }
+    // While it runs, the cache cannot be flushed (SGLang answers 400 then too).
+    let (status, resp) = s.post("/flush_cache", &json!({})).await;
+    assert_error(status, &resp, 400, "not flushed", "flush while busy");
     drop(body);
     // Non-streaming: give up waiting after a moment.
     let impatient = reqwest::Client::builder()
@@ -473,7 +499,7 @@ async fn client_disconnect_frees_the_request() {
     let r = impatient
         .post(s.url("/generate"))
         .bearer_auth(API_KEY)
-        .json(&json!({"text": "Another long story:", "sampling_params": {"max_new_tokens": 400, "ignore_eos": true}}))
+        .json(&json!({"text": "Another long story:", "sampling_params": {"max_new_tokens": 7000, "ignore_eos": true}}))
         .send()
         .await;
     assert!(
@@ -481,7 +507,17 @@ async fn client_disconnect_frees_the_request() {
         "the request should have timed out on the client"
     );
 
-    assert_no_leak(s).await;
+    assert_no_leak(s, Duration::from_secs(45)).await;
+    // With --log-requests the server says why each request ended early.
+    let aborted = s
+        .log_text()
+        .matches("request aborted: the client went away")
+        .count();
+    assert!(
+        aborted >= 2,
+        "{aborted} aborts logged; log tail:\n{}",
+        s.log_tail()
+    );
     // And the server still serves.
     let (status, body) = s.post("/v1/chat/completions", &greedy_chat("Hi", 2)).await;
     assert_eq!(status, 200, "{body}");
@@ -498,6 +534,7 @@ async fn bad_inputs_get_clear_400s() {
         }
         b
     };
+    let ctx_msg = format!("context length {ctx}");
     let cases: Vec<(&str, Value, u16, &str)> = vec![
         (
             "/v1/chat/completions",
@@ -581,7 +618,7 @@ async fn bad_inputs_get_clear_400s() {
             "/v1/chat/completions",
             chat(json!({"max_tokens": ctx})),
             400,
-            &format!("context length {ctx}"),
+            &ctx_msg,
         ),
         (
             "/v1/chat/completions",
@@ -792,6 +829,26 @@ async fn generate_native_single_batch_and_ids() {
     assert_eq!(prev, single_text);
     assert!(!chunks.last().unwrap()["meta_info"]["finish_reason"].is_null());
     assert!(chunks[0]["meta_info"]["finish_reason"].is_null());
+
+    // A streamed batch tags each chunk with its prompt's index.
+    let chunks = sse_json(
+        &s.post_sse(
+            "/generate",
+            &json!({"input_ids": [[504, 3459], [314]], "stream": true, "sampling_params": {"max_new_tokens": 3, "ignore_eos": true}}),
+        )
+        .await,
+    );
+    for index in 0..2 {
+        let mine: Vec<&Value> = chunks
+            .iter()
+            .filter(|c| c["index"] == json!(index))
+            .collect();
+        let last = mine
+            .last()
+            .unwrap_or_else(|| panic!("no chunk for index {index}"));
+        assert_eq!(last["output_ids"].as_array().unwrap().len(), 3, "{last}");
+        assert_eq!(last["meta_info"]["finish_reason"]["type"], json!("length"));
+    }
 }
 
 #[tokio::test]

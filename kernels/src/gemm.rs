@@ -63,7 +63,12 @@ impl Gemm {
     pub fn new(stream: Arc<CudaStream>) -> Result<Self> {
         let handle = result::create_handle()?;
         let workspace = stream.alloc_zeros::<u8>(WORKSPACE_BYTES)?;
-        Ok(Gemm { handle, workspace, stream, plans: Mutex::new(HashMap::new()) })
+        Ok(Gemm {
+            handle,
+            workspace,
+            stream,
+            plans: Mutex::new(HashMap::new()),
+        })
     }
 
     fn plan(&self, tokens: usize, in_f: usize, out_f: usize) -> Result<Plan> {
@@ -97,13 +102,28 @@ impl Gemm {
             let _ = result::destroy_matmul_pref(pref);
             h
         };
-        let plan = Plan { desc, a, b, c, algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] } };
-        let heur = heur.map_err(|e| {
-            KernelError::Unsupported(format!(
-                "no cuBLASLt algorithm for {tokens}x{in_f} -> {out_f}: {e:?}"
-            ))
-        })?;
-        Ok(Plan { algo: heur.algo, ..plan })
+        match heur {
+            Ok(h) => Ok(Plan {
+                desc,
+                a,
+                b,
+                c,
+                algo: h.algo,
+            }),
+            Err(e) => {
+                // Dropping this plan destroys the descriptors made above, once.
+                drop(Plan {
+                    desc,
+                    a,
+                    b,
+                    c,
+                    algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
+                });
+                Err(KernelError::Unsupported(format!(
+                    "no cuBLASLt algorithm for {tokens}x{in_f} -> {out_f}: {e:?}"
+                )))
+            }
+        }
     }
 
     /// `y[t, o] = Σ_i x[t, i] w[o, i]` (+ `y` when `accumulate`), bf16 in and out, f32 inside.

@@ -43,14 +43,20 @@ pub struct Kernels {
 }
 
 fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
-    LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 }
+    LaunchConfig {
+        grid_dim: grid,
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 fn dim_index(head_dim: usize) -> Result<usize> {
     match head_dim {
         64 => Ok(0),
         128 => Ok(1),
-        d => Err(KernelError::Unsupported(format!("head_dim {d} (attention supports 64, 128)"))),
+        d => Err(KernelError::Unsupported(format!(
+            "head_dim {d} (attention supports 64, 128)"
+        ))),
     }
 }
 
@@ -60,7 +66,9 @@ fn group_index(group: usize) -> Result<usize> {
         2 => Ok(1),
         4 => Ok(2),
         8 => Ok(3),
-        g => Err(KernelError::Unsupported(format!("GQA group {g} (supported: 1, 2, 4, 8)"))),
+        g => Err(KernelError::Unsupported(format!(
+            "GQA group {g} (supported: 1, 2, 4, 8)"
+        ))),
     }
 }
 
@@ -157,8 +165,12 @@ impl Kernels {
         if n_tokens == 0 {
             return Ok(());
         }
-        let (o, r, d, w) =
-            (out.addr(), residual.addr(), delta.unwrap_or(Dptr::null()).addr(), weight.addr());
+        let (o, r, d, w) = (
+            out.addr(),
+            residual.addr(),
+            delta.unwrap_or(Dptr::null()).addr(),
+            weight.addr(),
+        );
         let h = hidden as i32;
         let mut b = s.launch_builder(&self.add_rmsnorm);
         b.arg(&o).arg(&r).arg(&d).arg(&w).arg(&h).arg(&eps);
@@ -196,9 +208,21 @@ impl Kernels {
             slots.addr(),
             inv_freq.addr(),
         );
-        let (nh, nkv, hd) = (shape.n_heads as i32, shape.n_kv_heads as i32, shape.head_dim as i32);
+        let (nh, nkv, hd) = (
+            shape.n_heads as i32,
+            shape.n_kv_heads as i32,
+            shape.head_dim as i32,
+        );
         let mut b = s.launch_builder(&self.rope_kv_store);
-        b.arg(&q).arg(&k).arg(&v).arg(&p).arg(&sl).arg(&f).arg(&nh).arg(&nkv).arg(&hd);
+        b.arg(&q)
+            .arg(&k)
+            .arg(&v)
+            .arg(&p)
+            .arg(&sl)
+            .arg(&f)
+            .arg(&nh)
+            .arg(&nkv)
+            .arg(&hd);
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
         unsafe { b.launch(cfg((n_tokens as u32, 1, 1), 256)) }?;
         Ok(())
@@ -260,7 +284,9 @@ impl Kernels {
         let blocks = (batch * n_kv_heads).max(1);
         let want = (2 * self.num_sms as usize).div_ceil(blocks);
         let by_len = max_len.div_ceil(32).max(1);
-        DecodeAttnPlan { splits: want.min(by_len).clamp(1, MAX_DECODE_SPLITS as usize) as u32 }
+        DecodeAttnPlan {
+            splits: want.min(by_len).clamp(1, MAX_DECODE_SPLITS as usize) as u32,
+        }
     }
 
     /// Decode attention (one query per sequence) over the paged pool, then the split merge.
@@ -305,7 +331,15 @@ impl Kernels {
         let nh = shape.n_heads as i32;
         let scale_log2 = std::f32::consts::LOG2_E / (shape.head_dim as f32).sqrt();
         let mut b = s.launch_builder(f);
-        b.arg(&po).arg(&pml).arg(&qa).arg(&qs).arg(&kc).arg(&vc).arg(&kvs).arg(&ip).arg(&ix);
+        b.arg(&po)
+            .arg(&pml)
+            .arg(&qa)
+            .arg(&qs)
+            .arg(&kc)
+            .arg(&vc)
+            .arg(&kvs)
+            .arg(&ip)
+            .arg(&ix);
         b.arg(&nh).arg(&scale_log2);
         let grid = (batch as u32, shape.n_kv_heads as u32, plan.splits);
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
@@ -315,9 +349,20 @@ impl Kernels {
         let ns = plan.splits as i32;
         let hd = shape.head_dim as i32;
         let mut m = s.launch_builder(&self.merge);
-        m.arg(&o).arg(&os).arg(&po).arg(&pml).arg(&nh).arg(&ns).arg(&hd);
+        m.arg(&o)
+            .arg(&os)
+            .arg(&po)
+            .arg(&pml)
+            .arg(&nh)
+            .arg(&ns)
+            .arg(&hd);
         // SAFETY: as above.
-        unsafe { m.launch(cfg((batch as u32, shape.n_heads as u32, 1), shape.head_dim as u32)) }?;
+        unsafe {
+            m.launch(cfg(
+                (batch as u32, shape.n_heads as u32, 1),
+                shape.head_dim as u32,
+            ))
+        }?;
         Ok(())
     }
 
@@ -365,7 +410,15 @@ impl Kernels {
         let group = (shape.n_heads / shape.n_kv_heads) as i32;
         let scale_log2 = std::f32::consts::LOG2_E / (shape.head_dim as f32).sqrt();
         let mut b = s.launch_builder(f);
-        b.arg(&o).arg(&os).arg(&qa).arg(&qs).arg(&kc).arg(&vc).arg(&kvs).arg(&t).arg(&qi);
+        b.arg(&o)
+            .arg(&os)
+            .arg(&qa)
+            .arg(&qs)
+            .arg(&kc)
+            .arg(&vc)
+            .arg(&kvs)
+            .arg(&t)
+            .arg(&qi);
         b.arg(&ki).arg(&kx).arg(&pl).arg(&group).arg(&scale_log2);
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
         unsafe { b.launch(cfg((n_tiles as u32, shape.n_heads as u32, 1), 128)) }?;

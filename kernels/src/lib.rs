@@ -66,17 +66,26 @@ impl<T> Dptr<T> {
     /// # Safety
     /// `addr` must be a device address of `T`s that stays allocated while it is used.
     pub const unsafe fn from_raw(addr: u64) -> Self {
-        Dptr { addr, _t: PhantomData }
+        Dptr {
+            addr,
+            _t: PhantomData,
+        }
     }
 
     /// The null address (for optional kernel arguments).
     pub const fn null() -> Self {
-        Dptr { addr: 0, _t: PhantomData }
+        Dptr {
+            addr: 0,
+            _t: PhantomData,
+        }
     }
 
     /// The address `n` elements further on.
     pub fn add(self, n: usize) -> Self {
-        Dptr { addr: self.addr + (n * std::mem::size_of::<T>()) as u64, _t: PhantomData }
+        Dptr {
+            addr: self.addr + (n * std::mem::size_of::<T>()) as u64,
+            _t: PhantomData,
+        }
     }
 
     pub fn addr(self) -> u64 {
@@ -88,5 +97,8 @@ impl<T> Dptr<T> {
 pub fn dptr<T>(s: &cudarc::driver::CudaSlice<T>, stream: &cudarc::driver::CudaStream) -> Dptr<T> {
     use cudarc::driver::DevicePtr;
     let (addr, _sync) = s.device_ptr(stream);
-    Dptr { addr, _t: PhantomData }
+    Dptr {
+        addr,
+        _t: PhantomData,
+    }
 }

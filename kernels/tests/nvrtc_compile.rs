@@ -18,10 +18,16 @@ fn every_kernel_compiles_with_nvrtc() {
             Err(e) => panic!("{arch}: {e}"),
         };
         for name in sgl_kernels::KERNEL_NAMES {
-            assert!(ptx.contains(&format!(".entry {name}(")), "{arch}: no entry point {name}");
+            assert!(
+                ptx.contains(&format!(".entry {name}(")),
+                "{arch}: no entry point {name}"
+            );
         }
         // tensor-core and ldmatrix paths really made it into the PTX
-        assert!(ptx.contains("mma.sync.aligned.m16n8k16"), "{arch}: no mma.sync");
+        assert!(
+            ptx.contains("mma.sync.aligned.m16n8k16"),
+            "{arch}: no mma.sync"
+        );
         assert!(ptx.contains("ldmatrix.sync.aligned"), "{arch}: no ldmatrix");
     }
 }

@@ -8,6 +8,7 @@ pub mod objects;
 pub mod status;
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod fixtures;
 
 /// Every failure of the operator.
@@ -23,6 +24,8 @@ pub enum Error {
     Json(#[from] serde_json::Error),
     #[error("could not write YAML: {0}")]
     Yaml(#[from] serde_yaml::Error),
+    #[error("lost the leader lease to another replica")]
+    LostLease,
 }
 
 impl Error {
@@ -34,6 +37,7 @@ impl Error {
             Self::InvalidSpec(_) => "invalid_spec",
             Self::MissingField(_) => "missing_field",
             Self::Json(_) | Self::Yaml(_) => "serialize",
+            Self::LostLease => "lost_lease",
         }
     }
 }

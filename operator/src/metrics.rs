@@ -27,29 +27,49 @@ impl Metrics {
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
         let reconciliations = IntCounterVec::new(
-            Opts::new("sgl_operator_reconciliations_total", "Reconciliations started"),
+            Opts::new(
+                "sgl_operator_reconciliations_total",
+                "Reconciliations started",
+            ),
             &["namespace"],
         )?;
         let failures = IntCounterVec::new(
-            Opts::new("sgl_operator_reconcile_failures_total", "Reconciliations that failed, by cause"),
+            Opts::new(
+                "sgl_operator_reconcile_failures_total",
+                "Reconciliations that failed, by cause",
+            ),
             &["namespace", "error"],
         )?;
         let duration = HistogramVec::new(
-            HistogramOpts::new("sgl_operator_reconcile_duration_seconds", "Time to reconcile one SGLangService")
-                .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
+            HistogramOpts::new(
+                "sgl_operator_reconcile_duration_seconds",
+                "Time to reconcile one SGLangService",
+            )
+            .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
             &["namespace"],
         )?;
-        let leader = IntGauge::new("sgl_operator_leader", "1 while this replica holds the leader lease")?;
+        let leader = IntGauge::new(
+            "sgl_operator_leader",
+            "1 while this replica holds the leader lease",
+        )?;
         registry.register(Box::new(reconciliations.clone()))?;
         registry.register(Box::new(failures.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(leader.clone()))?;
-        Ok(Self { registry, reconciliations, failures, duration, leader })
+        Ok(Self {
+            registry,
+            reconciliations,
+            failures,
+            duration,
+            leader,
+        })
     }
 
     pub fn observe(&self, namespace: &str, took: Duration, error: Option<&str>) {
         self.reconciliations.with_label_values(&[namespace]).inc();
-        self.duration.with_label_values(&[namespace]).observe(took.as_secs_f64());
+        self.duration
+            .with_label_values(&[namespace])
+            .observe(took.as_secs_f64());
         if let Some(e) = error {
             self.failures.with_label_values(&[namespace, e]).inc();
         }
@@ -63,16 +83,24 @@ impl Metrics {
     }
 }
 
-async fn metrics(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
+async fn metrics_text(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
     match m.encode() {
-        Ok(body) => (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, [(header::CONTENT_TYPE, "text/plain")], e.to_string()),
+        Ok(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            body,
+        ),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain")],
+            e.to_string(),
+        ),
     }
 }
 
 pub fn app(metrics: Arc<Metrics>) -> Router {
     Router::new()
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(metrics_text))
         .route("/health", get(|| async { "ok" }))
         .with_state(metrics)
 }

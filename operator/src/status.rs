@@ -37,10 +37,15 @@ struct EngineCounts {
 
 fn engine_counts(svc: &SGLangService, sts: Option<&StatefulSet>) -> EngineCounts {
     let Some(sts) = sts else {
-        return EngineCounts { desired: svc.spec.dp_size, replicas: 0, ready: 0, rolled_out: false };
+        return EngineCounts {
+            desired: svc.spec.dp_size,
+            replicas: 0,
+            ready: 0,
+            rolled_out: false,
+        };
     };
     let status = sts.status.clone().unwrap_or_default();
-    let desired = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(svc.spec.dp_size);
+    let desired = sts.spec.replicas.unwrap_or(svc.spec.dp_size);
     let generation_seen = match (sts.metadata.generation, status.observed_generation) {
         (Some(g), Some(o)) => o >= g,
         (None, _) => true,
@@ -55,7 +60,14 @@ fn engine_counts(svc: &SGLangService, sts: Option<&StatefulSet>) -> EngineCounts
     }
 }
 
-fn condition(type_: &str, ok: bool, reason: &str, message: String, generation: Option<i64>, now: &Time) -> Condition {
+fn condition(
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
     Condition {
         type_: type_.into(),
         status: if ok { "True" } else { "False" }.into(),
@@ -69,7 +81,10 @@ fn condition(type_: &str, ok: bool, reason: &str, message: String, generation: O
 /// Keeps the transition time of conditions whose status did not change.
 fn carry_transition_times(old: &[Condition], new: &mut [Condition]) {
     for c in new.iter_mut() {
-        if let Some(prev) = old.iter().find(|p| p.type_ == c.type_ && p.status == c.status) {
+        if let Some(prev) = old
+            .iter()
+            .find(|p| p.type_ == c.type_ && p.status == c.status)
+        {
             c.last_transition_time = prev.last_transition_time.clone();
         }
     }
@@ -96,34 +111,72 @@ pub fn compute(
     let engines_ok = engines.desired > 0 && engines.ready >= engines.desired;
 
     let (ready, ready_reason, ready_msg) = match outcome {
-        Outcome::InvalidSpec(_) => (false, "InvalidSpec", "the spec is invalid; see Degraded".to_string()),
-        _ if engines.desired == 0 => (false, "ScaledToZero", "no engine replicas requested".to_string()),
+        Outcome::InvalidSpec(_) => (
+            false,
+            "InvalidSpec",
+            "the spec is invalid; see Degraded".to_string(),
+        ),
+        _ if engines.desired == 0 => (
+            false,
+            "ScaledToZero",
+            "no engine replicas requested".to_string(),
+        ),
         _ if !engines_ok => (
             false,
             "EnginesNotReady",
-            format!("{} of {} engine replicas ready", engines.ready, engines.desired),
+            format!(
+                "{} of {} engine replicas ready",
+                engines.ready, engines.desired
+            ),
         ),
-        _ if !router_ok => (false, "RouterNotReady", "no router replica is ready".to_string()),
-        _ => (true, "AllReplicasReady", format!("{} engine replicas ready", engines.ready)),
+        _ if !router_ok => (
+            false,
+            "RouterNotReady",
+            "no router replica is ready".to_string(),
+        ),
+        _ => (
+            true,
+            "AllReplicasReady",
+            format!("{} engine replicas ready", engines.ready),
+        ),
     };
     let (progressing, prog_reason, prog_msg) = match outcome {
-        Outcome::Applied if !engines.rolled_out => {
-            (true, "RollingOut", "engine StatefulSet is rolling out".to_string())
-        }
-        Outcome::Applied if !engines_ok || !router_ok => {
-            (true, "WaitingForReplicas", "waiting for replicas to become ready".to_string())
-        }
+        Outcome::Applied if !engines.rolled_out => (
+            true,
+            "RollingOut",
+            "engine StatefulSet is rolling out".to_string(),
+        ),
+        Outcome::Applied if !engines_ok || !router_ok => (
+            true,
+            "WaitingForReplicas",
+            "waiting for replicas to become ready".to_string(),
+        ),
         Outcome::Applied => (false, "Stable", "all replicas are up to date".to_string()),
-        _ => (false, "Blocked", "changes are not being applied; see Degraded".to_string()),
+        _ => (
+            false,
+            "Blocked",
+            "changes are not being applied; see Degraded".to_string(),
+        ),
     };
     let (degraded, deg_reason, deg_msg) = match outcome {
-        Outcome::Applied => (false, "ReconcileSucceeded", "all objects applied".to_string()),
+        Outcome::Applied => (
+            false,
+            "ReconcileSucceeded",
+            "all objects applied".to_string(),
+        ),
         Outcome::InvalidSpec(m) => (true, "InvalidSpec", m.clone()),
         Outcome::ApplyFailed(m) => (true, "ApplyFailed", m.clone()),
     };
     let mut conditions = vec![
         condition(READY, ready, ready_reason, ready_msg, generation, now),
-        condition(PROGRESSING, progressing, prog_reason, prog_msg, generation, now),
+        condition(
+            PROGRESSING,
+            progressing,
+            prog_reason,
+            prog_msg,
+            generation,
+            now,
+        ),
         condition(DEGRADED, degraded, deg_reason, deg_msg, generation, now),
     ];
     carry_transition_times(&old.conditions, &mut conditions);
@@ -151,5 +204,8 @@ pub fn changed_conditions<'a>(old: &[Condition], new: &'a [Condition]) -> Vec<&'
 
 /// Whether the resource is fully ready per `status`.
 pub fn is_ready(status: &SGLangServiceStatus) -> bool {
-    status.conditions.iter().any(|c| c.type_ == READY && c.status == "True")
+    status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == READY && c.status == "True")
 }

@@ -24,14 +24,20 @@ pub struct Generation {
     pub text: String,
     pub started: Instant,
     log: bool,
+    /// The engine sent the final event (or failed): nothing to abort on drop.
+    over: bool,
 }
 
 /// What one step of a generation brought.
 pub enum Step {
     /// New tokens and the text they completed (the text may be empty).
-    Delta { ids: Vec<u32>, text: String },
+    Delta { text: String },
     /// The end; `text` is the last piece of text, flushed with the final event.
-    Done { reason: FinishReason, usage: Usage, text: String },
+    Done {
+        reason: FinishReason,
+        usage: Usage,
+        text: String,
+    },
 }
 
 /// The whole output of a finished generation.
@@ -48,13 +54,19 @@ pub struct Output {
 impl Generation {
     /// Read the next step. Engine failures become errors (the request is over then).
     pub async fn step(&mut self) -> Result<Step> {
-        match self.stream.next().await {
+        let event = self.stream.next().await;
+        self.over = !matches!(event, Some(StreamEvent::Tokens { .. }));
+        match event {
             Some(StreamEvent::Tokens { ids, text }) => {
                 self.ids.extend_from_slice(&ids);
                 self.text.push_str(&text);
-                Ok(Step::Delta { ids, text })
+                Ok(Step::Delta { text })
             }
-            Some(StreamEvent::Finished { reason, usage, text }) => {
+            Some(StreamEvent::Finished {
+                reason,
+                usage,
+                text,
+            }) => {
                 self.text.push_str(&text);
                 if self.log {
                     tracing::info!(
@@ -69,7 +81,11 @@ impl Generation {
                         "request finished"
                     );
                 }
-                Ok(Step::Done { reason, usage, text })
+                Ok(Step::Done {
+                    reason,
+                    usage,
+                    text,
+                })
             }
             Some(StreamEvent::Error { message }) => {
                 tracing::warn!(rid = %self.rid, %message, "request failed in the engine");
@@ -94,6 +110,19 @@ impl Generation {
                     e2e_latency: self.started.elapsed().as_secs_f64(),
                 });
             }
+        }
+    }
+}
+
+impl Drop for Generation {
+    fn drop(&mut self) {
+        // Dropping `stream` aborts the request; say so when requests are logged.
+        if self.log && !self.over {
+            tracing::info!(
+                rid = %self.rid,
+                completion_tokens = self.ids.len(),
+                "request aborted: the client went away"
+            );
         }
     }
 }
@@ -124,6 +153,7 @@ pub fn submit_all(engine: &EngineHandle, reqs: Vec<GenerateRequest>) -> Result<V
             text: String::new(),
             started,
             log,
+            over: false,
         });
     }
     Ok(out)
@@ -165,8 +195,16 @@ pub fn merge(gens: Vec<Generation>, cumulative: bool) -> impl Stream<Item = Tagg
                 index,
                 step,
                 completion_tokens: g.ids.len(),
-                text: if cumulative { g.text.clone() } else { String::new() },
-                ids: if cumulative { g.ids.clone() } else { Vec::new() },
+                text: if cumulative {
+                    g.text.clone()
+                } else {
+                    String::new()
+                },
+                ids: if cumulative {
+                    g.ids.clone()
+                } else {
+                    Vec::new()
+                },
                 prompt_tokens: g.prompt_tokens,
                 rid: g.rid.clone(),
                 started: g.started,

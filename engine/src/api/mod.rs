@@ -39,12 +39,18 @@ pub fn router(engine: EngineHandle) -> Router {
         .route("/health_generate", get(native::health_generate))
         .route("/get_model_info", get(native::get_model_info))
         .route("/get_server_info", get(native::get_server_info))
-        .route("/flush_cache", get(native::flush_cache).post(native::flush_cache))
+        .route(
+            "/flush_cache",
+            get(native::flush_cache).post(native::flush_cache),
+        )
         .route("/metrics", get(native::metrics))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
     if engine.args().api_key.is_some() {
-        app = app.layer(middleware::from_fn_with_state(engine.clone(), require_api_key));
+        app = app.layer(middleware::from_fn_with_state(
+            engine.clone(),
+            require_api_key,
+        ));
     }
     app.with_state(engine)
 }
@@ -52,7 +58,9 @@ pub fn router(engine: EngineHandle) -> Router {
 /// Serve `router(engine)` on `listener` until SIGINT or SIGTERM, then finish the requests in
 /// flight and return.
 pub async fn serve(engine: EngineHandle, listener: tokio::net::TcpListener) -> std::io::Result<()> {
-    axum::serve(listener, router(engine)).with_graceful_shutdown(shutdown_signal()).await
+    axum::serve(listener, router(engine))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
 }
 
 async fn shutdown_signal() {
@@ -84,7 +92,11 @@ async fn shutdown_signal() {
 }
 
 async fn not_found(req: Request) -> EngineError {
-    EngineError::NotFound(format!("no route for {} {}", req.method(), req.uri().path()))
+    EngineError::NotFound(format!(
+        "no route for {} {}",
+        req.method(),
+        req.uri().path()
+    ))
 }
 
 /// `Authorization: Bearer <key>` on every route but `/health`.
@@ -99,7 +111,10 @@ async fn require_api_key(State(engine): State<EngineHandle>, req: Request, next:
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
         .map(str::trim);
     match given {
         Some(g) if constant_time_eq(g.as_bytes(), key.as_bytes()) => next.run(req).await,
@@ -142,18 +157,25 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
                 return Err(payload_too_large());
             }
             Err(rejection) => {
-                return Err(EngineError::bad_request(format!("cannot read the request body: {}", rejection.body_text()))
-                    .into_response());
+                return Err(EngineError::bad_request(format!(
+                    "cannot read the request body: {}",
+                    rejection.body_text()
+                ))
+                .into_response());
             }
         };
-        parse_object(&bytes).map(JsonObject).map_err(IntoResponse::into_response)
+        parse_object(&bytes)
+            .map(JsonObject)
+            .map_err(IntoResponse::into_response)
     }
 }
 
 /// Parse a body into a JSON object, with errors that say where the JSON broke.
 pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(EngineError::bad_request("the request body is empty: send a JSON object"));
+        return Err(EngineError::bad_request(
+            "the request body is empty: send a JSON object",
+        ));
     }
     match serde_json::from_slice::<Value>(bytes) {
         Ok(Value::Object(m)) => Ok(m),
@@ -161,7 +183,9 @@ pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>> {
             "the request body must be a JSON object, got {}",
             validate::describe(&other)
         ))),
-        Err(e) => Err(EngineError::bad_request(format!("the request body is not valid JSON: {e}"))),
+        Err(e) => Err(EngineError::bad_request(format!(
+            "the request body is not valid JSON: {e}"
+        ))),
     }
 }
 
@@ -188,14 +212,25 @@ where
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
     #[test]
     fn body_parsing_errors() {
         assert!(parse_object(b"").unwrap_err().to_string().contains("empty"));
-        assert!(parse_object(b"{\"a\":").unwrap_err().to_string().contains("not valid JSON"));
-        assert!(parse_object(b"[1]").unwrap_err().to_string().contains("JSON object"));
+        assert!(
+            parse_object(b"{\"a\":")
+                .unwrap_err()
+                .to_string()
+                .contains("not valid JSON")
+        );
+        assert!(
+            parse_object(b"[1]")
+                .unwrap_err()
+                .to_string()
+                .contains("JSON object")
+        );
         assert_eq!(parse_object(b" {\"a\": 1} ").map(|m| m.len()).ok(), Some(1));
     }
 

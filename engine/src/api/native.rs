@@ -13,8 +13,8 @@ use serde_json::{Map, Value, json};
 
 use super::generation::{Output, Step, Tagged, finish_all, merge, submit_all};
 use super::validate::{
-    Dialect, Limits, MaxTokensDefault, NATIVE_DEFAULT_MAX_NEW_TOKENS, Obj, SamplingInput, build_request,
-    describe, new_rid, parse_sampling, token_id_list,
+    Dialect, Limits, MaxTokensDefault, NATIVE_DEFAULT_MAX_NEW_TOKENS, Obj, SamplingInput,
+    build_request, describe, new_rid, parse_sampling, token_id_list,
 };
 use super::{JsonObject, run_blocking, sse};
 use crate::config::ServerArgs;
@@ -36,7 +36,9 @@ struct ParsedGenerate {
 /// lists). Returns the token ids of each prompt and whether the input was a batch.
 fn generate_prompts(engine: &EngineHandle, obj: &Obj<'_>) -> Result<(Vec<Vec<u32>>, bool)> {
     match (obj.get("text"), obj.get("input_ids")) {
-        (Some(_), Some(_)) => Err(EngineError::bad_request("give either `text` or `input_ids`, not both")),
+        (Some(_), Some(_)) => Err(EngineError::bad_request(
+            "give either `text` or `input_ids`, not both",
+        )),
         (None, None) => Err(EngineError::bad_request(
             "give the prompt as `text` (a string or a list of strings) or `input_ids` (a list of token ids or a list of lists)",
         )),
@@ -49,21 +51,29 @@ fn generate_prompts(engine: &EngineHandle, obj: &Obj<'_>) -> Result<(Vec<Vec<u32
             })?;
             let encode = |s: &str, field: &str| -> Result<Vec<u32>> {
                 if s.is_empty() {
-                    return Err(EngineError::bad_param(field, format!("`{field}` is empty: give some prompt text")));
+                    return Err(EngineError::bad_param(
+                        field,
+                        format!("`{field}` is empty: give some prompt text"),
+                    ));
                 }
-                tok.encode(s, true).map_err(|e| EngineError::bad_param(field, e.to_string()))
+                tok.encode(s, true)
+                    .map_err(|e| EngineError::bad_param(field, e.to_string()))
             };
             match text {
                 Value::String(s) => Ok((vec![encode(s, "text")?], false)),
-                Value::Array(items) if items.is_empty() => {
-                    Err(EngineError::bad_param("text", "`text` is an empty list: give at least one prompt"))
-                }
+                Value::Array(items) if items.is_empty() => Err(EngineError::bad_param(
+                    "text",
+                    "`text` is an empty list: give at least one prompt",
+                )),
                 Value::Array(items) => {
                     let mut out = Vec::with_capacity(items.len());
                     for (i, item) in items.iter().enumerate() {
                         let field = format!("text[{i}]");
                         let s = item.as_str().ok_or_else(|| {
-                            EngineError::bad_param(&field, format!("`{field}` must be a string, got {}", describe(item)))
+                            EngineError::bad_param(
+                                &field,
+                                format!("`{field}` must be a string, got {}", describe(item)),
+                            )
                         })?;
                         out.push(encode(s, &field)?);
                     }
@@ -71,7 +81,10 @@ fn generate_prompts(engine: &EngineHandle, obj: &Obj<'_>) -> Result<(Vec<Vec<u32
                 }
                 other => Err(obj.err(
                     "text",
-                    format!("must be a string or a list of strings, got {}", describe(other)),
+                    format!(
+                        "must be a string or a list of strings, got {}",
+                        describe(other)
+                    ),
                 )),
             }
         }
@@ -91,7 +104,9 @@ fn generate_prompts(engine: &EngineHandle, obj: &Obj<'_>) -> Result<(Vec<Vec<u32
 
 /// `sampling_params`: one object for every prompt, or a list with one per prompt.
 fn generate_sampling(obj: &Obj<'_>, prompts: usize, batch: bool) -> Result<Vec<SamplingInput>> {
-    let one = |m: &Map<String, Value>, prefix: String| parse_sampling(&Obj::with_prefix(m, prefix), Dialect::Native);
+    let one = |m: &Map<String, Value>, prefix: String| {
+        parse_sampling(&Obj::with_prefix(m, prefix), Dialect::Native)
+    };
     match obj.get("sampling_params") {
         None => Ok(vec![one(&Map::new(), String::new())?; prompts]),
         Some(Value::Object(m)) => Ok(vec![one(m, "sampling_params.".into())?; prompts]),
@@ -99,7 +114,10 @@ fn generate_sampling(obj: &Obj<'_>, prompts: usize, batch: bool) -> Result<Vec<S
             if list.len() != prompts {
                 return Err(obj.err(
                     "sampling_params",
-                    format!("has {} entries but the batch has {prompts} prompts", list.len()),
+                    format!(
+                        "has {} entries but the batch has {prompts} prompts",
+                        list.len()
+                    ),
                 ));
             }
             list.iter()
@@ -107,7 +125,10 @@ fn generate_sampling(obj: &Obj<'_>, prompts: usize, batch: bool) -> Result<Vec<S
                 .map(|(i, v)| match v {
                     Value::Object(m) => one(m, format!("sampling_params[{i}].")),
                     Value::Null => one(&Map::new(), String::new()),
-                    other => Err(obj.err(&format!("sampling_params[{i}]"), format!("must be an object, got {}", describe(other)))),
+                    other => Err(obj.err(
+                        &format!("sampling_params[{i}]"),
+                        format!("must be an object, got {}", describe(other)),
+                    )),
                 })
                 .collect()
         }
@@ -115,7 +136,11 @@ fn generate_sampling(obj: &Obj<'_>, prompts: usize, batch: bool) -> Result<Vec<S
             "sampling_params",
             format!(
                 "must be an object{}, got {}",
-                if batch { " or a list of objects (one per prompt)" } else { "" },
+                if batch {
+                    " or a list of objects (one per prompt)"
+                } else {
+                    ""
+                },
                 describe(other)
             ),
         )),
@@ -131,16 +156,23 @@ fn generate_rids(obj: &Obj<'_>, prompts: usize, batch: bool) -> Result<Vec<Strin
             .iter()
             .enumerate()
             .map(|(i, v)| {
-                v.as_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| obj.err(&format!("rid[{i}]"), format!("must be a string, got {}", describe(v))))
+                v.as_str().map(str::to_string).ok_or_else(|| {
+                    obj.err(
+                        &format!("rid[{i}]"),
+                        format!("must be a string, got {}", describe(v)),
+                    )
+                })
             })
             .collect(),
         Some(other) => Err(obj.err(
             "rid",
             format!(
                 "must be {}, got {}",
-                if batch { format!("a list of {prompts} strings") } else { "a string".into() },
+                if batch {
+                    format!("a list of {prompts} strings")
+                } else {
+                    "a string".into()
+                },
                 describe(other)
             ),
         )),
@@ -150,7 +182,11 @@ fn generate_rids(obj: &Obj<'_>, prompts: usize, batch: bool) -> Result<Vec<Strin
 fn parse_generate(engine: &EngineHandle, body: &Map<String, Value>) -> Result<ParsedGenerate> {
     let obj = Obj::new(body);
     obj.unsupported("return_logprob", &[Value::Bool(false)], "logprobs")?;
-    obj.unsupported("return_hidden_states", &[Value::Bool(false)], "hidden states")?;
+    obj.unsupported(
+        "return_hidden_states",
+        &[Value::Bool(false)],
+        "hidden states",
+    )?;
     obj.unsupported("image_data", &[], "images")?;
     obj.unsupported("lora_path", &[], "LoRA adapters")?;
     obj.unsupported("input_embeds", &[], "input embeddings")?;
@@ -172,14 +208,23 @@ fn parse_generate(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Pa
     for ((ids, s), rid) in prompts.into_iter().zip(&sampling).zip(rids) {
         let default = MaxTokensDefault::Fixed(NATIVE_DEFAULT_MAX_NEW_TOKENS);
         for j in 0..s.n {
-            let rid = if s.n == 1 { rid.clone() } else { format!("{rid}-{j}") };
+            let rid = if s.n == 1 {
+                rid.clone()
+            } else {
+                format!("{rid}-{j}")
+            };
             reqs.push(build_request(rid, ids.clone(), field, s, default, &limits)?);
         }
     }
     // More than one generation is answered as a list even for one prompt (`n` > 1).
     let batch = batch || reqs.len() > 1;
     let want_ids = field == "input_ids" || !limits.detokenize;
-    Ok(ParsedGenerate { reqs, batch, stream, want_ids })
+    Ok(ParsedGenerate {
+        reqs,
+        batch,
+        stream,
+        want_ids,
+    })
 }
 
 fn meta_info(
@@ -221,7 +266,9 @@ fn output_json(o: &Output, want_ids: bool) -> Value {
 /// One streamed chunk: the whole output so far, as SGLang streams it.
 fn chunk_json(t: &Tagged, p: &ParsedGenerate) -> Value {
     let (reason, cached, prompt) = match &t.step {
-        Ok(Step::Done { reason, usage, .. }) => (Some(reason), usage.cached_tokens, usage.prompt_tokens),
+        Ok(Step::Done { reason, usage, .. }) => {
+            (Some(reason), usage.cached_tokens, usage.prompt_tokens)
+        }
         _ => (None, 0, t.prompt_tokens),
     };
     let mut v = json!({
@@ -238,7 +285,10 @@ fn chunk_json(t: &Tagged, p: &ParsedGenerate) -> Value {
 }
 
 /// `POST /generate`
-pub async fn generate(State(engine): State<EngineHandle>, JsonObject(body): JsonObject) -> Result<Response> {
+pub async fn generate(
+    State(engine): State<EngineHandle>,
+    JsonObject(body): JsonObject,
+) -> Result<Response> {
     let e = engine.clone();
     let mut p = run_blocking(move || parse_generate(&e, &body)).await?;
     let gens = submit_all(&engine, std::mem::take(&mut p.reqs))?;
@@ -260,7 +310,9 @@ pub async fn generate(State(engine): State<EngineHandle>, JsonObject(body): Json
     let body = if p.batch {
         Value::Array(outs.iter().map(|o| output_json(o, p.want_ids)).collect())
     } else {
-        outs.first().map(|o| output_json(o, p.want_ids)).unwrap_or(Value::Null)
+        outs.first()
+            .map(|o| output_json(o, p.want_ids))
+            .unwrap_or(Value::Null)
     };
     Ok(Json(body).into_response())
 }
@@ -287,13 +339,20 @@ pub async fn health_generate(State(engine): State<EngineHandle>) -> Result<Respo
     let req = GenerateRequest {
         rid: format!("health-generate-{}", new_rid()),
         input_ids,
-        sampling: SamplingParams { temperature: 0.0, max_new_tokens: 1, ignore_eos: true, ..SamplingParams::default() },
+        sampling: SamplingParams {
+            temperature: 0.0,
+            max_new_tokens: 1,
+            ignore_eos: true,
+            ..SamplingParams::default()
+        },
         detokenize: false,
     };
     let gens = submit_all(&engine, vec![req])?;
     match tokio::time::timeout(HEALTH_GENERATE_TIMEOUT, finish_all(gens)).await {
         Ok(Ok(_)) => Ok(StatusCode::OK.into_response()),
-        Ok(Err(e)) => Err(EngineError::Unavailable(format!("health generation failed: {e}"))),
+        Ok(Err(e)) => Err(EngineError::Unavailable(format!(
+            "health generation failed: {e}"
+        ))),
         Err(_) => Err(EngineError::Unavailable(format!(
             "health generation did not finish within {} s",
             HEALTH_GENERATE_TIMEOUT.as_secs()
@@ -339,7 +398,8 @@ fn server_args_json(args: &ServerArgs) -> Map<String, Value> {
         "device": enum_name(&args.device),
         "num_threads": args.num_threads,
         "max_queued_requests": args.max_queued_requests,
-        "mem_fraction_static": args.mem_fraction_static,
+        // Through its decimal text, so 0.88 stays 0.88 and does not widen to 0.8799999952.
+        "mem_fraction_static": args.mem_fraction_static.to_string().parse::<f64>().ok(),
         "tp_size": args.tp_size,
         "dp_size": args.dp_size,
         "quantization": args.quantization,
@@ -401,11 +461,20 @@ pub async fn flush_cache(State(engine): State<EngineHandle>) -> Result<Response>
 /// `GET /metrics` (with `--enable-metrics`).
 pub async fn metrics(State(engine): State<EngineHandle>) -> Result<Response> {
     if !engine.args().enable_metrics {
-        return Err(EngineError::NotFound("metrics are off: start the server with --enable-metrics".into()));
+        return Err(EngineError::NotFound(
+            "metrics are off: start the server with --enable-metrics".into(),
+        ));
     }
     let text = engine
         .metrics()
         .encode()
         .map_err(|e| EngineError::Internal(format!("failed to encode metrics: {e}")))?;
-    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
 }

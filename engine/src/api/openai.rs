@@ -16,8 +16,8 @@ use serde_json::{Map, Value, json};
 
 use super::generation::{Output, Step, finish_all, merge, submit_all};
 use super::validate::{
-    Dialect, Limits, MaxTokensDefault, OPENAI_DEFAULT_MAX_TOKENS_CAP, Obj, SamplingInput, check_model,
-    describe, build_request, new_rid, parse_sampling, token_id_list,
+    Dialect, Limits, MaxTokensDefault, OPENAI_DEFAULT_MAX_TOKENS_CAP, Obj, SamplingInput,
+    build_request, check_model, describe, new_rid, parse_sampling, token_id_list,
 };
 use super::{JsonObject, run_blocking, sse};
 use crate::engine::EngineHandle;
@@ -26,7 +26,10 @@ use crate::request::{FinishReason, GenerateRequest, Usage};
 use crate::tokenizer::Tokenizer;
 
 fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// `matched_stop`: the stop token id or stop string that ended the choice.
@@ -98,15 +101,35 @@ fn build(
     let mut reqs = Vec::with_capacity(total);
     for (i, ids) in prompts.into_iter().enumerate() {
         for j in 0..n {
-            let rid = if total == 1 { base.clone() } else { format!("{base}-{}", i * n + j) };
-            reqs.push(build_request(rid, ids.clone(), prompt_field, &sampling, default, &limits)?);
+            let rid = if total == 1 {
+                base.clone()
+            } else {
+                format!("{base}-{}", i * n + j)
+            };
+            reqs.push(build_request(
+                rid,
+                ids.clone(),
+                prompt_field,
+                &sampling,
+                default,
+                &limits,
+            )?);
         }
     }
     let id = match kind {
         Kind::Chat => format!("chatcmpl-{base}"),
         Kind::Completion => format!("cmpl-{base}"),
     };
-    Ok(Parsed { kind, id, model, reqs, stream, include_usage, n, echo })
+    Ok(Parsed {
+        kind,
+        id,
+        model,
+        reqs,
+        stream,
+        include_usage,
+        n,
+        echo,
+    })
 }
 
 /// Check the shape of `messages` (the template gets them as they are).
@@ -118,7 +141,10 @@ fn check_messages(obj: &Obj<'_>) -> Result<Vec<Value>> {
         ));
     };
     let Value::Array(messages) = v else {
-        return Err(obj.err("messages", format!("must be a list of message objects, got {}", describe(v))));
+        return Err(obj.err(
+            "messages",
+            format!("must be a list of message objects, got {}", describe(v)),
+        ));
     };
     if messages.is_empty() {
         return Err(obj.err("messages", "is empty: give at least one message"));
@@ -126,11 +152,20 @@ fn check_messages(obj: &Obj<'_>) -> Result<Vec<Value>> {
     for (i, m) in messages.iter().enumerate() {
         let name = format!("messages[{i}]");
         let Value::Object(map) = m else {
-            return Err(obj.err(&name, format!("must be an object with `role` and `content`, got {}", describe(m))));
+            return Err(obj.err(
+                &name,
+                format!(
+                    "must be an object with `role` and `content`, got {}",
+                    describe(m)
+                ),
+            ));
         };
         let msg = Obj::with_prefix(map, format!("{name}."));
         if msg.str("role")?.is_none() {
-            return Err(msg.err("role", "is required (\"system\", \"user\", \"assistant\" or \"tool\")"));
+            return Err(msg.err(
+                "role",
+                "is required (\"system\", \"user\", \"assistant\" or \"tool\")",
+            ));
         }
         match msg.get("content") {
             None | Some(Value::String(_)) => {}
@@ -138,7 +173,10 @@ fn check_messages(obj: &Obj<'_>) -> Result<Vec<Value>> {
                 for (j, part) in parts.iter().enumerate() {
                     let pname = format!("content[{j}]");
                     let Value::Object(pm) = part else {
-                        return Err(msg.err(&pname, format!("must be a content part object, got {}", describe(part))));
+                        return Err(msg.err(
+                            &pname,
+                            format!("must be a content part object, got {}", describe(part)),
+                        ));
                     };
                     let p = Obj::with_prefix(pm, format!("{name}.{pname}."));
                     match p.str("type")? {
@@ -158,7 +196,13 @@ fn check_messages(obj: &Obj<'_>) -> Result<Vec<Value>> {
                 }
             }
             Some(other) => {
-                return Err(msg.err("content", format!("must be a string or a list of parts, got {}", describe(other))));
+                return Err(msg.err(
+                    "content",
+                    format!(
+                        "must be a string or a list of parts, got {}",
+                        describe(other)
+                    ),
+                ));
             }
         }
     }
@@ -169,7 +213,9 @@ fn parse_chat(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Parsed
     let obj = Obj::new(body);
     let messages = check_messages(&obj)?;
     let sampling = parse_sampling(&obj, Dialect::OpenAi)?;
-    let tok = engine.tokenizer().ok_or_else(|| no_tokenizer("/v1/chat/completions"))?;
+    let tok = engine
+        .tokenizer()
+        .ok_or_else(|| no_tokenizer("/v1/chat/completions"))?;
     let template = tok.chat_template().ok_or_else(|| {
         EngineError::bad_request(
             "this model has no chat template: start the server with --chat-template FILE, or use /v1/completions",
@@ -178,27 +224,58 @@ fn parse_chat(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Parsed
     let tools = match obj.get("tools") {
         None => None,
         Some(Value::Array(t)) => Some(t.as_slice()),
-        Some(v) => return Err(obj.err("tools", format!("must be a list of tool objects, got {}", describe(v)))),
+        Some(v) => {
+            return Err(obj.err(
+                "tools",
+                format!("must be a list of tool objects, got {}", describe(v)),
+            ));
+        }
     };
-    let tools = if obj.str("tool_choice")? == Some("none") { None } else { tools };
+    // `tool_choice` may also be an object naming one function; only "none" hides the tools.
+    let tools = if obj.get("tool_choice") == Some(&Value::from("none")) {
+        None
+    } else {
+        tools
+    };
     let extra = match obj.get("chat_template_kwargs") {
         None => Map::new(),
         Some(Value::Object(m)) => m.clone(),
-        Some(v) => return Err(obj.err("chat_template_kwargs", format!("must be an object, got {}", describe(v)))),
+        Some(v) => {
+            return Err(obj.err(
+                "chat_template_kwargs",
+                format!("must be an object, got {}", describe(v)),
+            ));
+        }
     };
     let prompt = template
         .render_with(&messages, true, tools, &extra)
-        .map_err(|e| EngineError::bad_param("messages", format!("the chat template failed on these messages: {e}")))?;
+        .map_err(|e| {
+            EngineError::bad_param(
+                "messages",
+                format!("the chat template failed on these messages: {e}"),
+            )
+        })?;
     // The template already wrote any BOS it wants; HF's apply_chat_template adds none.
     let ids = tok
         .encode(&prompt, false)
         .map_err(|e| EngineError::bad_param("messages", e.to_string()))?;
-    build(engine, &obj, Kind::Chat, vec![ids], "messages", Vec::new(), sampling)
+    build(
+        engine,
+        &obj,
+        Kind::Chat,
+        vec![ids],
+        "messages",
+        Vec::new(),
+        sampling,
+    )
 }
 
 /// `prompt`: a string, a list of strings, a list of token ids, or a list of such lists.
 /// Returns the token ids of each prompt and its text (for `echo`).
-fn completion_prompts(obj: &Obj<'_>, tok: Option<&Tokenizer>) -> Result<(Vec<Vec<u32>>, Vec<String>)> {
+fn completion_prompts(
+    obj: &Obj<'_>,
+    tok: Option<&Tokenizer>,
+) -> Result<(Vec<Vec<u32>>, Vec<String>)> {
     let Some(v) = obj.get("prompt") else {
         return Err(EngineError::bad_param(
             "prompt",
@@ -207,10 +284,15 @@ fn completion_prompts(obj: &Obj<'_>, tok: Option<&Tokenizer>) -> Result<(Vec<Vec
     };
     let encode = |text: &str| -> Result<Vec<u32>> {
         let tok = tok.ok_or_else(|| no_tokenizer("a text prompt"))?;
-        tok.encode(text, true).map_err(|e| EngineError::bad_param("prompt", e.to_string()))
+        tok.encode(text, true)
+            .map_err(|e| EngineError::bad_param("prompt", e.to_string()))
     };
-    let decode = |ids: &[u32]| -> String { tok.and_then(|t| t.decode(ids, false).ok()).unwrap_or_default() };
-    let empty = || EngineError::bad_param("prompt", "`prompt` is empty: give some text or token ids");
+    let decode = |ids: &[u32]| -> String {
+        tok.and_then(|t| t.decode(ids, false).ok())
+            .unwrap_or_default()
+    };
+    let empty =
+        || EngineError::bad_param("prompt", "`prompt` is empty: give some text or token ids");
     match v {
         Value::String(s) => {
             if s.is_empty() {
@@ -261,8 +343,20 @@ fn parse_completion(engine: &EngineHandle, body: &Map<String, Value>) -> Result<
     let tok = engine.tokenizer().map(|t| t.as_ref());
     let (prompts, texts) = completion_prompts(&obj, tok)?;
     let sampling = parse_sampling(&obj, Dialect::OpenAi)?;
-    let echo = if obj.bool("echo")?.unwrap_or(false) { texts } else { vec![String::new(); prompts.len()] };
-    build(engine, &obj, Kind::Completion, prompts, "prompt", echo, sampling)
+    let echo = if obj.bool("echo")?.unwrap_or(false) {
+        texts
+    } else {
+        vec![String::new(); prompts.len()]
+    };
+    build(
+        engine,
+        &obj,
+        Kind::Completion,
+        prompts,
+        "prompt",
+        echo,
+        sampling,
+    )
 }
 
 fn usage_json(engine: &EngineHandle, prompt: usize, completion: usize, cached: usize) -> Value {
@@ -287,7 +381,7 @@ struct UsageSum {
 
 impl UsageSum {
     fn add(&mut self, index: usize, n: usize, u: &Usage) {
-        if index % n == 0 {
+        if index.is_multiple_of(n) {
             self.prompt += u.prompt_tokens;
         }
         self.completion += u.completion_tokens;
@@ -335,7 +429,13 @@ fn respond(engine: &EngineHandle, p: &Parsed, outs: Vec<Output>) -> Response {
 
 /// One streamed chunk for choice `index`: `piece` is new text (chat `delta.content`,
 /// completion `text`), `finish` is set on the choice's last chunk.
-fn chunk(p: &Parsed, created: u64, index: usize, piece: Option<&str>, finish: Option<&FinishReason>) -> Value {
+fn chunk(
+    p: &Parsed,
+    created: u64,
+    index: usize,
+    piece: Option<&str>,
+    finish: Option<&FinishReason>,
+) -> Value {
     let mut choice = json!({
         "index": index,
         "logprobs": null,
@@ -364,7 +464,11 @@ fn chunk(p: &Parsed, created: u64, index: usize, piece: Option<&str>, finish: Op
     })
 }
 
-fn stream_response(engine: EngineHandle, p: Parsed, gens: Vec<super::generation::Generation>) -> Response {
+fn stream_response(
+    engine: EngineHandle,
+    p: Parsed,
+    gens: Vec<super::generation::Generation>,
+) -> Response {
     let created = unix_now();
     let events = async_stream::stream! {
         let choices = gens.len();
@@ -429,14 +533,20 @@ async fn run(engine: EngineHandle, mut p: Parsed) -> Result<Response> {
 }
 
 /// `POST /v1/chat/completions`
-pub async fn chat_completions(State(engine): State<EngineHandle>, JsonObject(body): JsonObject) -> Result<Response> {
+pub async fn chat_completions(
+    State(engine): State<EngineHandle>,
+    JsonObject(body): JsonObject,
+) -> Result<Response> {
     let e = engine.clone();
     let parsed = run_blocking(move || parse_chat(&e, &body)).await?;
     run(engine, parsed).await
 }
 
 /// `POST /v1/completions`
-pub async fn completions(State(engine): State<EngineHandle>, JsonObject(body): JsonObject) -> Result<Response> {
+pub async fn completions(
+    State(engine): State<EngineHandle>,
+    JsonObject(body): JsonObject,
+) -> Result<Response> {
     let e = engine.clone();
     let parsed = run_blocking(move || parse_completion(&e, &body)).await?;
     run(engine, parsed).await
@@ -460,7 +570,10 @@ pub async fn list_models(State(engine): State<EngineHandle>) -> Json<Value> {
 }
 
 /// `GET /v1/models/{model}`
-pub async fn retrieve_model(State(engine): State<EngineHandle>, Path(model): Path<String>) -> Result<Json<Value>> {
+pub async fn retrieve_model(
+    State(engine): State<EngineHandle>,
+    Path(model): Path<String>,
+) -> Result<Json<Value>> {
     let mut body = Map::new();
     body.insert("model".into(), Value::String(model));
     check_model(&engine, &Obj::new(&body))?;

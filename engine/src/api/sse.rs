@@ -31,7 +31,9 @@ pub fn json<T: Serialize>(value: &T) -> Event {
     match serde_json::to_string(value) {
         Ok(s) => Event::default().data(s),
         // Serializing our own response types cannot fail; say so on the stream if it ever does.
-        Err(e) => error(&EngineError::Internal(format!("failed to serialize a chunk: {e}"))),
+        Err(e) => error(&EngineError::Internal(format!(
+            "failed to serialize a chunk: {e}"
+        ))),
     }
 }
 

@@ -49,11 +49,17 @@ pub fn describe(v: &Value) -> String {
 
 impl<'a> Obj<'a> {
     pub fn new(map: &'a Map<String, Value>) -> Self {
-        Obj { map, prefix: String::new() }
+        Obj {
+            map,
+            prefix: String::new(),
+        }
     }
 
     pub fn with_prefix(map: &'a Map<String, Value>, prefix: impl Into<String>) -> Self {
-        Obj { map, prefix: prefix.into() }
+        Obj {
+            map,
+            prefix: prefix.into(),
+        }
     }
 
     /// Full field name as shown to the user.
@@ -82,9 +88,10 @@ impl<'a> Obj<'a> {
     pub fn f32(&self, key: &str) -> Result<Option<f32>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => match v.as_f64() {
-                Some(x) if x.is_finite() => Ok(Some(x as f32)),
-                _ => Err(self.wrong(key, "a number", v)),
+            Some(v) => match v.as_f64().map(|x| x as f32) {
+                Some(x) if x.is_finite() => Ok(Some(x)),
+                Some(_) => Err(self.err(key, format!("is out of range, got {}", describe(v)))),
+                None => Err(self.wrong(key, "a number", v)),
             },
         }
     }
@@ -92,7 +99,10 @@ impl<'a> Obj<'a> {
     pub fn i64(&self, key: &str) -> Result<Option<i64>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_i64().map(Some).ok_or_else(|| self.wrong(key, "an integer", v)),
+            Some(v) => v
+                .as_i64()
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "an integer", v)),
         }
     }
 
@@ -111,14 +121,20 @@ impl<'a> Obj<'a> {
     pub fn bool(&self, key: &str) -> Result<Option<bool>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.wrong(key, "true or false", v)),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "true or false", v)),
         }
     }
 
     pub fn str(&self, key: &str) -> Result<Option<&'a str>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or_else(|| self.wrong(key, "a string", v)),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "a string", v)),
         }
     }
 
@@ -135,7 +151,11 @@ impl<'a> Obj<'a> {
         let want = "a string or a list of strings";
         match self.get(key) {
             None => Ok(Vec::new()),
-            Some(Value::String(s)) => Ok(if s.is_empty() { Vec::new() } else { vec![s.clone()] }),
+            Some(Value::String(s)) => Ok(if s.is_empty() {
+                Vec::new()
+            } else {
+                vec![s.clone()]
+            }),
             Some(Value::Array(items)) => {
                 let mut out = Vec::with_capacity(items.len());
                 for (i, item) in items.iter().enumerate() {
@@ -188,12 +208,17 @@ pub fn token_id_list(v: &Value, name: &str) -> Result<Vec<u32>> {
         .iter()
         .enumerate()
         .map(|(i, item)| {
-            item.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(|| {
-                EngineError::bad_param(
-                    name,
-                    format!("`{name}[{i}]` must be a token id (integer >= 0), got {}", describe(item)),
-                )
-            })
+            item.as_u64()
+                .and_then(|x| u32::try_from(x).ok())
+                .ok_or_else(|| {
+                    EngineError::bad_param(
+                        name,
+                        format!(
+                            "`{name}[{i}]` must be a token id (integer >= 0), got {}",
+                            describe(item)
+                        ),
+                    )
+                })
         })
         .collect()
 }
@@ -229,7 +254,10 @@ pub fn parse_sampling(obj: &Obj<'_>, dialect: Dialect) -> Result<SamplingInput> 
     // OpenAI's documented default temperature is 1.0, as is SGLang's.
     if let Some(t) = obj.f32("temperature")? {
         if t < 0.0 {
-            return Err(obj.err("temperature", format!("must be >= 0 (0 means greedy), got {t}")));
+            return Err(obj.err(
+                "temperature",
+                format!("must be >= 0 (0 means greedy), got {t}"),
+            ));
         }
         p.temperature = t;
     }
@@ -276,9 +304,14 @@ pub fn parse_sampling(obj: &Obj<'_>, dialect: Dialect) -> Result<SamplingInput> 
         p.skip_special_tokens = b;
     }
     for key in ["seed", "sampling_seed"] {
-        if let Some(s) = obj.i64(key)? {
+        match obj.get(key) {
+            None => {}
             // Negative seeds are valid for OpenAI clients; keep their bits.
-            p.seed = Some(s as u64);
+            Some(v) => match (v.as_u64(), v.as_i64()) {
+                (Some(u), _) => p.seed = Some(u),
+                (None, Some(i)) => p.seed = Some(i as u64),
+                _ => return Err(obj.err(key, format!("must be an integer, got {}", describe(v)))),
+            },
         }
     }
     let n = obj.usize("n")?.unwrap_or(1);
@@ -287,9 +320,17 @@ pub fn parse_sampling(obj: &Obj<'_>, dialect: Dialect) -> Result<SamplingInput> 
     }
 
     // Features the scheduler does not implement yet: accept only their neutral values.
-    obj.unsupported("frequency_penalty", &[zero(), Value::from(0.0)], "penalties")?;
+    obj.unsupported(
+        "frequency_penalty",
+        &[zero(), Value::from(0.0)],
+        "penalties",
+    )?;
     obj.unsupported("presence_penalty", &[zero(), Value::from(0.0)], "penalties")?;
-    obj.unsupported("repetition_penalty", &[Value::from(1), Value::from(1.0)], "penalties")?;
+    obj.unsupported(
+        "repetition_penalty",
+        &[Value::from(1), Value::from(1.0)],
+        "penalties",
+    )?;
     obj.unsupported("min_tokens", &[zero()], "min_tokens")?;
     obj.unsupported("min_new_tokens", &[zero()], "min_new_tokens")?;
     obj.unsupported("regex", &[], "structured outputs")?;
@@ -308,13 +349,20 @@ pub fn parse_sampling(obj: &Obj<'_>, dialect: Dialect) -> Result<SamplingInput> 
                 Some(other) => {
                     return Err(rf.err(
                         "type",
-                        format!("`{other}` is not supported by this server yet (structured outputs)"),
+                        format!(
+                            "`{other}` is not supported by this server yet (structured outputs)"
+                        ),
                     ));
                 }
             }
         }
     }
-    Ok(SamplingInput { params: p, max_tokens, max_tokens_field, n })
+    Ok(SamplingInput {
+        params: p,
+        max_tokens,
+        max_tokens_field,
+        n,
+    })
 }
 
 /// What a route does when the user gives no output budget.
@@ -360,7 +408,11 @@ pub fn build_request(
             format!("`{prompt_field}` is empty: give at least one token of prompt"),
         ));
     }
-    if let Some((i, id)) = input_ids.iter().enumerate().find(|(_, id)| **id as usize >= limits.vocab_size) {
+    if let Some((i, id)) = input_ids
+        .iter()
+        .enumerate()
+        .find(|(_, id)| **id as usize >= limits.vocab_size)
+    {
         return Err(EngineError::bad_param(
             prompt_field,
             format!(
@@ -402,13 +454,25 @@ pub fn build_request(
             "stop strings need a tokenizer, but this server runs with --skip-tokenizer-init; use stop_token_ids",
         ));
     }
-    if let Some(id) = params.stop_token_ids.iter().find(|id| **id as usize >= limits.vocab_size) {
+    if let Some(id) = params
+        .stop_token_ids
+        .iter()
+        .find(|id| **id as usize >= limits.vocab_size)
+    {
         return Err(EngineError::bad_param(
             "stop_token_ids",
-            format!("stop token id {id} is out of range: the vocabulary has {} tokens", limits.vocab_size),
+            format!(
+                "stop token id {id} is out of range: the vocabulary has {} tokens",
+                limits.vocab_size
+            ),
         ));
     }
-    Ok(GenerateRequest { rid, input_ids, sampling: params, detokenize: limits.detokenize })
+    Ok(GenerateRequest {
+        rid,
+        input_ids,
+        sampling: params,
+        detokenize: limits.detokenize,
+    })
 }
 
 /// A fresh request id (SGLang uses uuid4 hex).
@@ -434,12 +498,15 @@ pub fn check_model(engine: &EngineHandle, obj: &Obj<'_>) -> Result<String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use serde_json::json;
 
     fn sampling(v: Value, d: Dialect) -> Result<SamplingInput> {
-        let Value::Object(m) = v else { panic!("not an object") };
+        let Value::Object(m) = v else {
+            panic!("not an object")
+        };
         parse_sampling(&Obj::new(&m), d)
     }
 
@@ -447,7 +514,11 @@ mod tests {
         e.to_string()
     }
 
-    const LIMITS: Limits = Limits { context_length: 100, vocab_size: 1000, detokenize: true };
+    const LIMITS: Limits = Limits {
+        context_length: 100,
+        vocab_size: 1000,
+        detokenize: true,
+    };
 
     #[test]
     fn sampling_defaults_and_values() {
@@ -466,7 +537,11 @@ mod tests {
         assert_eq!(s.params.stop, vec!["x".to_string()]);
         assert_eq!(s.params.seed, Some((-3i64) as u64));
         assert!(s.params.ignore_eos);
-        let s = sampling(json!({"max_completion_tokens": 3, "max_tokens": 9}), Dialect::OpenAi).unwrap();
+        let s = sampling(
+            json!({"max_completion_tokens": 3, "max_tokens": 9}),
+            Dialect::OpenAi,
+        )
+        .unwrap();
         assert_eq!(s.max_tokens, Some(3));
         assert_eq!(s.max_tokens_field, "max_completion_tokens");
     }
@@ -488,7 +563,10 @@ mod tests {
             (json!({"presence_penalty": 1.0}), "presence_penalty"),
             (json!({"logprobs": true}), "logprobs"),
             (json!({"n": 0}), "n"),
-            (json!({"response_format": {"type": "json_object"}}), "response_format.type"),
+            (
+                json!({"response_format": {"type": "json_object"}}),
+                "response_format.type",
+            ),
         ];
         for (body, field) in cases {
             let e = sampling(body.clone(), Dialect::OpenAi).expect_err(&body.to_string());
@@ -502,34 +580,90 @@ mod tests {
     #[test]
     fn build_checks_prompt_and_budget() {
         let s = sampling(json!({"max_tokens": 10}), Dialect::OpenAi).unwrap();
-        let r = build_request("r".into(), vec![1, 2, 3], "prompt", &s, MaxTokensDefault::Fixed(128), &LIMITS)
-            .unwrap();
+        let r = build_request(
+            "r".into(),
+            vec![1, 2, 3],
+            "prompt",
+            &s,
+            MaxTokensDefault::Fixed(128),
+            &LIMITS,
+        )
+        .unwrap();
         assert_eq!(r.sampling.max_new_tokens, 10);
-        let e = build_request("r".into(), vec![], "prompt", &s, MaxTokensDefault::Fixed(1), &LIMITS).unwrap_err();
+        let e = build_request(
+            "r".into(),
+            vec![],
+            "prompt",
+            &s,
+            MaxTokensDefault::Fixed(1),
+            &LIMITS,
+        )
+        .unwrap_err();
         assert!(msg(e).contains("empty"));
-        let e = build_request("r".into(), vec![1000], "input_ids", &s, MaxTokensDefault::Fixed(1), &LIMITS)
-            .unwrap_err();
+        let e = build_request(
+            "r".into(),
+            vec![1000],
+            "input_ids",
+            &s,
+            MaxTokensDefault::Fixed(1),
+            &LIMITS,
+        )
+        .unwrap_err();
         assert!(msg(e).contains("1000"));
         let s = sampling(json!({"max_tokens": 95}), Dialect::OpenAi).unwrap();
-        let e = build_request("r".into(), vec![1; 10], "prompt", &s, MaxTokensDefault::Fixed(1), &LIMITS)
-            .unwrap_err();
+        let e = build_request(
+            "r".into(),
+            vec![1; 10],
+            "prompt",
+            &s,
+            MaxTokensDefault::Fixed(1),
+            &LIMITS,
+        )
+        .unwrap_err();
         let m = msg(e);
-        assert!(m.contains("prompt has 10 tokens") && m.contains("max_tokens 95") && m.contains("100"), "{m}");
+        assert!(
+            m.contains("prompt has 10 tokens") && m.contains("max_tokens 95") && m.contains("100"),
+            "{m}"
+        );
         let s = sampling(json!({}), Dialect::OpenAi).unwrap();
-        let r = build_request("r".into(), vec![1; 90], "prompt", &s, MaxTokensDefault::Fixed(4096), &LIMITS)
-            .unwrap();
+        let r = build_request(
+            "r".into(),
+            vec![1; 90],
+            "prompt",
+            &s,
+            MaxTokensDefault::Fixed(4096),
+            &LIMITS,
+        )
+        .unwrap();
         assert_eq!(r.sampling.max_new_tokens, 10);
-        let e = build_request("r".into(), vec![1; 100], "prompt", &s, MaxTokensDefault::Fixed(1), &LIMITS)
-            .unwrap_err();
+        let e = build_request(
+            "r".into(),
+            vec![1; 100],
+            "prompt",
+            &s,
+            MaxTokensDefault::Fixed(1),
+            &LIMITS,
+        )
+        .unwrap_err();
         assert!(msg(e).contains("context length 100"));
     }
 
     #[test]
     fn stop_strings_need_a_tokenizer() {
-        let limits = Limits { detokenize: false, ..LIMITS };
+        let limits = Limits {
+            detokenize: false,
+            ..LIMITS
+        };
         let s = sampling(json!({"stop": ["a"]}), Dialect::Native).unwrap();
-        let e = build_request("r".into(), vec![1], "input_ids", &s, MaxTokensDefault::Fixed(1), &limits)
-            .unwrap_err();
+        let e = build_request(
+            "r".into(),
+            vec![1],
+            "input_ids",
+            &s,
+            MaxTokensDefault::Fixed(1),
+            &limits,
+        )
+        .unwrap_err();
         assert!(msg(e).contains("skip-tokenizer-init"));
     }
 

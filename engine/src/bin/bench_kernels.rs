@@ -6,8 +6,10 @@
 //! in-process, and the ratio to llama.cpp on this machine (2 threads: ~69 tok/s decode,
 //! i.e. ~14.5 ms per token end to end; ~160 tok/s prefill).
 //!
-//! Usage: `bench_kernels [path/to/model.gguf]` (default: the file `scripts/fetch-model.sh`
-//! fetches). `SGL_BENCH_SECONDS` sets the time per measurement (default 1.5).
+//! Usage: `bench_kernels [path/to/model.gguf | --synthetic]` (default: the file
+//! `scripts/fetch-model.sh` fetches; `--synthetic`: random weights of the same shapes and
+//! formats). `SGL_BENCH_SECONDS` sets the time per measurement (default 1.5),
+//! `SGL_BENCH_THREADS` the thread counts to try (default `1,2`).
 
 use std::time::{Duration, Instant};
 
@@ -33,7 +35,16 @@ fn main() -> anyhow::Result<()> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1.5);
-    let (layers, output) = load(&path)?;
+    let (layers, output) = if path == "--synthetic" {
+        synthetic()?
+    } else {
+        load(&path)?
+    };
+    let thread_counts: Vec<usize> = std::env::var("SGL_BENCH_THREADS")
+        .unwrap_or_else(|_| "1,2".into())
+        .split(',')
+        .filter_map(|t| t.trim().parse().ok())
+        .collect();
     let layer_bytes: usize = layers.iter().map(Weight::size_bytes).sum();
     let step_bytes = layer_bytes + output.size_bytes();
     println!(
@@ -51,7 +62,7 @@ fn main() -> anyhow::Result<()> {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
 
-    for threads in [1, 2] {
+    for threads in thread_counts {
         set_num_threads(threads);
         let bw = memory_read_gbs(threads);
         println!("\n== {threads} thread(s); memory read roofline {bw:.1} GB/s ==");
@@ -141,6 +152,48 @@ fn load(path: &str) -> anyhow::Result<(Vec<Weight>, Weight)> {
     Ok((layers, output))
 }
 
+/// SmolLM2-135M's shapes (30 layers, hidden 576, 9 + 3 × 64 heads, MLP 1536, vocab 49152)
+/// with random Q4_1 layer weights and a random Q8_0 output projection.
+fn synthetic() -> anyhow::Result<(Vec<Weight>, Weight)> {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut random_byte = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 24) as u8
+    };
+    let mut make = |format: WeightFormat, rows: usize, cols: usize| -> anyhow::Result<Weight> {
+        let mut bytes = Vec::with_capacity(rows * format.row_bytes(cols));
+        for _ in 0..rows * cols / 32 {
+            // f16 scale 0.01 and, for Q4_1, min -0.08, then random quants.
+            bytes.extend_from_slice(&0x211eu16.to_le_bytes());
+            if format == WeightFormat::Q4_1 {
+                bytes.extend_from_slice(&0xad1fu16.to_le_bytes());
+            }
+            let quants = if format == WeightFormat::Q8_0 { 32 } else { 16 };
+            bytes.extend((0..quants).map(|_| random_byte()));
+        }
+        Ok(Weight::from_raw(format, rows, cols, bytes)?)
+    };
+    let (h, kv, ffn) = (576, 192, 1536);
+    let mut layers = Vec::new();
+    for _ in 0..30 {
+        for (rows, cols) in [
+            (h, h),
+            (kv, h),
+            (kv, h),
+            (h, h),
+            (ffn, h),
+            (ffn, h),
+            (h, ffn),
+        ] {
+            layers.push(make(WeightFormat::Q4_1, rows, cols)?);
+        }
+    }
+    let output = make(WeightFormat::Q8_0, 49152, h)?;
+    Ok((layers, output))
+}
+
 /// Median seconds of one step: every layer matrix at `n` rows of activations, plus the output
 /// projection when `with_output`.
 fn time_step(
@@ -191,7 +244,7 @@ fn time_step(
 
 /// Best-of-5 read bandwidth over a 256 MiB buffer split across the pool.
 fn memory_read_gbs(threads: usize) -> f64 {
-    let words = 32 << 20;
+    let words: usize = 32 << 20;
     let buf: Vec<u64> = (0..words as u64).collect();
     let chunk = words.div_ceil(threads * 8);
     let mut best = f64::MAX;
@@ -223,7 +276,11 @@ fn call_overhead() -> String {
         }
         t.elapsed().as_secs_f64() * 1e6 / reps as f64
     };
-    let pf = time(&mut || parallel_for(2, |i| drop(std::hint::black_box(i))));
+    let pf = time(&mut || {
+        parallel_for(2, |i| {
+            std::hint::black_box(i);
+        })
+    });
     let w = Weight::from_raw(WeightFormat::Q4_1, 64, 64, vec![0; 64 * 40]).expect("valid shape");
     let x = vec![0.5f32; 64];
     let mut out = vec![0.0f32; 64];

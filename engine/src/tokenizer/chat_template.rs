@@ -103,7 +103,12 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&[serde_json::Value]>,
     ) -> Result<String, TokenizerError> {
-        self.render_with(messages, add_generation_prompt, tools, &serde_json::Map::new())
+        self.render_with(
+            messages,
+            add_generation_prompt,
+            tools,
+            &serde_json::Map::new(),
+        )
     }
 
     /// [`render`](Self::render) with extra template variables (`chat_template_kwargs`, e.g.
@@ -136,12 +141,21 @@ impl ChatTemplate {
         });
         ctx.push(("messages".into(), Value::from(messages)));
         ctx.push(("tools".into(), tools));
-        ctx.push(("add_generation_prompt".into(), Value::from(add_generation_prompt)));
+        ctx.push((
+            "add_generation_prompt".into(),
+            Value::from(add_generation_prompt),
+        ));
         if !extra.contains_key("documents") {
             ctx.push(("documents".into(), Value::from(())));
         }
-        ctx.push(("bos_token".into(), Value::from(self.bos_token.clone().unwrap_or_default())));
-        ctx.push(("eos_token".into(), Value::from(self.eos_token.clone().unwrap_or_default())));
+        ctx.push((
+            "bos_token".into(),
+            Value::from(self.bos_token.clone().unwrap_or_default()),
+        ));
+        ctx.push((
+            "eos_token".into(),
+            Value::from(self.eos_token.clone().unwrap_or_default()),
+        ));
 
         let template = self
             .env
@@ -232,7 +246,9 @@ pub(super) fn template_from_config(value: &serde_json::Value) -> Option<String> 
         serde_json::Value::String(s) => Some(s.clone()),
         serde_json::Value::Array(named) => {
             let template_of = |v: &serde_json::Value| {
-                v.get("template").and_then(|t| t.as_str()).map(str::to_owned)
+                v.get("template")
+                    .and_then(|t| t.as_str())
+                    .map(str::to_owned)
             };
             named
                 .iter()
@@ -374,12 +390,19 @@ impl JsonOptions {
     }
 }
 
-fn write_json(out: &mut String, value: &Value, opts: &JsonOptions, depth: usize) -> Result<(), Error> {
+fn write_json(
+    out: &mut String,
+    value: &Value,
+    opts: &JsonOptions,
+    depth: usize,
+) -> Result<(), Error> {
     match value.kind() {
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
         ValueKind::Number => write_number(out, value),
-        ValueKind::String => write_json_str(out, value.as_str().unwrap_or_default(), opts.ensure_ascii),
+        ValueKind::String => {
+            write_json_str(out, value.as_str().unwrap_or_default(), opts.ensure_ascii)
+        }
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();
             write_container(out, opts, depth, '[', ']', items.len(), |out, i| {
@@ -512,11 +535,27 @@ fn strftime_now(format: String) -> Result<Value, Error> {
 }
 
 const MONTHS: [&str; 12] = [
-    "January", "February", "March", "April", "May", "June", "July", "August", "September",
-    "October", "November", "December",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 ];
 const WEEKDAYS: [&str; 7] = [
-    "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday",
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
 ];
 
 /// Formats a Unix time (UTC) with the common `strftime` directives.
@@ -619,7 +658,7 @@ mod tests {
         )
         .expect("compiles");
         let ctx = serde_json::json!({
-            "x": {"b": [1, 2.5, null, true], "a": {}},
+            "x": {"a": {}, "b": [1, 2.5, null, true]},
             "s": "é<\"\n",
             "f": 1.0
         });
@@ -630,7 +669,7 @@ mod tests {
             .expect("renders");
         assert_eq!(
             out,
-            "{\"b\": [1, 2.5, null, true], \"a\": {}}|{\n  \"b\": [\n    1,\n    2.5,\n    null,\n    true\n  ],\n  \"a\": {}\n}|\"é<\\\"\\n\"|\"\\u00e9<\\\"\\n\"|1.0"
+            "{\"a\": {}, \"b\": [1, 2.5, null, true]}|{\n  \"a\": {},\n  \"b\": [\n    1,\n    2.5,\n    null,\n    true\n  ]\n}|\"é<\\\"\\n\"|\"\\u00e9<\\\"\\n\"|1.0"
         );
     }
 

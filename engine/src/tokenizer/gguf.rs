@@ -77,8 +77,7 @@ fn pre_tokenization(pre: Option<&str>) -> PreTokenization {
             | "smaug-bpe" | "lfm2",
         ) => (&[LLAMA3_REGEX], true),
         Some(
-            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
-            | "minerva-7b",
+            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b",
         ) => (&[r"\p{N}", GPT2_REGEX], false),
         Some(
             "gpt-2" | "gpt2" | "phi-2" | "jina-es" | "jina-de" | "jina-v2-es" | "jina-v2-de"
@@ -275,12 +274,18 @@ pub(super) fn from_gguf(content: &Content) -> Result<Tokenizer, TokenizerError> 
         .strings("tokenizer.ggml.tokens")?
         .ok_or_else(|| TokenizerError::Gguf("tokenizer.ggml.tokens is missing".into()))?;
     if tokens.is_empty() {
-        return Err(TokenizerError::Gguf("tokenizer.ggml.tokens is empty".into()));
+        return Err(TokenizerError::Gguf(
+            "tokenizer.ggml.tokens is empty".into(),
+        ));
     }
     let types = match md.array("tokenizer.ggml.token_type")? {
         Some(items) => items
             .iter()
-            .map(|v| integer(v).ok_or_else(|| type_error("tokenizer.ggml.token_type", "an array of integers", v)))
+            .map(|v| {
+                integer(v).ok_or_else(|| {
+                    type_error("tokenizer.ggml.token_type", "an array of integers", v)
+                })
+            })
             .collect::<Result<Vec<_>, _>>()?,
         None => Vec::new(),
     };
@@ -298,10 +303,18 @@ pub(super) fn from_gguf(content: &Content) -> Result<Tokenizer, TokenizerError> 
     };
     inner.add_tokens(&vocab.added_tokens());
 
-    let add_bos = md.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos);
+    let add_bos = md
+        .bool("tokenizer.ggml.add_bos_token")?
+        .unwrap_or(default_add_bos);
     let add_eos = md.bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
-    let bos_token = vocab.bos_id.and_then(|id| vocab.token(id)).map(str::to_owned);
-    let eos_token = vocab.eos_id.and_then(|id| vocab.token(id)).map(str::to_owned);
+    let bos_token = vocab
+        .bos_id
+        .and_then(|id| vocab.token(id))
+        .map(str::to_owned);
+    let eos_token = vocab
+        .eos_id
+        .and_then(|id| vocab.token(id))
+        .map(str::to_owned);
     let chat_template = md
         .string("tokenizer.chat_template")?
         .map(|source| ChatTemplate::new(source, bos_token.clone(), eos_token.clone()))
@@ -326,13 +339,21 @@ fn build_byte_level_bpe(
 ) -> Result<tokenizers::Tokenizer, TokenizerError> {
     let merges = md
         .strings("tokenizer.ggml.merges")?
-        .ok_or_else(|| TokenizerError::Gguf("tokenizer.ggml.merges is missing (required for a \"gpt2\" vocabulary)".into()))?
+        .ok_or_else(|| {
+            TokenizerError::Gguf(
+                "tokenizer.ggml.merges is missing (required for a \"gpt2\" vocabulary)".into(),
+            )
+        })?
         .into_iter()
         .map(|merge| {
             merge
                 .split_once(' ')
                 .map(|(a, b)| (a.to_owned(), b.to_owned()))
-                .ok_or_else(|| TokenizerError::Gguf(format!("merge {merge:?} is not two tokens separated by a space")))
+                .ok_or_else(|| {
+                    TokenizerError::Gguf(format!(
+                        "merge {merge:?} is not two tokens separated by a space"
+                    ))
+                })
         })
         .collect::<Result<Vec<_>, _>>()?;
     let pre = pre_tokenization(md.string("tokenizer.ggml.pre")?);
@@ -371,7 +392,9 @@ fn build_sentencepiece(
     let scores: Vec<f64> = match md.array("tokenizer.ggml.scores")? {
         Some(items) => items
             .iter()
-            .map(|v| float(v).ok_or_else(|| type_error("tokenizer.ggml.scores", "an array of floats", v)))
+            .map(|v| {
+                float(v).ok_or_else(|| type_error("tokenizer.ggml.scores", "an array of floats", v))
+            })
             .collect::<Result<Vec<_>, _>>()?,
         None => Vec::new(),
     };

@@ -11,7 +11,11 @@ use super::chat_template::template_from_config;
 use super::{ChatTemplate, Tokenizer, TokenizerError};
 
 pub(super) fn from_dir_or_file(path: &Path) -> Result<Tokenizer, TokenizerError> {
-    if path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+    if path.is_file()
+        && path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
         return from_gguf_file(path);
     }
     let (tokenizer_json, dir) = if path.is_dir() {
@@ -23,12 +27,18 @@ pub(super) fn from_dir_or_file(path: &Path) -> Result<Tokenizer, TokenizerError>
     if !tokenizer_json.is_file() {
         return Err(TokenizerError::NotFound(path.to_path_buf()));
     }
-    let inner = tokenizers::Tokenizer::from_file(&tokenizer_json).map_err(|e| {
-        TokenizerError::InvalidFile {
-            path: tokenizer_json.clone(),
-            message: e.to_string(),
-        }
-    })?;
+    let invalid = |message: String| TokenizerError::InvalidFile {
+        path: tokenizer_json.clone(),
+        message,
+    };
+    let mut inner =
+        tokenizers::Tokenizer::from_file(&tokenizer_json).map_err(|e| invalid(e.to_string()))?;
+    // Some tokenizer.json files carry the truncation/padding of a training setup; a server must
+    // never cut or pad a prompt behind the user's back.
+    inner
+        .with_truncation(None)
+        .map_err(|e| invalid(e.to_string()))?
+        .with_padding(None);
 
     let config = read_json(&dir.join("tokenizer_config.json"))?;
     let generation = read_json(&dir.join("generation_config.json"))?;
@@ -66,8 +76,12 @@ pub(super) fn from_dir_or_file(path: &Path) -> Result<Tokenizer, TokenizerError>
         .map(|(id, _)| id)
         .collect();
 
-    let bos_text = config.as_ref().and_then(|c| token_text(c.get("bos_token")?));
-    let eos_text = config.as_ref().and_then(|c| token_text(c.get("eos_token")?));
+    let bos_text = config
+        .as_ref()
+        .and_then(|c| token_text(c.get("bos_token")?));
+    let eos_text = config
+        .as_ref()
+        .and_then(|c| token_text(c.get("eos_token")?));
     let chat_template = find_chat_template(&dir, config.as_ref())?
         .map(|source| ChatTemplate::new(&source, bos_text, eos_text))
         .transpose()?;
@@ -116,7 +130,10 @@ fn find_chat_template(
     if jinja.is_file() {
         return std::fs::read_to_string(&jinja)
             .map(Some)
-            .map_err(|source| TokenizerError::Io { path: jinja, source });
+            .map_err(|source| TokenizerError::Io {
+                path: jinja,
+                source,
+            });
     }
     if let Some(value) = read_json(&dir.join("chat_template.json"))?
         && let Some(template) = template_from_config(&value)

@@ -173,7 +173,9 @@ impl Tokenizer {
 
     /// The text of the main EOS token, as chat templates see it in `eos_token`.
     pub fn eos_token(&self) -> Option<String> {
-        self.eos_token_ids.first().and_then(|&id| self.id_to_token(id))
+        self.eos_token_ids
+            .first()
+            .and_then(|&id| self.id_to_token(id))
     }
 
     /// Loads a chat template for the `--chat-template` flag: a path to a Jinja file (or to a

@@ -160,6 +160,11 @@ impl Server {
             .unwrap()
     }
 
+    /// The whole server log so far (stderr, and stdout lines marked `[stdout]`).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     /// Last lines of the server log, for failure messages.
     pub fn log_tail(&self) -> String {
         log_tail(&self.log)

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
-    PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    Service, ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, Service, ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -19,7 +19,7 @@ use crate::Error;
 /// Port of the engine's HTTP API (and of the router's).
 pub const ENGINE_PORT: i32 = 30000;
 const GPU_RESOURCE: &str = "nvidia.com/gpu";
-const API_KEY_ENV: &str = "SGLANG_API_KEY";
+pub(crate) const API_KEY_ENV: &str = "SGLANG_API_KEY";
 
 /// The engine's command line for this spec (after `sgl-engine serve`).
 pub fn engine_args(svc: &SGLangService) -> Vec<String> {
@@ -31,6 +31,12 @@ pub fn engine_args(svc: &SGLangService) -> Vec<String> {
         "0.0.0.0".into(),
         "--port".into(),
         ENGINE_PORT.to_string(),
+        "--device".into(),
+        match s.device {
+            Device::Cuda => "cuda",
+            Device::Cpu => "cpu",
+        }
+        .into(),
         "--tp-size".into(),
         s.tp_size.to_string(),
         "--enable-metrics".into(),
@@ -42,21 +48,46 @@ pub fn engine_args(svc: &SGLangService) -> Vec<String> {
         }
     };
     flag("--served-model-name", s.model.served_model_name.clone());
-    flag("--revision", s.model.revision.clone());
     flag("--tokenizer-path", s.model.tokenizer_path.clone());
     flag("--chat-template", s.model.chat_template.clone());
     flag("--context-length", s.context_length.map(|v| v.to_string()));
     flag("--quantization", s.quantization.map(|v| v.as_flag().into()));
-    flag("--kv-cache-dtype", s.kv_cache_dtype.map(|v| v.as_flag().into()));
-    flag("--grammar-backend", s.grammar_backend.map(|v| v.as_flag().into()));
-    flag("--mem-fraction-static", s.mem_fraction_static.map(|v| v.to_string()));
-    flag("--max-running-requests", s.max_running_requests.map(|v| v.to_string()));
-    flag("--max-total-tokens", s.max_total_tokens.map(|v| v.to_string()));
-    flag("--chunked-prefill-size", s.chunked_prefill_size.map(|v| v.to_string()));
-    flag("--schedule-policy", s.schedule_policy.map(|v| v.as_flag().into()));
+    flag(
+        "--kv-cache-dtype",
+        s.kv_cache_dtype.map(|v| v.as_flag().into()),
+    );
+    flag(
+        "--grammar-backend",
+        s.grammar_backend.map(|v| v.as_flag().into()),
+    );
+    flag(
+        "--mem-fraction-static",
+        s.mem_fraction_static.map(|v| v.to_string()),
+    );
+    flag(
+        "--max-running-requests",
+        s.max_running_requests.map(|v| v.to_string()),
+    );
+    flag(
+        "--max-total-tokens",
+        s.max_total_tokens.map(|v| v.to_string()),
+    );
+    flag(
+        "--chunked-prefill-size",
+        s.chunked_prefill_size.map(|v| v.to_string()),
+    );
+    flag(
+        "--schedule-policy",
+        s.schedule_policy.map(|v| v.as_flag().into()),
+    );
     flag("--log-level", s.log_level.map(|v| v.as_flag().into()));
     // Kubernetes expands $(VAR) in args, so the key never appears in the pod spec.
-    flag("--api-key", s.api_key_secret_ref.as_ref().map(|_| format!("$({API_KEY_ENV})")));
+    flag(
+        "--api-key",
+        s.api_key_secret_ref
+            .as_ref()
+            .map(|_| format!("$({API_KEY_ENV})")),
+    );
     args.extend(s.extra_args.iter().cloned());
     args
 }
@@ -89,6 +120,14 @@ fn resources(svc: &SGLangService) -> Option<ResourceRequirements> {
 
 fn env(svc: &SGLangService) -> Vec<EnvVar> {
     let mut env = Vec::new();
+    if let Some(revision) = &svc.spec.model.revision {
+        // Read by the Hugging Face download when the model path is a hub id.
+        env.push(EnvVar {
+            name: "HF_REVISION".into(),
+            value: Some(revision.clone()),
+            ..EnvVar::default()
+        });
+    }
     if let Some(cache) = &svc.spec.model_cache {
         env.push(EnvVar {
             name: "HF_HOME".into(),
@@ -151,7 +190,11 @@ fn pod_template(svc: &SGLangService, names: &Names) -> PodTemplateSpec {
     let mut labels = common_labels(names, "engine");
     labels.insert(ENGINE_LABEL.into(), names.instance.clone());
     let mut tolerations = s.tolerations.clone();
-    if s.device == Device::Cuda && !tolerations.iter().any(|t| t.key.as_deref() == Some(GPU_RESOURCE)) {
+    if s.device == Device::Cuda
+        && !tolerations
+            .iter()
+            .any(|t| t.key.as_deref() == Some(GPU_RESOURCE))
+    {
         tolerations.push(Toleration {
             key: Some(GPU_RESOURCE.into()),
             operator: Some("Exists".into()),
@@ -193,6 +236,11 @@ fn pod_template(svc: &SGLangService, names: &Names) -> PodTemplateSpec {
             tolerations: Some(tolerations).filter(|t| !t.is_empty()),
             affinity: s.affinity.clone(),
             termination_grace_period_seconds: Some(60),
+            // The engine image runs as uid 1000: let it write to the model cache volume.
+            security_context: Some(PodSecurityContext {
+                fs_group: Some(1000),
+                ..PodSecurityContext::default()
+            }),
             ..PodSpec::default()
         }),
     }
@@ -203,7 +251,7 @@ fn pod_template(svc: &SGLangService, names: &Names) -> PodTemplateSpec {
 pub fn stateful_set(svc: &SGLangService, names: &Names) -> Result<StatefulSet, Error> {
     Ok(StatefulSet {
         metadata: meta(svc, names, &names.engine, "engine")?,
-        spec: Some(StatefulSetSpec {
+        spec: StatefulSetSpec {
             replicas: (!svc.autoscaled()).then_some(svc.spec.dp_size),
             service_name: Some(names.engine.clone()),
             pod_management_policy: Some("Parallel".into()),
@@ -213,7 +261,7 @@ pub fn stateful_set(svc: &SGLangService, names: &Names) -> Result<StatefulSet, E
             },
             template: pod_template(svc, names),
             ..StatefulSetSpec::default()
-        }),
+        },
         status: None,
     })
 }

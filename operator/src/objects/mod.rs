@@ -98,8 +98,14 @@ pub struct Names {
 
 impl Names {
     pub fn of(svc: &SGLangService) -> Result<Self, Error> {
-        let instance = svc.metadata.name.clone().ok_or(Error::MissingField("metadata.name"))?;
-        let namespace = svc.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+        let instance = svc
+            .metadata
+            .name
+            .clone()
+            .ok_or(Error::MissingField("metadata.name"))?;
+        let namespace = svc
+            .namespace()
+            .ok_or(Error::MissingField("metadata.namespace"))?;
         Ok(Self {
             engine: format!("{instance}-engine"),
             router: format!("{instance}-router"),
@@ -110,7 +116,11 @@ impl Names {
 
     /// The URL clients use: the router's Service, or the engines' headless Service.
     pub fn endpoint(&self, svc: &SGLangService) -> String {
-        let host = if svc.spec.router.enabled { &self.router } else { &self.engine };
+        let host = if svc.spec.router.enabled {
+            &self.router
+        } else {
+            &self.engine
+        };
         format!("http://{host}.{}.svc:{ENGINE_PORT}", self.namespace)
     }
 }
@@ -126,8 +136,14 @@ fn common_labels(names: &Names, component: &str) -> BTreeMap<String, String> {
 pub fn selector_labels(names: &Names, component: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("app.kubernetes.io/name".to_string(), "sglang".to_string()),
-        ("app.kubernetes.io/instance".to_string(), names.instance.clone()),
-        ("app.kubernetes.io/component".to_string(), component.to_string()),
+        (
+            "app.kubernetes.io/instance".to_string(),
+            names.instance.clone(),
+        ),
+        (
+            "app.kubernetes.io/component".to_string(),
+            component.to_string(),
+        ),
     ])
 }
 
@@ -141,7 +157,8 @@ pub fn engine_selector_string(names: &Names) -> String {
 }
 
 fn owner_ref(svc: &SGLangService) -> Result<OwnerReference, Error> {
-    svc.controller_owner_ref(&()).ok_or(Error::MissingField("metadata.uid"))
+    svc.controller_owner_ref(&())
+        .ok_or(Error::MissingField("metadata.uid"))
 }
 
 fn meta(
@@ -169,7 +186,11 @@ where
         map.insert("kind".into(), K::kind(&()).into());
     }
     let name = object.meta().name.clone().unwrap_or_default();
-    Ok(Manifest { kind, name, object: value })
+    Ok(Manifest {
+        kind,
+        name,
+        object: value,
+    })
 }
 
 /// Everything the operator applies for `svc`, in apply order, and what it removes.
@@ -191,10 +212,19 @@ pub fn plan(svc: &SGLangService) -> Result<Plan, Error> {
         Kind::Service,
     ];
     if svc.spec.router.enabled {
-        apply.push(manifest(Kind::ServiceAccount, &router::service_account(svc, &names)?)?);
+        apply.push(manifest(
+            Kind::ServiceAccount,
+            &router::service_account(svc, &names)?,
+        )?);
         apply.push(manifest(Kind::Role, &router::role(svc, &names)?)?);
-        apply.push(manifest(Kind::RoleBinding, &router::role_binding(svc, &names)?)?);
-        apply.push(manifest(Kind::Deployment, &router::deployment(svc, &names)?)?);
+        apply.push(manifest(
+            Kind::RoleBinding,
+            &router::role_binding(svc, &names)?,
+        )?);
+        apply.push(manifest(
+            Kind::Deployment,
+            &router::deployment(svc, &names)?,
+        )?);
         apply.push(manifest(Kind::Service, &router::service(svc, &names)?)?);
     } else {
         delete.extend(router_kinds.iter().map(|k| (*k, names.router.clone())));
@@ -226,3 +256,7 @@ pub fn render_yaml(svc: &SGLangService) -> Result<String, Error> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests;

@@ -2,8 +2,8 @@
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, HTTPGetAction, PodSpec, PodTemplateSpec, Probe, Service,
-    ServiceAccount, ServicePort, ServiceSpec, TCPSocketAction,
+    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, PodSpec, PodTemplateSpec, Probe,
+    Service, ServiceAccount, ServicePort, ServiceSpec, TCPSocketAction,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -32,6 +32,8 @@ pub fn router_args(svc: &SGLangService, names: &Names) -> Vec<String> {
         "--service-discovery".into(),
         "--selector".into(),
         format!("{ENGINE_LABEL}={}", names.instance),
+        "--service-discovery-port".into(),
+        ENGINE_PORT.to_string(),
         "--service-discovery-namespace".into(),
         names.namespace.clone(),
     ]
@@ -61,7 +63,7 @@ pub fn role_binding(svc: &SGLangService, names: &Names) -> Result<RoleBinding, E
     Ok(RoleBinding {
         metadata: meta(svc, names, &names.router, "router")?,
         role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
+            api_group: Some("rbac.authorization.k8s.io".into()),
             kind: "Role".into(),
             name: names.router.clone(),
         },
@@ -89,6 +91,17 @@ pub fn deployment(svc: &SGLangService, names: &Names) -> Result<Deployment, Erro
             ..ContainerPort::default()
         }]),
         resources: r.resources.clone(),
+        // The router checks clients' keys and forwards the same key to the engines.
+        env: svc.spec.api_key_secret_ref.as_ref().map(|key| {
+            vec![EnvVar {
+                name: "SGL_ROUTER_API_KEY".into(),
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(key.clone()),
+                    ..EnvVarSource::default()
+                }),
+                ..EnvVar::default()
+            }]
+        }),
         readiness_probe: Some(Probe {
             http_get: Some(HTTPGetAction {
                 path: Some("/health".into()),
@@ -111,7 +124,7 @@ pub fn deployment(svc: &SGLangService, names: &Names) -> Result<Deployment, Erro
     };
     Ok(Deployment {
         metadata: meta(svc, names, &names.router, "router")?,
-        spec: Some(DeploymentSpec {
+        spec: DeploymentSpec {
             replicas: Some(r.replicas),
             selector: LabelSelector {
                 match_labels: Some(selector_labels(names, "router")),
@@ -129,7 +142,7 @@ pub fn deployment(svc: &SGLangService, names: &Names) -> Result<Deployment, Erro
                 }),
             },
             ..DeploymentSpec::default()
-        }),
+        },
         status: None,
     })
 }

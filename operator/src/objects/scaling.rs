@@ -60,7 +60,7 @@ pub fn hpa(svc: &SGLangService, names: &Names) -> Result<Option<HorizontalPodAut
     }
     Ok(Some(HorizontalPodAutoscaler {
         metadata: meta(svc, names, &names.engine, "engine")?,
-        spec: Some(HorizontalPodAutoscalerSpec {
+        spec: HorizontalPodAutoscalerSpec {
             scale_target_ref: CrossVersionObjectReference {
                 api_version: Some("apps/v1".into()),
                 kind: "StatefulSet".into(),
@@ -76,7 +76,7 @@ pub fn hpa(svc: &SGLangService, names: &Names) -> Result<Option<HorizontalPodAut
                 }),
                 scale_up: None,
             }),
-        }),
+        },
         status: None,
     }))
 }

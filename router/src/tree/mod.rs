@@ -77,7 +77,10 @@ impl Node {
     }
 
     fn tenant_time(&self, tenant: TenantId) -> Option<u64> {
-        self.tenants.iter().find(|(t, _)| *t == tenant).map(|(_, time)| *time)
+        self.tenants
+            .iter()
+            .find(|(t, _)| *t == tenant)
+            .map(|(_, time)| *time)
     }
 
     fn has_tenant(&self, tenant: TenantId) -> bool {
@@ -209,7 +212,12 @@ impl PrefixTree {
         let mut sizes: Vec<(Arc<str>, usize)> = inner
             .ids
             .iter()
-            .map(|(name, id)| (name.clone(), inner.tenant_chars.get(id).copied().unwrap_or(0)))
+            .map(|(name, id)| {
+                (
+                    name.clone(),
+                    inner.tenant_chars.get(id).copied().unwrap_or(0),
+                )
+            })
             .collect();
         sizes.sort();
         sizes
@@ -284,7 +292,12 @@ impl Inner {
     fn split(&mut self, child: NodeId, k: usize) -> NodeId {
         let (parent, head, tail, tenants) = {
             let c = &self.nodes[child];
-            (c.parent, c.label[..k].to_owned(), c.label[k..].to_owned(), c.tenants.clone())
+            (
+                c.parent,
+                c.label[..k].to_owned(),
+                c.label[k..].to_owned(),
+                c.tenants.clone(),
+            )
         };
         let mut mid = Node::new(&head, parent);
         mid.tenants = tenants;
@@ -476,7 +489,7 @@ impl Inner {
                     .nodes
                     .get(child)
                     .ok_or_else(|| format!("node {id} links a missing child"))?;
-                if c.parent != id || c.label.chars().next() != Some(*first) {
+                if c.parent != id || !c.label.starts_with(*first) {
                     return Err(format!("child {child} of node {id} is mislinked"));
                 }
             }

@@ -93,8 +93,14 @@ fn match_only_walks_through_candidates() {
     let m = tree.match_prefix("shared system prompt: be brief. question two", &["w2"]);
     assert_eq!(m.matched_chars, 20);
     assert_eq!(names(&m), ["w2"]);
-    let m = tree.match_prefix("shared system prompt: be brief. question two", &["w1", "w2"]);
-    assert_eq!(m.matched_chars, "shared system prompt: be brief. question ".len());
+    let m = tree.match_prefix(
+        "shared system prompt: be brief. question two",
+        &["w1", "w2"],
+    );
+    assert_eq!(
+        m.matched_chars,
+        "shared system prompt: be brief. question ".len()
+    );
     assert_eq!(names(&m), ["w1"]);
     let m = tree.match_prefix("shared system prompt", &["w9"]);
     assert_eq!(m.matched_chars, 0);
@@ -112,7 +118,11 @@ fn eviction_removes_least_recently_used_leaves_first() {
     let evicted = tree.evict(16);
     assert_eq!(evicted, 8);
     assert_eq!(tree.tenant_chars("w1"), 16);
-    assert_eq!(tree.match_prefix("bbbb2222", ALL).matched_chars, 0, "oldest is gone");
+    assert_eq!(
+        tree.match_prefix("bbbb2222", ALL).matched_chars,
+        0,
+        "oldest is gone"
+    );
     assert_eq!(tree.match_prefix("aaaa1111", ALL).matched_chars, 8);
     assert_eq!(tree.match_prefix("cccc3333", ALL).matched_chars, 8);
     tree.check_invariants().unwrap();
@@ -127,7 +137,11 @@ fn eviction_is_per_tenant_and_walks_up_from_leaves() {
     // w1 holds "prefix-A" + "-suffix-" + "1" + "2" = 18; w2 holds "prefix-A" = 8.
     assert_eq!(tree.tenant_chars("w1"), 18);
     assert_eq!(tree.tenant_chars("w2"), 8);
-    assert_eq!(tree.evict(10), 10, "w1 loses both leaves, then the edge above them");
+    assert_eq!(
+        tree.evict(10),
+        10,
+        "w1 loses both leaves, then the edge above them"
+    );
     assert_eq!(tree.tenant_chars("w1"), 8);
     assert_eq!(tree.tenant_chars("w2"), 8, "w2 is under the limit");
     let m = tree.match_prefix("prefix-A-suffix-1", ALL);
@@ -203,7 +217,10 @@ fn concurrent_insert_match_evict_keeps_the_tree_consistent() {
     tree.evict(2_000);
     tree.check_invariants().unwrap();
     for (tenant, chars) in tree.tenant_sizes() {
-        assert!(chars <= 2_000, "{tenant} holds {chars} characters after eviction");
+        assert!(
+            chars <= 2_000,
+            "{tenant} holds {chars} characters after eviction"
+        );
     }
 }
 

@@ -3,10 +3,11 @@
 GGUF vocabulary, and transformers-style renderings of its chat template.
 
 Token ids come from llama.cpp itself (through llama-cpp-python, vocab only). Chat template
-renderings use Jinja2 configured as transformers configures it for `apply_chat_template`
-(trim_blocks, lstrip_blocks, loop controls, raise_exception, its tojson).
+renderings use transformers' own template compiler when it is installed, else Jinja2
+configured as transformers configures it (trim_blocks, lstrip_blocks, loop controls,
+raise_exception, its tojson).
 
-    pip install llama-cpp-python gguf jinja2
+    pip install llama-cpp-python gguf jinja2 [transformers]
     python3 engine/tests/data/tokenizer/make_reference.py [path/to/SmolLM2.gguf]
 """
 
@@ -15,6 +16,7 @@ import os
 import sys
 
 import jinja2
+import jinja2.ext
 import llama_cpp
 from gguf import GGUFReader
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -94,6 +96,16 @@ CHATS = {
 }
 
 
+def compile_template(source):
+    """The chat template compiled by transformers itself when it is installed, else by Jinja2
+    set up the way transformers sets it up."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:
+        return hf_environment().from_string(source)
+    return _compile_jinja_template(source)
+
+
 def hf_environment():
     """Jinja2 set up the way transformers renders chat templates."""
 
@@ -151,7 +163,7 @@ def main():
         decoded = llm.detokenize(ids, special=True).decode("utf-8", errors="replace")
         encodings.append({"text": text, "ids": ids, "decoded": decoded})
 
-    template = hf_environment().from_string(template_source)
+    template = compile_template(template_source)
     chats = {}
     for name, chat in CHATS.items():
         rendered = template.render(messages=chat["messages"],

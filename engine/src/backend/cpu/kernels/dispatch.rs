@@ -3,9 +3,15 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use super::packed::{self, GROUP};
 use super::pool::{num_threads, parallel_for};
 use super::quant::QuantActs;
 use super::{Weight, scalar};
+
+#[cfg(target_arch = "x86_64")]
+use super::x86_quant::MAX_T;
+#[cfg(not(target_arch = "x86_64"))]
+const MAX_T: usize = 4;
 
 /// Instruction set the kernels use, best first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -14,7 +20,7 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
-    /// x86-64 AVX2 kernels plus AVX-512 (F, BW, VL) VNNI where they help.
+    /// x86-64 AVX2 + FMA + F16C and AVX-512 F/BW/VL/VNNI (`vpdpbusd` on 256-bit vectors).
     Avx512Vnni,
 }
 
@@ -58,10 +64,11 @@ impl Isa {
     fn best_supported() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("f16c")
-            {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") && has!("f16c") {
+                if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
+                    return Isa::Avx512Vnni;
+                }
                 return Isa::Avx2;
             }
         }
@@ -84,7 +91,10 @@ pub(crate) fn matmul_with(isa: Isa, w: &Weight, x: &[f32], n: usize, out: &mut [
         "matmul: out has {} values, expected n ({n}) x rows ({rows})",
         out.len()
     );
-    assert!(isa <= Isa::best_supported(), "matmul: {isa:?} not supported");
+    assert!(
+        isa <= Isa::best_supported(),
+        "matmul: {isa:?} not supported"
+    );
     if n == 0 || rows == 0 {
         return;
     }
@@ -98,36 +108,90 @@ pub(crate) fn matmul_with(isa: Isa, w: &Weight, x: &[f32], n: usize, out: &mut [
     };
     if w.format().is_quantized() {
         let acts = QuantActs::new(isa, x, n, cols);
-        for_row_tiles(rows, n, |tile, i| {
+        matmul_packed(isa, w, &acts, n, &out);
+    } else {
+        for_row_tiles(rows, n, w.size_bytes() * n, |tile, i| {
             // SAFETY: tiles are disjoint row ranges and each (tile, i) pair is visited once, so
             // no two calls get overlapping output.
-            let o = unsafe { out.slice(i * rows + tile.start, tile.len()) };
-            dot_rows_quant(isa, w, tile, &acts, i, o);
-        });
-    } else {
-        for_row_tiles(rows, n, |tile, i| {
-            // SAFETY: as above, disjoint outputs.
             let o = unsafe { out.slice(i * rows + tile.start, tile.len()) };
             dot_rows_float(isa, w, tile, &x[i * cols..(i + 1) * cols], o);
         });
     }
 }
 
-fn dot_rows_quant(
+/// Activation rows per pass over a chunk of row groups: their quants stay in L2 while the
+/// chunk's weights are reused from L1/L2 for each tile of `MAX_T` rows.
+const TOKENS_PER_PASS: usize = 64;
+/// Upper bound on the packed weight bytes of one task (so they stay in L2 across passes).
+const CHUNK_BYTES: usize = 256 << 10;
+
+/// Products smaller than this (weight bytes × activation rows) run on the calling thread only:
+/// waking a helper costs about as much as the work (1-2 µs).
+const SERIAL_BELOW: usize = 24 << 10;
+
+/// Block-quantized product on packed weights: tasks are chunks of row groups.
+fn matmul_packed(isa: Isa, w: &Weight, acts: &QuantActs, n: usize, out: &OutPtr) {
+    let rows = w.rows();
+    let groups = rows.div_ceil(GROUP);
+    let group_bytes = w.group_data(0).len().max(1);
+    let threads = if w.size_bytes() * n < SERIAL_BELOW {
+        1
+    } else {
+        num_threads()
+    };
+    let mut chunk = groups.div_ceil(threads * 4).max(1);
+    if n > 1 {
+        chunk = chunk.min((CHUNK_BYTES / group_bytes).max(1));
+    }
+    let n_chunks = groups.div_ceil(chunk);
+    parallel_for(n_chunks, |c| {
+        let chunk = c * chunk..((c + 1) * chunk).min(groups);
+        let mut tile = [[0.0f32; GROUP]; MAX_T];
+        for pass in (0..n).step_by(TOKENS_PER_PASS) {
+            let pass_end = (pass + TOKENS_PER_PASS).min(n);
+            for g in chunk.clone() {
+                let r0 = g * GROUP;
+                let valid = GROUP.min(rows - r0);
+                let mut i = pass;
+                while i < pass_end {
+                    let t = MAX_T.min(pass_end - i);
+                    group_tile(isa, w, g, acts, i, t, &mut tile);
+                    for (k, res) in tile[..t].iter().enumerate() {
+                        // SAFETY: row group `g` belongs to this task only and (i + k) is
+                        // visited once per group, so output ranges never overlap.
+                        let o = unsafe { out.slice((i + k) * rows + r0, valid) };
+                        o.copy_from_slice(&res[..valid]);
+                    }
+                    i += t;
+                }
+            }
+        }
+    });
+}
+
+/// Row group `g` of `w` against activation rows `i..i + t`.
+fn group_tile(
     isa: Isa,
     w: &Weight,
-    rows: Range<usize>,
+    g: usize,
     acts: &QuantActs,
     i: usize,
-    out: &mut [f32],
+    t: usize,
+    tile: &mut [[f32; GROUP]; MAX_T],
 ) {
+    let group = w.group_data(g);
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `matmul_with` checked that this ISA is supported (AVX2, FMA, F16C detected).
+        // SAFETY: `matmul_with` checked that this ISA is supported; `group` and `acts` come
+        // from the same weight and activation rows of `w.cols()` values.
         Isa::Avx2 | Isa::Avx512Vnni => unsafe {
-            super::x86_avx2::dot_rows_quant(w, rows, acts, i, out)
+            super::x86_quant::group_tile(isa, w.format(), group, acts.nb, acts, i, t, tile)
         },
-        _ => scalar::dot_rows_quant(w, rows, acts, i, out),
+        _ => {
+            for (k, res) in tile[..t].iter_mut().enumerate() {
+                packed::dot_group(w.format(), group, acts, i + k, res);
+            }
+        }
     }
 }
 
@@ -135,9 +199,7 @@ fn dot_rows_float(isa: Isa, w: &Weight, rows: Range<usize>, x: &[f32], out: &mut
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `matmul_with` checked that this ISA is supported (AVX2, FMA, F16C detected).
-        Isa::Avx2 | Isa::Avx512Vnni => unsafe {
-            super::x86_avx2::dot_rows_float(w, rows, x, out)
-        },
+        Isa::Avx2 | Isa::Avx512Vnni => unsafe { super::x86_avx2::dot_rows_float(w, rows, x, out) },
         _ => scalar::dot_rows_float(w, rows, x, out),
     }
 }
@@ -148,13 +210,15 @@ const TILE_ROWS: usize = 16;
 
 /// Calls `f(tile, i)` for every row tile and activation row `i in 0..n`, chunks of rows spread
 /// over the pool.
-fn for_row_tiles(rows: usize, n: usize, f: impl Fn(Range<usize>, usize) + Sync) {
+fn for_row_tiles(rows: usize, n: usize, work_bytes: usize, f: impl Fn(Range<usize>, usize) + Sync) {
     let threads = num_threads();
-    let chunk = if threads <= 1 {
+    let chunk = if threads <= 1 || work_bytes < SERIAL_BELOW {
         rows
     } else {
         // About four chunks per thread so a descheduled thread does not hold up the call.
-        rows.div_ceil(threads * 4).next_multiple_of(TILE_ROWS).max(TILE_ROWS)
+        rows.div_ceil(threads * 4)
+            .next_multiple_of(TILE_ROWS)
+            .max(TILE_ROWS)
     };
     let n_chunks = rows.div_ceil(chunk);
     parallel_for(n_chunks, |c| {

@@ -17,17 +17,20 @@
 //! batches of activation rows are tiled so each weight tile is read from memory once per tile.
 
 mod dispatch;
+mod packed;
 mod pool;
 mod quant;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;
+#[cfg(target_arch = "x86_64")]
+mod x86_quant;
 
 #[cfg(test)]
 mod tests;
 
 pub use dispatch::Isa;
-pub use pool::{num_threads, parallel_for, set_num_threads};
+pub use pool::{num_threads, parallel_chunks_mut, parallel_for, set_num_threads};
 
 /// Storage format of a weight matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -111,14 +114,16 @@ pub enum KernelError {
     TooLarge { rows: usize, cols: usize },
 }
 
-/// A weight matrix: `rows` output features, each a row of `cols` input features, stored in
-/// GGUF/ggml layout (each row is `cols / 32` consecutive blocks for block formats).
+/// A weight matrix: `rows` output features, each a row of `cols` input features. Float formats
+/// keep the GGUF row-major bytes; block formats are repacked at construction into groups of 8
+/// interleaved rows (see `packed.rs`), which the SIMD kernels read 8 rows at a time.
 #[derive(Clone)]
 pub struct Weight {
     rows: usize,
     cols: usize,
     format: WeightFormat,
-    row_bytes: usize,
+    /// Float formats: bytes per row. Block formats: bytes per packed group of 8 rows.
+    stride: usize,
     bytes: Vec<u8>,
 }
 
@@ -164,11 +169,23 @@ impl Weight {
                 got: bytes.len(),
             });
         }
+        if format.is_quantized() {
+            let nb = cols / BLOCK;
+            let bytes = packed::pack(format, rows, nb, &bytes);
+            let stride = nb * packed::block_group_bytes(format);
+            return Ok(Weight {
+                rows,
+                cols,
+                format,
+                stride,
+                bytes,
+            });
+        }
         Ok(Weight {
             rows,
             cols,
             format,
-            row_bytes,
+            stride: row_bytes,
             bytes,
         })
     }
@@ -203,14 +220,21 @@ impl Weight {
         self.format
     }
 
-    /// Bytes of weight data (what one full product reads).
+    /// Bytes of weight data held (what one full product reads).
     pub fn size_bytes(&self) -> usize {
         self.bytes.len()
     }
 
-    /// The raw bytes of row `row` in GGUF layout.
+    /// Float formats: the bytes of row `row`.
     pub(crate) fn row_data(&self, row: usize) -> &[u8] {
-        &self.bytes[row * self.row_bytes..(row + 1) * self.row_bytes]
+        debug_assert!(!self.format.is_quantized());
+        &self.bytes[row * self.stride..(row + 1) * self.stride]
+    }
+
+    /// Block formats: the packed bytes of row group `g` (rows `8g..8g + 8`).
+    pub(crate) fn group_data(&self, g: usize) -> &[u8] {
+        debug_assert!(self.format.is_quantized());
+        &self.bytes[g * self.stride..(g + 1) * self.stride]
     }
 
     /// Dequantize one row to f32 (used for embedding lookup).
@@ -225,7 +249,12 @@ impl Weight {
             self.cols,
             "dequantize_row: output length must equal cols"
         );
-        scalar::dequantize_row(self.format, self.row_data(row), out);
+        if self.format.is_quantized() {
+            let group = self.group_data(row / packed::GROUP);
+            packed::dequantize_row(self.format, group, row % packed::GROUP, out);
+        } else {
+            scalar::dequantize_float_row(self.format, self.row_data(row), out);
+        }
     }
 }
 

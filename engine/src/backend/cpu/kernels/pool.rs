@@ -4,8 +4,10 @@
 //! microseconds, so spawning threads per call (tens of microseconds each) would cost as much as
 //! the work. Workers here wait for the next job by spinning briefly (a job usually follows within
 //! microseconds during a forward pass), then park until woken. A job is a borrowed closure and a
-//! task count; the caller and the workers take task indices from a shared counter, so a worker
-//! that the OS descheduled only delays its current task.
+//! task count; the caller and the workers take task indices from a shared counter. A worker
+//! joins a job before touching it and the caller closes the job once it has run out of tasks,
+//! so a worker the OS descheduled (2 shared cores) delays at most the task it is running,
+//! never a job it has not joined.
 //!
 //! One job runs at a time. A call made while the pool is busy (from another thread, or from
 //! inside a task) runs its tasks serially on the calling thread instead of waiting.
@@ -22,6 +24,14 @@ use std::time::{Duration, Instant};
 const MAX_THREADS: usize = 256;
 /// How long an idle worker spins before it parks.
 const SPIN_FOR: Duration = Duration::from_micros(200);
+
+/// A wait for helpers longer than this (and than half the caller's own share of the work)
+/// means a helper was descheduled mid-task: the cores are oversubscribed.
+const STALL: Duration = Duration::from_micros(300);
+/// After a stall, jobs run on the calling thread alone for this long. On busy cores a helper
+/// that the OS preempts holds its task for a whole time slice (milliseconds), which costs far
+/// more than the parallelism gains on short jobs.
+const BACKOFF: Duration = Duration::from_millis(100);
 
 /// Configured thread count; 0 = not set yet (use available parallelism).
 static THREADS: AtomicUsize = AtomicUsize::new(0);
@@ -52,7 +62,7 @@ pub fn num_threads() -> usize {
 /// re-raised on the caller after all tasks have stopped.
 pub fn parallel_for<F: Fn(usize) + Sync>(n_tasks: usize, f: F) {
     let threads = num_threads().min(n_tasks);
-    if threads <= 1 || IN_POOL.with(Cell::get) {
+    if threads <= 1 || IN_POOL.with(Cell::get) || backing_off() {
         (0..n_tasks).for_each(f);
         return;
     }
@@ -62,10 +72,10 @@ pub fn parallel_for<F: Fn(usize) + Sync>(n_tasks: usize, f: F) {
         (0..n_tasks).for_each(f);
         return;
     };
-    let epoch = pool.epoch.load(Ordering::Relaxed);
+    let generation = pool.state.load(Ordering::Relaxed) >> 32;
     while workers.len() < threads - 1 {
         let index = workers.len();
-        match spawn_worker(pool, index, epoch) {
+        match spawn_worker(pool, index, generation) {
             Some(handle) => workers.push(handle),
             None => break,
         }
@@ -81,32 +91,41 @@ pub fn parallel_for<F: Fn(usize) + Sync>(n_tasks: usize, f: F) {
         call: call_task::<F>,
         n_tasks,
         next: AtomicUsize::new(0),
-        pending: AtomicUsize::new(helpers),
         panic: Mutex::new(None),
     };
-    pool.job.store(&job as *const Job as *mut Job, Ordering::SeqCst);
-    let generation = (epoch >> 16) + 1;
-    pool.epoch
-        .store((generation << 16) | helpers as u64, Ordering::SeqCst);
+    pool.job
+        .store(&job as *const Job as *mut Job, Ordering::SeqCst);
+    pool.helpers.store(helpers, Ordering::SeqCst);
+    let generation = (pool.state.load(Ordering::Relaxed) >> 32) + 1;
+    pool.state
+        .store((generation << 32) | OPEN, Ordering::SeqCst);
     for (worker, thread) in workers.iter().take(helpers).enumerate() {
         if pool.sleeping[worker].load(Ordering::SeqCst) {
             thread.unpark();
         }
     }
 
+    let started = Instant::now();
     IN_POOL.with(|c| c.set(true));
     job.run_tasks();
     IN_POOL.with(|c| c.set(false));
+    let own_work = started.elapsed();
 
-    // The job lives on this stack frame: wait until no helper can touch it any more.
+    // Close the job to late helpers (a descheduled worker must not hold us up), then wait
+    // for those that joined: the job lives on this stack frame.
+    pool.state.fetch_and(!OPEN, Ordering::AcqRel);
     let mut spins = 0u32;
-    while job.pending.load(Ordering::Acquire) != 0 {
+    while pool.state.load(Ordering::Acquire) & JOINED != 0 {
         spins += 1;
         if spins < 1 << 14 {
             std::hint::spin_loop();
         } else {
             thread::yield_now();
         }
+    }
+    let waited = started.elapsed() - own_work;
+    if waited > STALL && waited > own_work / 2 {
+        start_backoff();
     }
     pool.job.store(std::ptr::null_mut(), Ordering::Relaxed);
     drop(workers);
@@ -116,10 +135,75 @@ pub fn parallel_for<F: Fn(usize) + Sync>(n_tasks: usize, f: F) {
     }
 }
 
+/// `Pool::state` bit: the current job accepts helpers.
+const OPEN: u64 = 1 << 31;
+/// `Pool::state` bits: helpers inside the current job.
+const JOINED: u64 = OPEN - 1;
+
+/// Runs `f(i, chunk)` for each `chunk_len`-element chunk of `data` (the last may be shorter),
+/// `i` being the chunk index, on the pool: a safe way for tasks to write disjoint outputs.
+pub fn parallel_chunks_mut<T: Send, F: Fn(usize, &mut [T]) + Sync>(
+    data: &mut [T],
+    chunk_len: usize,
+    f: F,
+) {
+    assert!(
+        chunk_len > 0,
+        "parallel_chunks_mut: chunk_len must be positive"
+    );
+    let len = data.len();
+    let base = SendPtr(data.as_mut_ptr());
+    parallel_for(len.div_ceil(chunk_len), |i| {
+        let start = i * chunk_len;
+        let n = chunk_len.min(len - start);
+        // SAFETY: chunk `i` is `start..start + n`, inside `data` and disjoint from every other
+        // chunk; each index runs once, and `data` stays mutably borrowed until all tasks end.
+        let chunk = unsafe { std::slice::from_raw_parts_mut(base.get().add(start), n) };
+        f(i, chunk);
+    });
+}
+
+/// A pointer tasks may share (each derives a disjoint slice from it).
+struct SendPtr<T>(*mut T);
+
+// SAFETY: only used by `parallel_chunks_mut`, whose tasks access disjoint elements of a
+// `&mut [T]` with `T: Send`.
+unsafe impl<T: Send> Sync for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    fn get(&self) -> *mut T {
+        self.0
+    }
+}
+
+/// Nanoseconds since `epoch()` until which jobs run serially (see [`BACKOFF`]).
+static BACKOFF_UNTIL: AtomicU64 = AtomicU64::new(0);
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn backing_off() -> bool {
+    let until = BACKOFF_UNTIL.load(Ordering::Relaxed);
+    until != 0 && (epoch().elapsed().as_nanos() as u64) < until
+}
+
+fn start_backoff() {
+    let until = (epoch().elapsed() + BACKOFF).as_nanos() as u64;
+    BACKOFF_UNTIL.store(until, Ordering::Relaxed);
+    tracing::debug!("kernel pool: helper stalled; running single-threaded for {BACKOFF:?}");
+    eprintln!("BACKOFF");
+}
+
 struct Pool {
-    /// `generation << 16 | helpers`: bumped once per job; workers `0..helpers` take part.
-    epoch: AtomicU64,
-    /// The current job; valid while its participants have not all finished.
+    /// `generation << 32 | OPEN | joined`: the generation is bumped once per job; a worker
+    /// joins (increments `joined`, only while `OPEN`) before touching the job and leaves
+    /// (decrements) when done with it.
+    state: AtomicU64,
+    /// Workers `0..helpers` may join the current job.
+    helpers: AtomicUsize,
+    /// The current job; valid while it is open or has helpers inside.
     job: AtomicPtr<Job>,
     /// Per worker: parked (or about to park) and needs an unpark.
     sleeping: Vec<AtomicBool>,
@@ -130,18 +214,19 @@ struct Pool {
 fn pool() -> &'static Pool {
     static POOL: OnceLock<Pool> = OnceLock::new();
     POOL.get_or_init(|| Pool {
-        epoch: AtomicU64::new(0),
+        state: AtomicU64::new(0),
+        helpers: AtomicUsize::new(0),
         job: AtomicPtr::new(std::ptr::null_mut()),
         sleeping: (0..MAX_THREADS).map(|_| AtomicBool::new(false)).collect(),
         dispatch: Mutex::new(Vec::new()),
     })
 }
 
-/// Starts worker `index`; `epoch` is the last epoch published before it exists.
-fn spawn_worker(pool: &'static Pool, index: usize, epoch: u64) -> Option<Thread> {
+/// Starts worker `index`; `generation` is the last one published before it exists.
+fn spawn_worker(pool: &'static Pool, index: usize, generation: u64) -> Option<Thread> {
     let handle = thread::Builder::new()
         .name(format!("sgl-kernel-{index}"))
-        .spawn(move || worker_loop(pool, index, epoch))
+        .spawn(move || worker_loop(pool, index, generation))
         .ok()?;
     Some(handle.thread().clone())
 }
@@ -151,8 +236,6 @@ struct Job {
     call: unsafe fn(*const (), usize),
     n_tasks: usize,
     next: AtomicUsize,
-    /// Helpers that have not finished yet.
-    pending: AtomicUsize,
     panic: Mutex<Option<Box<dyn Any + Send>>>,
 }
 
@@ -192,43 +275,60 @@ impl Job {
 fn worker_loop(pool: &'static Pool, index: usize, mut seen: u64) {
     IN_POOL.with(|c| c.set(true));
     loop {
-        let epoch = wait_for_new_epoch(pool, index, seen);
-        seen = epoch;
-        let helpers = (epoch & 0xffff) as usize;
-        if index >= helpers {
+        let mut state = wait_for_new_generation(pool, index, seen);
+        seen = state >> 32;
+        if index >= pool.helpers.load(Ordering::Relaxed) {
+            continue;
+        }
+        // Join unless the dispatcher already closed this job (or started another).
+        let joined = loop {
+            if state >> 32 != seen || state & OPEN == 0 {
+                break false;
+            }
+            match pool.state.compare_exchange_weak(
+                state,
+                state + 1,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break true,
+                Err(now) => state = now,
+            }
+        };
+        if !joined {
             continue;
         }
         let job = pool.job.load(Ordering::Acquire);
-        // SAFETY: the dispatcher stored a pointer to a live job before publishing this epoch
-        // (SeqCst store, Acquire/SeqCst load above) and keeps the job alive until every one of
-        // the `helpers` workers, this one included, has decremented `pending` below.
+        // SAFETY: the dispatcher stored a pointer to a live job before opening this generation,
+        // and keeps the job alive until no helper is joined (we joined above and leave below).
         let job = unsafe { &*job };
         job.run_tasks();
-        job.pending.fetch_sub(1, Ordering::Release);
+        pool.state.fetch_sub(1, Ordering::Release);
     }
 }
 
-fn wait_for_new_epoch(pool: &Pool, index: usize, seen: u64) -> u64 {
+/// Waits until the pool's generation differs from `seen`; returns the new state.
+fn wait_for_new_generation(pool: &Pool, index: usize, seen: u64) -> u64 {
     let start = Instant::now();
     let mut spins = 0u32;
     loop {
-        let epoch = pool.epoch.load(Ordering::Acquire);
-        if epoch != seen {
-            return epoch;
+        let state = pool.state.load(Ordering::Acquire);
+        if state >> 32 != seen {
+            return state;
         }
         spins = spins.wrapping_add(1);
-        if spins % 256 != 0 || start.elapsed() < SPIN_FOR {
+        if !spins.is_multiple_of(256) || start.elapsed() < SPIN_FOR {
             std::hint::spin_loop();
             continue;
         }
         // Park: announce it, then re-check so a dispatcher either sees the flag or we see its
-        // epoch (both SeqCst).
+        // generation (both SeqCst).
         pool.sleeping[index].store(true, Ordering::SeqCst);
         loop {
-            let epoch = pool.epoch.load(Ordering::SeqCst);
-            if epoch != seen {
+            let state = pool.state.load(Ordering::SeqCst);
+            if state >> 32 != seen {
                 pool.sleeping[index].store(false, Ordering::SeqCst);
-                return epoch;
+                return state;
             }
             thread::park();
         }

@@ -13,8 +13,10 @@ pub(crate) struct QuantActs {
     pub qs: Vec<i8>,
     /// Per block: scale `d` (value ≈ d * q).
     pub d: Vec<f32>,
-    /// Per block: `d * sum(q)` (for Q4_1's min and Q4_0's offset).
+    /// Per block: `d * sum(q)` (for Q4_1's min).
     pub s: Vec<f32>,
+    /// Per block: `sum(q)` (for the offsets of Q4_0 and packed Q8_0).
+    pub sq: Vec<i32>,
 }
 
 impl QuantActs {
@@ -28,11 +30,12 @@ impl QuantActs {
             qs: vec![0; n * cols],
             d: vec![0.0; n * nb],
             s: vec![0.0; n * nb],
+            sq: vec![0; n * nb],
         };
         let blocks = x
             .chunks_exact(BLOCK)
             .zip(acts.qs.chunks_exact_mut(BLOCK))
-            .zip(acts.d.iter_mut().zip(acts.s.iter_mut()));
+            .zip(acts.d.iter_mut().zip(acts.sq.iter_mut()));
         match isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 | Isa::Avx512Vnni => {
@@ -47,6 +50,9 @@ impl QuantActs {
                     (*d, *s) = quantize_block(x, q);
                 }
             }
+        }
+        for ((s, &d), &sq) in acts.s.iter_mut().zip(&acts.d).zip(&acts.sq) {
+            *s = d * sq as f32;
         }
         acts
     }
@@ -65,10 +71,15 @@ impl QuantActs {
     pub fn row_s(&self, i: usize) -> &[f32] {
         &self.s[i * self.nb..(i + 1) * self.nb]
     }
+
+    /// `sum(q)` of row `i`.
+    pub fn row_sq(&self, i: usize) -> &[i32] {
+        &self.sq[i * self.nb..(i + 1) * self.nb]
+    }
 }
 
-/// Quantizes one block of 32; returns `(d, d * sum(q))`.
-pub(crate) fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, f32) {
+/// Quantizes one block of 32; returns `(d, sum(q))`.
+pub(crate) fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
@@ -79,5 +90,5 @@ pub(crate) fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, f32) {
         *q = r as i8;
         sum += r;
     }
-    (d, d * sum as f32)
+    (d, sum)
 }

@@ -76,7 +76,14 @@ fn random_weight(format: WeightFormat, rows: usize, cols: usize, seed: u64) -> (
 
 /// Checks `got` against the exact product of `exact` weights and `x`, with the bound in the
 /// module docs.
-fn check_product(format: WeightFormat, exact: &[f32], x: &[f32], n: usize, got: &[f32], what: &str) {
+fn check_product(
+    format: WeightFormat,
+    exact: &[f32],
+    x: &[f32],
+    n: usize,
+    got: &[f32],
+    what: &str,
+) {
     let cols = x.len() / n;
     let rows = exact.len() / cols;
     for i in 0..n {
@@ -84,7 +91,11 @@ fn check_product(format: WeightFormat, exact: &[f32], x: &[f32], n: usize, got: 
         for r in 0..rows {
             let wr = &exact[r * cols..(r + 1) * cols];
             let reference: f64 = wr.iter().zip(xi).map(|(&a, &b)| a as f64 * b as f64).sum();
-            let magnitude: f64 = wr.iter().zip(xi).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+            let magnitude: f64 = wr
+                .iter()
+                .zip(xi)
+                .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                .sum();
             let mut bound = 2e-5 * magnitude + 1e-6;
             if format.is_quantized() {
                 for (wb, xb) in wr.chunks(BLOCK).zip(xi.chunks(BLOCK)) {
@@ -125,7 +136,10 @@ fn every_format_and_isa_matches_reference() {
                 for (isa, out) in &results[1..] {
                     for (k, (a, b)) in base.iter().zip(out).enumerate() {
                         let tol = 1e-4 * a.abs().max(1.0);
-                        assert!((a - b).abs() <= tol, "{isa:?} vs scalar {format} [{k}]: {b} vs {a}");
+                        assert!(
+                            (a - b).abs() <= tol,
+                            "{isa:?} vs scalar {format} [{k}]: {b} vs {a}"
+                        );
                     }
                 }
             }
@@ -164,6 +178,28 @@ fn large_matrix_uses_threads_and_matches() {
 }
 
 #[test]
+fn concurrent_callers_get_correct_results() {
+    let (rows, cols, n) = (512, 128, 3);
+    let (w, exact) = random_weight(WeightFormat::Q4_0, rows, cols, 21);
+    let mut rng = StdRng::seed_from_u64(22);
+    let x = random_vec(&mut rng, n * cols, 1.0);
+    let mut want = vec![0.0; n * rows];
+    matmul(&w, &x, n, &mut want);
+    check_product(WeightFormat::Q4_0, &exact, &x, n, &want, "single caller");
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| {
+                for _ in 0..50 {
+                    let mut out = vec![0.0; n * rows];
+                    matmul(&w, &x, n, &mut out);
+                    assert_eq!(out, want);
+                }
+            });
+        }
+    });
+}
+
+#[test]
 fn dequantize_row_matches_candle() {
     for format in FORMATS {
         let (w, exact) = random_weight(format, 5, 64, 42);
@@ -190,6 +226,7 @@ fn activation_quantization_is_identical_across_isas() {
         assert_eq!(q.qs, base.qs, "{isa:?}");
         assert_eq!(q.d, base.d, "{isa:?}");
         assert_eq!(q.s, base.s, "{isa:?}");
+        assert_eq!(q.sq, base.sq, "{isa:?}");
     }
 }
 
@@ -201,14 +238,19 @@ fn from_raw_rejects_bad_shapes() {
     ));
     assert!(matches!(
         Weight::from_raw(WeightFormat::Q4_0, 2, 64, vec![0; 71]),
-        Err(KernelError::SizeMismatch { expected: 72, got: 71, .. })
+        Err(KernelError::SizeMismatch {
+            expected: 72,
+            got: 71,
+            ..
+        })
     ));
     assert!(matches!(
         Weight::from_f32(2, 3, vec![0.0; 5]),
         Err(KernelError::SizeMismatch { .. })
     ));
     let w = Weight::from_raw(WeightFormat::Q8_0, 3, 64, vec![0; 3 * 68]).expect("valid");
-    assert_eq!((w.rows(), w.cols(), w.size_bytes()), (3, 64, 204));
+    // Packed in groups of 8 rows: padded to 8 rows.
+    assert_eq!((w.rows(), w.cols(), w.size_bytes()), (3, 64, 8 * 68));
     assert_eq!(w.format(), WeightFormat::Q8_0);
 }
 
@@ -231,6 +273,17 @@ fn parallel_for_runs_every_task_once() {
         });
         assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "n={n}");
     }
+}
+
+#[test]
+fn parallel_chunks_mut_covers_every_element_once() {
+    let mut data = vec![0usize; 1003];
+    parallel_chunks_mut(&mut data, 10, |i, chunk| {
+        for (k, v) in chunk.iter_mut().enumerate() {
+            *v += i * 10 + k + 1;
+        }
+    });
+    assert!(data.iter().enumerate().all(|(k, &v)| v == k + 1));
 }
 
 #[test]
@@ -279,7 +332,11 @@ fn real_gguf_tensors() {
     };
     let content =
         candle_core::quantized::gguf_file::Content::read(&mut file).expect("read GGUF header");
-    for name in ["token_embd.weight", "blk.0.attn_q.weight", "blk.3.ffn_down.weight"] {
+    for name in [
+        "token_embd.weight",
+        "blk.0.attn_q.weight",
+        "blk.3.ffn_down.weight",
+    ] {
         let q = content
             .tensor(&mut file, name, &Device::Cpu)
             .expect("read tensor");
@@ -312,5 +369,17 @@ fn real_gguf_tensors() {
             matmul_with(isa, &w, &x, n, &mut out);
             check_product(format, &exact, &x, n, &out, &format!("{isa:?} {name}"));
         }
+    }
+}
+
+#[test]
+fn portable_f16_conversion_matches_half() {
+    for bits in 0..=u16::MAX {
+        let want = f16::from_bits(bits).to_f32();
+        let got = packed::f16_bits_to_f32(&bits.to_le_bytes(), 0);
+        assert!(
+            got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+            "{bits:#06x}: {got} vs {want}"
+        );
     }
 }

@@ -1,0 +1,305 @@
+//! x86-64 kernels on packed quantized weights (layout in `packed.rs`): one row group of 8 rows
+//! against `T` activation rows (1..=4), all blocks.
+//!
+//! Each 32-byte chunk of a block group holds 4 weight bytes of each of the 8 rows; the matching
+//! 4 activation bytes are broadcast to all lanes, so the byte dot product sums into lane r =
+//! row r. The f32 work per block (convert, scale by `d_w * d_x`, add) is then one vector op
+//! for 8 rows. Two variants: AVX2 (`vpmaddubsw`, accumulating nibble products in i16, which
+//! cannot overflow: 8 × 2 × 15 × 127 < 32767) and AVX-512 VNNI on 256-bit vectors (`vpdpbusd`).
+
+use std::arch::x86_64::*;
+
+use super::packed::{GROUP, block_group_bytes, header_bytes, int_offset};
+use super::quant::QuantActs;
+use super::{BLOCK, Isa, WeightFormat};
+
+/// Most activation rows one call handles.
+pub(crate) const MAX_T: usize = 4;
+
+/// Results of one call: `out[k]` = the 8 rows against activation row `i0 + k`.
+pub(crate) type TileOut = [[f32; GROUP]; MAX_T];
+
+/// The 8 rows of one packed row group (`group`: `nb` block groups) against activation rows
+/// `i0..i0 + t` (`1 <= t <= MAX_T`), into `out[..t]`.
+///
+/// # Safety
+/// `isa` must have been detected on this CPU (AVX2+FMA+F16C for `Avx2`, plus AVX-512
+/// F/BW/VL/VNNI for `Avx512Vnni`). `group` must hold `nb` block groups of `format`, and `acts`
+/// rows of `nb` blocks.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn group_tile(
+    isa: Isa,
+    format: WeightFormat,
+    group: &[u8],
+    nb: usize,
+    acts: &QuantActs,
+    i0: usize,
+    t: usize,
+    out: &mut TileOut,
+) {
+    assert!(group.len() >= nb * block_group_bytes(format) && acts.nb == nb);
+    assert!((1..=MAX_T).contains(&t) && i0 + t <= acts.qs.len() / (nb * BLOCK).max(1));
+    let x = Acts::new(acts, i0);
+    let g = group.as_ptr();
+    macro_rules! go {
+        ($f:ident) => {
+            match t {
+                1 => $f::<1>(format, g, nb, &x, out),
+                2 => $f::<2>(format, g, nb, &x, out),
+                3 => $f::<3>(format, g, nb, &x, out),
+                _ => $f::<4>(format, g, nb, &x, out),
+            }
+        };
+    }
+    // SAFETY: the caller guarantees the ISA; sizes were checked above.
+    unsafe {
+        match (isa, format) {
+            (Isa::Avx512Vnni, _) => go!(vnni),
+            (_, WeightFormat::Q8_0) => go!(q8_avx2),
+            (_, WeightFormat::Q4_1) => go!(q41_avx2),
+            _ => go!(q40_avx2),
+        }
+    }
+}
+
+/// Pointers to the activation rows `i0..i0 + MAX_T` (rows past the end alias row `i0`).
+struct Acts {
+    q: [*const i8; MAX_T],
+    d: [*const f32; MAX_T],
+    s: [*const f32; MAX_T],
+    sq: [*const i32; MAX_T],
+}
+
+impl Acts {
+    fn new(acts: &QuantActs, i0: usize) -> Acts {
+        let n = acts.d.len() / acts.nb.max(1);
+        let row = |k: usize| if i0 + k < n { i0 + k } else { i0 };
+        Acts {
+            q: std::array::from_fn(|k| acts.row_qs(row(k)).as_ptr()),
+            d: std::array::from_fn(|k| acts.row_d(row(k)).as_ptr()),
+            s: std::array::from_fn(|k| acts.row_s(row(k)).as_ptr()),
+            sq: std::array::from_fn(|k| acts.row_sq(row(k)).as_ptr()),
+        }
+    }
+
+    /// The 4 activation bytes at `at` of row `k`, broadcast to every 32-bit lane.
+    ///
+    /// # Safety
+    /// AVX2 available; `at + 4` within the row.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn bcast(&self, k: usize, at: usize) -> __m256i {
+        // SAFETY: in bounds by the caller's contract; unaligned read of 4 bytes.
+        unsafe { _mm256_set1_epi32((self.q[k].add(at) as *const i32).read_unaligned()) }
+    }
+}
+
+/// Final f32 accumulation of one block for activation row `k`: `acc += d_w * d_x * isum`
+/// (after the integer offset) plus, for Q4_1, `m_w * s_x`.
+///
+/// # Safety
+/// AVX2/FMA available; `b` a valid block of the rows in `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn finish_block(
+    acc: __m256,
+    isum: __m256i,
+    dw: __m256,
+    mw: Option<__m256>,
+    offset: i32,
+    x: &Acts,
+    k: usize,
+    b: usize,
+) -> __m256 {
+    // SAFETY: block `b` exists in row `k` (caller contract).
+    unsafe {
+        let isum = if offset != 0 {
+            _mm256_sub_epi32(isum, _mm256_set1_epi32(offset * *x.sq[k].add(b)))
+        } else {
+            isum
+        };
+        let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*x.d[k].add(b)));
+        let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
+        match mw {
+            Some(mw) => _mm256_fmadd_ps(mw, _mm256_set1_ps(*x.s[k].add(b)), acc),
+            None => acc,
+        }
+    }
+}
+
+macro_rules! q4_avx2 {
+    ($name:ident, $q41:expr) => {
+        /// # Safety
+        /// AVX2/FMA/F16C available; `g` holds `nb` block groups; `x` rows hold `nb` blocks.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name<const T: usize>(
+            format: WeightFormat,
+            g: *const u8,
+            nb: usize,
+            x: &Acts,
+            out: &mut TileOut,
+        ) {
+            let (bg, hdr, offset) = (
+                block_group_bytes(format),
+                header_bytes(format),
+                int_offset(format),
+            );
+            let m4 = _mm256_set1_epi8(0x0f);
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = [_mm256_setzero_ps(); T];
+            for b in 0..nb {
+                // SAFETY: block group `b` is within `g` (caller contract), and every
+                // activation offset below is inside block `b` of its row.
+                unsafe {
+                    let blk = g.add(b * bg);
+                    let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
+                    let mw = if $q41 {
+                        Some(_mm256_cvtph_ps(_mm_loadu_si128(
+                            blk.add(16) as *const __m128i
+                        )))
+                    } else {
+                        None
+                    };
+                    let mut isum = [_mm256_setzero_si256(); T];
+                    for t in 0..4 {
+                        let v = _mm256_loadu_si256(blk.add(hdr + 32 * t) as *const __m256i);
+                        let lo = _mm256_and_si256(v, m4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                        for k in 0..T {
+                            let at = b * BLOCK + 4 * t;
+                            let p = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(lo, x.bcast(k, at)),
+                                _mm256_maddubs_epi16(hi, x.bcast(k, at + 16)),
+                            );
+                            isum[k] = _mm256_add_epi16(isum[k], p);
+                        }
+                    }
+                    for k in 0..T {
+                        let s32 = _mm256_madd_epi16(isum[k], ones);
+                        acc[k] = finish_block(acc[k], s32, dw, mw, offset, x, k, b);
+                    }
+                }
+            }
+            for k in 0..T {
+                // SAFETY: `out[k]` holds 8 f32.
+                unsafe { _mm256_storeu_ps(out[k].as_mut_ptr(), acc[k]) };
+            }
+        }
+    };
+}
+
+q4_avx2!(q41_avx2, true);
+q4_avx2!(q40_avx2, false);
+
+/// # Safety
+/// AVX2/FMA/F16C available; `g` holds `nb` Q8_0 block groups; `x` rows hold `nb` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_avx2<const T: usize>(
+    format: WeightFormat,
+    g: *const u8,
+    nb: usize,
+    x: &Acts,
+    out: &mut TileOut,
+) {
+    let (bg, hdr) = (block_group_bytes(format), header_bytes(format));
+    let bias = _mm256_set1_epi8(-128);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); T];
+    for b in 0..nb {
+        // SAFETY: block group `b` is within `g`, activation offsets inside block `b`.
+        unsafe {
+            let blk = g.add(b * bg);
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
+            let mut isum = [_mm256_setzero_si256(); T];
+            for t in 0..8 {
+                // Undo the +128 bias: signed weights, then |w| × (x with w's sign) keeps the
+                // operands of vpmaddubsw unsigned × signed without i16 overflow.
+                let v = _mm256_loadu_si256(blk.add(hdr + 32 * t) as *const __m256i);
+                let w = _mm256_xor_si256(v, bias);
+                let aw = _mm256_sign_epi8(w, w);
+                for (k, isum) in isum.iter_mut().enumerate() {
+                    let xs = _mm256_sign_epi8(x.bcast(k, b * BLOCK + 4 * t), w);
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), ones);
+                    *isum = _mm256_add_epi32(*isum, p);
+                }
+            }
+            for k in 0..T {
+                acc[k] = finish_block(acc[k], isum[k], dw, None, 0, x, k, b);
+            }
+        }
+    }
+    for k in 0..T {
+        // SAFETY: `out[k]` holds 8 f32.
+        unsafe { _mm256_storeu_ps(out[k].as_mut_ptr(), acc[k]) };
+    }
+}
+
+/// AVX-512 VNNI (256-bit `vpdpbusd`): every format, since packed weights are unsigned bytes.
+///
+/// # Safety
+/// AVX2/FMA/F16C and AVX-512 F/BW/VL/VNNI available; `g` holds `nb` block groups of `format`;
+/// `x` rows hold `nb` blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn vnni<const T: usize>(
+    format: WeightFormat,
+    g: *const u8,
+    nb: usize,
+    x: &Acts,
+    out: &mut TileOut,
+) {
+    let (bg, hdr, offset) = (
+        block_group_bytes(format),
+        header_bytes(format),
+        int_offset(format),
+    );
+    let q41 = format == WeightFormat::Q4_1;
+    let m4 = _mm256_set1_epi8(0x0f);
+    let mut acc = [_mm256_setzero_ps(); T];
+    for b in 0..nb {
+        // SAFETY: block group `b` is within `g`, activation offsets inside block `b`.
+        unsafe {
+            let blk = g.add(b * bg);
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
+            let mw = if q41 {
+                Some(_mm256_cvtph_ps(_mm_loadu_si128(
+                    blk.add(16) as *const __m128i
+                )))
+            } else {
+                None
+            };
+            // Two independent chains per row to hide vpdpbusd latency.
+            let mut s0 = [_mm256_setzero_si256(); T];
+            let mut s1 = [_mm256_setzero_si256(); T];
+            let at = b * BLOCK;
+            if format == WeightFormat::Q8_0 {
+                for t in (0..8).step_by(2) {
+                    let v0 = _mm256_loadu_si256(blk.add(hdr + 32 * t) as *const __m256i);
+                    let v1 = _mm256_loadu_si256(blk.add(hdr + 32 * t + 32) as *const __m256i);
+                    for k in 0..T {
+                        s0[k] = _mm256_dpbusd_epi32(s0[k], v0, x.bcast(k, at + 4 * t));
+                        s1[k] = _mm256_dpbusd_epi32(s1[k], v1, x.bcast(k, at + 4 * t + 4));
+                    }
+                }
+            } else {
+                for t in 0..4 {
+                    let v = _mm256_loadu_si256(blk.add(hdr + 32 * t) as *const __m256i);
+                    let lo = _mm256_and_si256(v, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    for k in 0..T {
+                        s0[k] = _mm256_dpbusd_epi32(s0[k], lo, x.bcast(k, at + 4 * t));
+                        s1[k] = _mm256_dpbusd_epi32(s1[k], hi, x.bcast(k, at + 16 + 4 * t));
+                    }
+                }
+            }
+            for k in 0..T {
+                let isum = _mm256_add_epi32(s0[k], s1[k]);
+                acc[k] = finish_block(acc[k], isum, dw, mw, offset, x, k, b);
+            }
+        }
+    }
+    for k in 0..T {
+        // SAFETY: `out[k]` holds 8 f32.
+        unsafe { _mm256_storeu_ps(out[k].as_mut_ptr(), acc[k]) };
+    }
+}

@@ -1,0 +1,607 @@
+//! GPU benchmarks and the end-to-end check driver, run as
+//! `bench_main(["one-batch", ...])` (the CLI wires `bench-one-batch --device cuda` here).
+//!
+//! - `one-batch --model DIR [--batch B] [--input I] [--output O] [--disable-cuda-graph]`:
+//!   static batch, prints TTFT, decode tok/s, and the memory roofline (weight bytes per step
+//!   ÷ device copy bandwidth measured in the same run) and compute floor of the prefill
+//!   (FLOPs ÷ bf16 GEMM rate measured in the same run), as JSON and a table.
+//! - `check --model DIR --prompts FILE --out DIR`: runs the prompts of FILE greedily (the
+//!   transformers comparison script writes FILE and reads what this writes).
+//! - `offline --model DIR --num-prompts N --max-input I --max-output O [--seed S]`:
+//!   random-length prompts served with continuous batching (decode batches plus chunked
+//!   prefill), printing output tok/s.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use cudarc::driver::result as dres;
+use half::bf16;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use sgl_kernels::dptr;
+
+use super::{CudaBackend, CudaOptions, cuda_err};
+use crate::backend::{Backend, SeqInput};
+use crate::error::{EngineError, Result};
+use crate::model::config::ModelConfig;
+
+#[derive(Debug, Clone)]
+pub struct BenchOneBatchArgs {
+    pub batch_size: usize,
+    pub input_len: usize,
+    pub output_len: usize,
+}
+
+fn arg<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|s| s.as_str())
+}
+
+fn arg_usize(args: &[String], name: &str, default: usize) -> Result<usize> {
+    match arg(args, name) {
+        None => Ok(default),
+        Some(v) => v
+            .parse()
+            .map_err(|_| EngineError::InvalidArgument(format!("{name} expects a number, got {v}"))),
+    }
+}
+
+fn open(args: &[String]) -> Result<CudaBackend> {
+    let model = arg(args, "--model")
+        .ok_or_else(|| EngineError::InvalidArgument("--model DIR is required".into()))?;
+    let dir = PathBuf::from(model);
+    let cfg = ModelConfig::from_hf_config(&dir.join("config.json"))?;
+    let opts = CudaOptions {
+        disable_cuda_graph: args.iter().any(|a| a == "--disable-cuda-graph"),
+        cuda_graph_max_bs: arg_usize(args, "--cuda-graph-max-bs", 160)?,
+        max_total_tokens: arg(args, "--max-total-tokens").and_then(|v| v.parse().ok()),
+        mem_fraction_static: arg(args, "--mem-fraction-static")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.88),
+        ..CudaOptions::default()
+    };
+    CudaBackend::load(&dir, &cfg, &opts)
+}
+
+/// Entry point for the benchmark and check commands (see the module docs).
+pub fn bench_main(args: &[String]) -> Result<()> {
+    let cmd = args.first().map(|s| s.as_str()).unwrap_or("");
+    match cmd {
+        "one-batch" => {
+            let mut b = open(args)?;
+            let a = BenchOneBatchArgs {
+                batch_size: arg_usize(args, "--batch", 1)?,
+                input_len: arg_usize(args, "--input", 128)?,
+                output_len: arg_usize(args, "--output", 256)?,
+            };
+            let r = bench_one_batch(&mut b, &a)?;
+            println!("{}", serde_json::to_string(&r).unwrap_or_default());
+            Ok(())
+        }
+        "check" => {
+            let mut b = open(args)?;
+            let prompts = arg(args, "--prompts")
+                .ok_or_else(|| EngineError::InvalidArgument("--prompts FILE is required".into()))?;
+            let out = arg(args, "--out")
+                .ok_or_else(|| EngineError::InvalidArgument("--out DIR is required".into()))?;
+            check(&mut b, Path::new(prompts), Path::new(out))
+        }
+        "offline" => {
+            let mut b = open(args)?;
+            let r = offline(
+                &mut b,
+                arg_usize(args, "--num-prompts", 1000)?,
+                arg_usize(args, "--max-input", 1024)?,
+                arg_usize(args, "--max-output", 1024)?,
+                arg_usize(args, "--seed", 1)? as u64,
+                arg_usize(args, "--max-running", 256)?,
+            )?;
+            println!("{}", serde_json::to_string(&r).unwrap_or_default());
+            Ok(())
+        }
+        other => Err(EngineError::InvalidArgument(format!(
+            "unknown bench command {other:?} (one-batch, check, offline)"
+        ))),
+    }
+}
+
+/// Hands out KV slots in order (the benchmarks run without the radix cache).
+struct Slots {
+    next: u32,
+    cap: u32,
+}
+
+impl Slots {
+    fn take(&mut self, n: usize) -> Result<Vec<u32>> {
+        if self.next as usize + n > self.cap as usize {
+            return Err(EngineError::Internal(
+                "benchmark ran out of KV slots".into(),
+            ));
+        }
+        let v = (self.next..self.next + n as u32).collect();
+        self.next += n as u32;
+        Ok(v)
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct OneBatchReport {
+    pub device: String,
+    pub batch_size: usize,
+    pub input_len: usize,
+    pub output_len: usize,
+    pub cuda_graph: bool,
+    pub ttft_ms: f64,
+    pub prefill_tok_s: f64,
+    pub decode_ms_per_step: f64,
+    pub decode_tok_s: f64,
+    pub weight_gb: f64,
+    pub copy_bw_gb_s: f64,
+    pub roofline_ms_per_step: f64,
+    pub roofline_fraction: f64,
+    pub gemm_tflops: f64,
+    pub prefill_floor_ms: f64,
+    pub ttft_over_floor: f64,
+}
+
+/// Device-to-device copy bandwidth (bytes read + written per second), median of 10.
+fn copy_bandwidth(b: &CudaBackend) -> Result<f64> {
+    let s = b.stream();
+    let n = 1usize << 30;
+    let src = s.alloc_zeros::<u8>(n).map_err(cuda_err)?;
+    let dst = s.alloc_zeros::<u8>(n).map_err(cuda_err)?;
+    // SAFETY: fill the source with a non-zero byte pattern.
+    unsafe { dres::memset_d8_async(dptr(&src, s).addr(), 0x5a, n, s.cu_stream()) }
+        .map_err(cuda_err)?;
+    let mut times = Vec::new();
+    for i in 0..13 {
+        let t = Instant::now();
+        // SAFETY: both buffers hold n bytes.
+        unsafe {
+            dres::memcpy_dtod_async(dptr(&dst, s).addr(), dptr(&src, s).addr(), n, s.cu_stream())
+        }
+        .map_err(cuda_err)?;
+        s.synchronize().map_err(cuda_err)?;
+        if i >= 3 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(2.0 * n as f64 / times[times.len() / 2])
+}
+
+/// bf16 GEMM rate through the engine's own GEMM path on random data, 8192^3, median of 10.
+fn gemm_rate(b: &CudaBackend) -> Result<f64> {
+    let s = b.stream();
+    let n = 8192usize;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let host: Vec<bf16> = (0..n * n)
+        .map(|_| bf16::from_f32(rng.random_range(-1.0..1.0)))
+        .collect();
+    let x = s.clone_htod(&host).map_err(cuda_err)?;
+    let w = s.clone_htod(&host).map_err(cuda_err)?;
+    let y = s.alloc_zeros::<bf16>(n * n).map_err(cuda_err)?;
+    let mut times = Vec::new();
+    for i in 0..13 {
+        let t = Instant::now();
+        // SAFETY: n x n buffers.
+        unsafe {
+            b.gemm
+                .linear(dptr(&x, s), dptr(&w, s), dptr(&y, s), n, n, n, false)
+        }
+        .map_err(cuda_err)?;
+        s.synchronize().map_err(cuda_err)?;
+        if i >= 3 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(2.0 * (n * n * n) as f64 / times[times.len() / 2])
+}
+
+/// Matmul FLOPs of a prefill of `t` tokens (weights and causal attention scores/values).
+fn prefill_flops(c: &ModelConfig, t: usize) -> f64 {
+    let h = c.hidden_size as f64;
+    let hd = c.head_dim as f64;
+    let per_tok_layer = 2.0
+        * (h * (c.num_heads + 2 * c.num_kv_heads) as f64 * hd
+            + c.num_heads as f64 * hd * h
+            + 3.0 * h * c.intermediate_size as f64);
+    let attn = 2.0 * 2.0 * c.num_heads as f64 * hd * (t as f64 * (t as f64 + 1.0) / 2.0);
+    c.num_layers as f64 * (per_tok_layer * t as f64 + attn) + 2.0 * h * c.vocab_size as f64
+}
+
+fn random_tokens(rng: &mut impl Rng, n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|_| rng.random_range(0..vocab as u32)).collect()
+}
+
+pub fn bench_one_batch(b: &mut CudaBackend, a: &BenchOneBatchArgs) -> Result<OneBatchReport> {
+    let cfg = b.config().clone();
+    let copy_bw = copy_bandwidth(b)?;
+    let gemm = gemm_rate(b)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    let run = |b: &mut CudaBackend, rng: &mut rand::rngs::StdRng| -> Result<(f64, f64)> {
+        let mut slots = Slots {
+            next: 0,
+            cap: b.kv_capacity() as u32,
+        };
+        let prompts: Vec<Vec<u32>> = (0..a.batch_size)
+            .map(|_| random_tokens(rng, a.input_len, cfg.vocab_size))
+            .collect();
+        let mut seq_slots: Vec<Vec<u32>> = Vec::new();
+        for _ in 0..a.batch_size {
+            seq_slots.push(slots.take(a.input_len + a.output_len)?);
+        }
+        let t0 = Instant::now();
+        let batch: Vec<SeqInput> = prompts
+            .iter()
+            .zip(&seq_slots)
+            .map(|(p, s)| SeqInput {
+                tokens: p,
+                start_pos: 0,
+                kv_slots: &s[..a.input_len],
+                need_logits: true,
+            })
+            .collect();
+        let mut next = b.forward_sample(&batch, 0.0)?;
+        let ttft = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        for step in 1..a.output_len {
+            let pos = a.input_len + step - 1;
+            let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+            let batch: Vec<SeqInput> = toks
+                .iter()
+                .zip(&seq_slots)
+                .map(|(t, s)| SeqInput {
+                    tokens: t,
+                    start_pos: pos,
+                    kv_slots: &s[..pos + 1],
+                    need_logits: true,
+                })
+                .collect();
+            next = b.forward_sample(&batch, 0.0)?;
+        }
+        let decode = t1.elapsed().as_secs_f64() / (a.output_len.max(2) - 1) as f64;
+        Ok((ttft, decode))
+    };
+    run(b, &mut rng)?; // warm-up: graph capture, cuBLASLt plans
+    let (ttft, step) = run(b, &mut rng)?;
+    let weight_bytes = b.weight_bytes() as f64;
+    // A decode step reads every weight once except the embedding table (one row per token).
+    let read = weight_bytes
+        - if b.w.lm_head.is_some() {
+            (cfg.vocab_size * cfg.hidden_size * 2) as f64
+        } else {
+            0.0
+        };
+    // copy bandwidth counts read + write; a weight read moves its bytes once
+    let roofline = read / copy_bw;
+    let floor = prefill_flops(&cfg, a.input_len) * a.batch_size as f64 / gemm;
+    let r = OneBatchReport {
+        device: b.device_name().to_string(),
+        batch_size: a.batch_size,
+        input_len: a.input_len,
+        output_len: a.output_len,
+        cuda_graph: !b.opts.disable_cuda_graph && a.batch_size <= b.opts.cuda_graph_max_bs,
+        ttft_ms: ttft * 1e3,
+        prefill_tok_s: (a.batch_size * a.input_len) as f64 / ttft,
+        decode_ms_per_step: step * 1e3,
+        decode_tok_s: a.batch_size as f64 / step,
+        weight_gb: weight_bytes / 1e9,
+        copy_bw_gb_s: copy_bw / 1e9,
+        roofline_ms_per_step: roofline * 1e3,
+        roofline_fraction: roofline / step,
+        gemm_tflops: gemm / 1e12,
+        prefill_floor_ms: floor * 1e3,
+        ttft_over_floor: ttft / floor,
+    };
+    println!(
+        "| device | batch | in | out | graph | TTFT ms | floor ms | TTFT/floor | decode tok/s | ms/step | roofline ms | of roofline | copy GB/s | GEMM TFLOP/s |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} | {:.2} | {:.1}% | {:.0} | {:.0} |",
+        r.device,
+        r.batch_size,
+        r.input_len,
+        r.output_len,
+        r.cuda_graph,
+        r.ttft_ms,
+        r.prefill_floor_ms,
+        r.ttft_over_floor,
+        r.decode_tok_s,
+        r.decode_ms_per_step,
+        r.roofline_ms_per_step,
+        100.0 * r.roofline_fraction,
+        r.copy_bw_gb_s,
+        r.gemm_tflops
+    );
+    Ok(r)
+}
+
+#[derive(Deserialize)]
+struct CheckCase {
+    name: String,
+    prompts: Vec<Vec<u32>>,
+    /// Tokens every prompt of the case shares; run once, then reused as a cached prefix.
+    #[serde(default)]
+    shared_prefix: usize,
+}
+
+#[derive(Deserialize)]
+struct CheckFile {
+    steps: usize,
+    cases: Vec<CheckCase>,
+}
+
+#[derive(Serialize)]
+struct CheckOut {
+    name: String,
+    tokens: Vec<Vec<u32>>,
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Greedy generation through `Backend::forward` (host logits), for the transformers check.
+/// Writes `<out>/ours.json` (tokens) and `<out>/ours_<case>.f32` (prefill logits, row-major).
+fn check(b: &mut CudaBackend, prompts: &Path, out: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(prompts)
+        .map_err(|e| EngineError::InvalidArgument(format!("{}: {e}", prompts.display())))?;
+    let f: CheckFile = serde_json::from_str(&text)
+        .map_err(|e| EngineError::InvalidArgument(format!("{}: {e}", prompts.display())))?;
+    std::fs::create_dir_all(out).map_err(|e| EngineError::Internal(e.to_string()))?;
+    let v = b.vocab_size();
+    let mut results = Vec::new();
+    for case in &f.cases {
+        let mut slots = Slots {
+            next: 0,
+            cap: b.kv_capacity() as u32,
+        };
+        let p = case.shared_prefix;
+        let prefix_slots = slots.take(p)?;
+        if p > 0 {
+            let pre = SeqInput {
+                tokens: &case.prompts[0][..p],
+                start_pos: 0,
+                kv_slots: &prefix_slots,
+                need_logits: false,
+            };
+            b.forward(&[pre])?;
+        }
+        let mut seq_slots = Vec::new();
+        for pr in &case.prompts {
+            let mut s = prefix_slots.clone();
+            s.extend(slots.take(pr.len() - p + f.steps)?);
+            seq_slots.push(s);
+        }
+        let t0 = Instant::now();
+        let batch: Vec<SeqInput> = case
+            .prompts
+            .iter()
+            .zip(&seq_slots)
+            .map(|(pr, s)| SeqInput {
+                tokens: &pr[p..],
+                start_pos: p,
+                kv_slots: &s[..pr.len()],
+                need_logits: true,
+            })
+            .collect();
+        let logits = b.forward(&batch)?;
+        let bytes: Vec<u8> = logits.iter().flat_map(|x| x.to_le_bytes()).collect();
+        std::fs::write(out.join(format!("ours_{}.f32", case.name)), bytes)
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        let mut generated: Vec<Vec<u32>> = logits.chunks(v).map(|r| vec![argmax(r)]).collect();
+        for step in 1..f.steps {
+            let toks: Vec<[u32; 1]> = generated.iter().map(|g| [g[step - 1]]).collect();
+            let batch: Vec<SeqInput> = case
+                .prompts
+                .iter()
+                .zip(&seq_slots)
+                .zip(&toks)
+                .map(|((pr, s), t)| {
+                    let pos = pr.len() + step - 1;
+                    SeqInput {
+                        tokens: t,
+                        start_pos: pos,
+                        kv_slots: &s[..pos + 1],
+                        need_logits: true,
+                    }
+                })
+                .collect();
+            let logits = b.forward(&batch)?;
+            for (g, r) in generated.iter_mut().zip(logits.chunks(v)) {
+                g.push(argmax(r));
+            }
+        }
+        eprintln!(
+            "check {}: {} prompts, {:.2}s",
+            case.name,
+            case.prompts.len(),
+            t0.elapsed().as_secs_f64()
+        );
+        results.push(CheckOut {
+            name: case.name.clone(),
+            tokens: generated,
+        });
+    }
+    let j = serde_json::to_string(&results).map_err(|e| EngineError::Internal(e.to_string()))?;
+    std::fs::write(out.join("ours.json"), j).map_err(|e| EngineError::Internal(e.to_string()))?;
+    Ok(())
+}
+
+#[derive(Debug, Serialize)]
+pub struct OfflineReport {
+    pub device: String,
+    pub num_prompts: usize,
+    pub input_tokens: usize,
+    pub output_tokens: usize,
+    pub seconds: f64,
+    pub output_tok_s: f64,
+    pub total_tok_s: f64,
+}
+
+struct Req {
+    prompt: Vec<u32>,
+    out_len: usize,
+    slots: Vec<u32>,
+    generated: Vec<u32>,
+    prefilled: usize,
+}
+
+/// Continuous batching without a radix cache: up to `max_running` requests; each step runs
+/// either one prefill chunk batch (new requests, up to 8192 tokens) or one decode batch.
+fn offline(
+    b: &mut CudaBackend,
+    n: usize,
+    max_in: usize,
+    max_out: usize,
+    seed: u64,
+    max_running: usize,
+) -> Result<OfflineReport> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let v = b.vocab_size();
+    let mut waiting: std::collections::VecDeque<Req> = (0..n)
+        .map(|_| {
+            let il = rng.random_range(1..=max_in);
+            let ol = rng.random_range(1..=max_out);
+            Req {
+                prompt: random_tokens(&mut rng, il, v),
+                out_len: ol,
+                slots: Vec::new(),
+                generated: Vec::new(),
+                prefilled: 0,
+            }
+        })
+        .collect();
+    let input_tokens: usize = waiting.iter().map(|r| r.prompt.len()).sum();
+    let mut free: Vec<u32> = (0..b.kv_capacity() as u32).rev().collect();
+    let mut running: Vec<Req> = Vec::new();
+    let mut output_tokens = 0;
+    let t0 = Instant::now();
+    while !waiting.is_empty() || !running.is_empty() {
+        // admit
+        let mut budget = 8192usize;
+        let mut admitted = Vec::new();
+        while let Some(r) = waiting.front() {
+            let need = r.prompt.len() + r.out_len;
+            if running.len() + admitted.len() >= max_running
+                || need > free.len()
+                || r.prompt.len() > budget
+            {
+                break;
+            }
+            let Some(mut r) = waiting.pop_front() else {
+                break;
+            };
+            r.slots = free.split_off(free.len() - need);
+            budget -= r.prompt.len();
+            admitted.push(r);
+        }
+        if !admitted.is_empty() {
+            let batch: Vec<SeqInput> = admitted
+                .iter()
+                .map(|r| SeqInput {
+                    tokens: &r.prompt,
+                    start_pos: 0,
+                    kv_slots: &r.slots[..r.prompt.len()],
+                    need_logits: true,
+                })
+                .collect();
+            let toks = b.forward_sample(&batch, 0.0)?;
+            for (mut r, t) in admitted.into_iter().zip(toks) {
+                r.prefilled = r.prompt.len();
+                r.generated.push(t);
+                output_tokens += 1;
+                running.push(r);
+            }
+        } else if !running.is_empty() {
+            let toks: Vec<[u32; 1]> = running
+                .iter()
+                .map(|r| [*r.generated.last().unwrap_or(&0)])
+                .collect();
+            let batch: Vec<SeqInput> = running
+                .iter()
+                .zip(&toks)
+                .map(|(r, t)| {
+                    let pos = r.prefilled + r.generated.len() - 1;
+                    SeqInput {
+                        tokens: t,
+                        start_pos: pos,
+                        kv_slots: &r.slots[..pos + 1],
+                        need_logits: true,
+                    }
+                })
+                .collect();
+            let out = b.forward_sample(&batch, 0.0)?;
+            for (r, t) in running.iter_mut().zip(out) {
+                r.generated.push(t);
+                output_tokens += 1;
+            }
+        } else {
+            return Err(EngineError::Internal(
+                "a request does not fit in the KV pool".into(),
+            ));
+        }
+        // retire finished requests
+        let mut i = 0;
+        while i < running.len() {
+            if running[i].generated.len() >= running[i].out_len {
+                let r = running.swap_remove(i);
+                free.extend(r.slots);
+            } else {
+                i += 1;
+            }
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let r = OfflineReport {
+        device: b.device_name().to_string(),
+        num_prompts: n,
+        input_tokens,
+        output_tokens,
+        seconds: secs,
+        output_tok_s: output_tokens as f64 / secs,
+        total_tok_s: (input_tokens + output_tokens) as f64 / secs,
+    };
+    println!("| device | prompts | input tok | output tok | s | output tok/s | total tok/s |");
+    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "| {} | {} | {} | {} | {:.1} | {:.0} | {:.0} |",
+        r.device,
+        r.num_prompts,
+        r.input_tokens,
+        r.output_tokens,
+        r.seconds,
+        r.output_tok_s,
+        r.total_tok_s
+    );
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Runs `bench_main` with the arguments in SGL_CUDA_BENCH (space separated) on a GPU
+    /// machine: `SGL_CUDA_BENCH="one-batch --model DIR" <test-binary> --ignored cuda_bench`.
+    #[test]
+    #[ignore = "needs a GPU; driven by scripts/gpu/run.sh"]
+    fn cuda_bench() {
+        let Ok(a) = std::env::var("SGL_CUDA_BENCH") else {
+            eprintln!("SGL_CUDA_BENCH not set");
+            return;
+        };
+        let args: Vec<String> = a.split_whitespace().map(String::from).collect();
+        if let Err(e) = super::bench_main(&args) {
+            panic!("{e}");
+        }
+    }
+}

@@ -1,0 +1,625 @@
+//! The forward pass: scratch buffers, input upload, the layer loop, CUDA graphs for decode,
+//! and getting logits or sampled tokens out.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, result as dres, sys};
+use half::bf16;
+use sgl_kernels::{AttnShape, DecodeAttnPlan, Dptr, dptr, prefill_tiles};
+
+use super::{CudaBackend, DECODE_SPLITS, cuda_err};
+use crate::backend::SeqInput;
+use crate::error::{EngineError, Result};
+use crate::model::config::ModelConfig;
+
+/// Rows of logits computed per LM-head GEMM.
+const LOGIT_ROWS: usize = 256;
+
+/// Activation buffers for up to `tokens` tokens in one pass.
+pub(super) struct Scratch {
+    pub tokens: usize,
+    x: CudaSlice<bf16>,
+    normed: CudaSlice<bf16>,
+    qkv: CudaSlice<bf16>,
+    attn: CudaSlice<bf16>,
+    delta: CudaSlice<bf16>,
+    gate_up: CudaSlice<bf16>,
+    act: CudaSlice<bf16>,
+    sel_x: CudaSlice<bf16>,
+    sel_d: CudaSlice<bf16>,
+    sel_n: CudaSlice<bf16>,
+    pub logits: CudaSlice<bf16>,
+    partial_o: CudaSlice<f32>,
+    partial_ml: CudaSlice<f32>,
+    /// partial rows (batch x splits) the buffers hold, per head
+    partial_rows: usize,
+    meta: CudaSlice<i32>,
+    sampled: CudaSlice<i32>,
+    params: CudaSlice<f32>,
+}
+
+fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    s: &Arc<CudaStream>,
+    n: usize,
+) -> Result<CudaSlice<T>> {
+    s.alloc_zeros::<T>(n.max(1)).map_err(cuda_err)
+}
+
+impl Scratch {
+    pub fn new(s: &Arc<CudaStream>, cfg: &ModelConfig, tokens: usize) -> Result<Self> {
+        let h = cfg.hidden_size;
+        let qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim;
+        let i = cfg.intermediate_size;
+        let partial_rows = tokens + 2 * DECODE_SPLITS * 64;
+        Ok(Scratch {
+            tokens,
+            x: zeros(s, tokens * h)?,
+            normed: zeros(s, tokens * h)?,
+            qkv: zeros(s, tokens * qkv)?,
+            attn: zeros(s, tokens * cfg.num_heads * cfg.head_dim)?,
+            delta: zeros(s, tokens * h)?,
+            gate_up: zeros(s, tokens * 2 * i)?,
+            act: zeros(s, tokens * i)?,
+            sel_x: zeros(s, LOGIT_ROWS * h)?,
+            sel_d: zeros(s, LOGIT_ROWS * h)?,
+            sel_n: zeros(s, LOGIT_ROWS * h)?,
+            logits: zeros(s, LOGIT_ROWS.max(tokens.min(1024)) * cfg.vocab_size)?,
+            partial_o: zeros(s, partial_rows * cfg.num_heads * cfg.head_dim)?,
+            partial_ml: zeros(s, partial_rows * cfg.num_heads * 2)?,
+            partial_rows,
+            meta: zeros(s, 8 * tokens + 4096)?,
+            sampled: zeros(s, LOGIT_ROWS.max(tokens.min(1024)))?,
+            params: zeros(s, 5 * LOGIT_ROWS.max(tokens.min(1024)))?,
+        })
+    }
+
+    fn logit_rows(&self) -> usize {
+        self.sampled.len()
+    }
+}
+
+/// A captured graph, owned by one backend.
+pub(super) struct Graph(CudaGraph);
+
+// SAFETY: a CUDA graph is not tied to the thread that captured it; it is only replayed
+// through `&mut CudaBackend`, so never from two threads at once.
+unsafe impl Send for Graph {}
+
+/// Decode graphs, one per padded batch size, and the fixed input buffer they read.
+pub(super) struct Graphs {
+    pub max_bs: usize,
+    graphs: HashMap<usize, Graph>,
+    /// [ids max_bs | positions max_bs | slots max_bs | kv_indptr max_bs + 1 | kv_indices ...]
+    meta: CudaSlice<i32>,
+    index_cap: usize,
+}
+
+impl Graphs {
+    pub fn new(
+        s: &Arc<CudaStream>,
+        max_bs: usize,
+        capacity: usize,
+        _cfg: &ModelConfig,
+    ) -> Result<Self> {
+        let index_cap = if max_bs == 0 { 0 } else { 2 * capacity + 65536 };
+        Ok(Graphs {
+            max_bs,
+            graphs: HashMap::new(),
+            meta: zeros(s, 4 * max_bs + 1 + index_cap)?,
+            index_cap,
+        })
+    }
+
+    fn bucket(&self, bs: usize) -> Option<usize> {
+        if bs == 0 || bs > self.max_bs {
+            return None;
+        }
+        let b = if bs <= 8 {
+            bs.next_power_of_two()
+        } else {
+            bs.next_multiple_of(16)
+        };
+        Some(b.min(self.max_bs))
+    }
+}
+
+/// Device addresses of one pass's inputs.
+#[derive(Clone, Copy)]
+struct Inputs {
+    tokens: usize,
+    ids: Dptr<u32>,
+    positions: Dptr<i32>,
+    slots: Dptr<i32>,
+    attn: AttnInputs,
+}
+
+#[derive(Clone, Copy)]
+enum AttnInputs {
+    Decode {
+        batch: usize,
+        plan: DecodeAttnPlan,
+        kv_indptr: Dptr<i32>,
+        kv_indices: Dptr<i32>,
+    },
+    Prefill {
+        tiles: Dptr<i32>,
+        n_tiles: usize,
+        q_indptr: Dptr<i32>,
+        kv_indptr: Dptr<i32>,
+        kv_indices: Dptr<i32>,
+        prefix_lens: Dptr<i32>,
+    },
+}
+
+fn htod(s: &CudaStream, dst: Dptr<i32>, src: &[i32]) -> Result<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: dst was sized by the caller to hold src; pageable memory is staged before return.
+    unsafe { dres::memcpy_htod_async(dst.addr(), src, s.cu_stream()) }.map_err(cuda_err)
+}
+
+impl CudaBackend {
+    fn shape(&self) -> AttnShape {
+        AttnShape {
+            n_heads: self.cfg.num_heads,
+            n_kv_heads: self.cfg.num_kv_heads,
+            head_dim: self.cfg.head_dim,
+        }
+    }
+
+    fn kv_layer(&self, layer: usize) -> (Dptr<bf16>, Dptr<bf16>) {
+        let per = (self.capacity + 1) * self.cfg.num_kv_heads * self.cfg.head_dim;
+        let base = dptr(&self.kv, &self.stream).add(layer * 2 * per);
+        (base, base.add(per))
+    }
+
+    fn grow_scratch(&mut self, tokens: usize) -> Result<()> {
+        if tokens > self.scratch.tokens {
+            // Graphs hold the old addresses: drop them before the buffers go.
+            self.graphs.graphs.clear();
+            self.stream.synchronize().map_err(cuda_err)?;
+            let t = tokens.next_multiple_of(1024);
+            self.scratch = Scratch::new(&self.stream, &self.cfg, t)?;
+        }
+        Ok(())
+    }
+
+    /// Run the batch; logits of the rows that need them end in `scratch.logits` (bf16).
+    /// Returns, per sequence with `need_logits`, its row in that buffer.
+    pub(super) fn run(&mut self, batch: &[SeqInput<'_>]) -> Result<Vec<usize>> {
+        let tokens: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        if batch.iter().all(|s| s.tokens.len() == 1)
+            && let Some(bs) = self.graphs.bucket(batch.len())
+        {
+            let kv_total: usize = batch.iter().map(|s| s.kv_slots.len()).sum();
+            if kv_total + (bs - batch.len()) <= self.graphs.index_cap {
+                return self.run_graph(batch, bs);
+            }
+        }
+        self.grow_scratch(tokens)?;
+        self.run_eager(batch, tokens)
+    }
+
+    fn run_eager(&mut self, batch: &[SeqInput<'_>], tokens: usize) -> Result<Vec<usize>> {
+        let s = self.stream.clone();
+        let decode = batch.iter().all(|q| q.tokens.len() == 1);
+        let mut ids = Vec::with_capacity(tokens);
+        let mut pos = Vec::with_capacity(tokens);
+        let mut slots = Vec::with_capacity(tokens);
+        let mut q_indptr = vec![0i32];
+        let mut kv_indptr = vec![0i32];
+        let mut prefix = Vec::with_capacity(batch.len());
+        let mut kv_indices = Vec::new();
+        let mut last_rows = Vec::new();
+        let mut max_len = 0;
+        for q in batch {
+            for (i, &t) in q.tokens.iter().enumerate() {
+                ids.push(t as i32);
+                pos.push((q.start_pos + i) as i32);
+                slots.push(q.kv_slots[q.start_pos + i] as i32);
+            }
+            if q.need_logits {
+                last_rows.push(ids.len() as i32 - 1);
+            }
+            q_indptr.push(ids.len() as i32);
+            kv_indices.extend(q.kv_slots.iter().map(|&x| x as i32));
+            kv_indptr.push(kv_indices.len() as i32);
+            prefix.push(q.start_pos as i32);
+            max_len = max_len.max(q.kv_slots.len());
+        }
+        let q_lens: Vec<usize> = batch.iter().map(|q| q.tokens.len()).collect();
+        let tiles = if decode {
+            Vec::new()
+        } else {
+            prefill_tiles(&q_lens)
+        };
+        // one upload: [ids | pos | slots | q_indptr | kv_indptr | prefix | tiles | rows | indices]
+        let mut meta: Vec<i32> = Vec::new();
+        let mut offs = [0usize; 9];
+        for (k, part) in [
+            &ids,
+            &pos,
+            &slots,
+            &q_indptr,
+            &kv_indptr,
+            &prefix,
+            &tiles,
+            &last_rows,
+            &kv_indices,
+        ]
+        .iter()
+        .enumerate()
+        {
+            offs[k] = meta.len();
+            meta.extend_from_slice(part);
+            meta.resize(meta.len().next_multiple_of(4), 0);
+        }
+        if meta.len() > self.scratch.meta.len() {
+            self.scratch.meta = zeros(&s, meta.len().next_multiple_of(1 << 16))?;
+        }
+        let m = dptr(&self.scratch.meta, &s);
+        htod(&s, m, &meta)?;
+        let at = |k: usize| m.add(offs[k]);
+        let attn = if decode {
+            let mut plan = self
+                .kernels
+                .decode_plan(batch.len(), self.cfg.num_kv_heads, max_len);
+            let cap = (self.scratch.partial_rows / batch.len()).max(1) as u32;
+            plan.splits = plan.splits.min(cap);
+            AttnInputs::Decode {
+                batch: batch.len(),
+                plan,
+                kv_indptr: at(4),
+                kv_indices: at(8),
+            }
+        } else {
+            AttnInputs::Prefill {
+                tiles: at(6),
+                n_tiles: tiles.len() / 2,
+                q_indptr: at(3),
+                kv_indptr: at(4),
+                kv_indices: at(8),
+                prefix_lens: at(5),
+            }
+        };
+        // SAFETY: ids are token ids < vocab (validated), stored as i32 bit patterns.
+        let ids_ptr = unsafe { Dptr::<u32>::from_raw(at(0).addr()) };
+        let inputs = Inputs {
+            tokens,
+            ids: ids_ptr,
+            positions: at(1),
+            slots: at(2),
+            attn,
+        };
+        self.layers(&inputs)?;
+        // final norm + LM head on the rows that need logits, LOGIT_ROWS at a time
+        let n = last_rows.len();
+        if n > self.scratch.logit_rows() {
+            return Err(EngineError::Internal(format!(
+                "{n} sequences need logits in one pass; at most {} supported",
+                self.scratch.logit_rows()
+            )));
+        }
+        let h = self.cfg.hidden_size;
+        for c0 in (0..n).step_by(LOGIT_ROWS) {
+            let c = (n - c0).min(LOGIT_ROWS);
+            let rows = at(7).add(c0);
+            let sc = &self.scratch;
+            // SAFETY: rows index tokens of this pass; selection buffers hold LOGIT_ROWS rows.
+            unsafe {
+                self.kernels
+                    .gather_rows(&s, dptr(&sc.sel_x, &s), dptr(&sc.x, &s), rows, c, h)
+                    .map_err(cuda_err)?;
+                self.kernels
+                    .gather_rows(&s, dptr(&sc.sel_d, &s), dptr(&sc.delta, &s), rows, c, h)
+                    .map_err(cuda_err)?;
+            }
+            self.head(
+                dptr(&self.scratch.sel_x, &s),
+                dptr(&self.scratch.sel_d, &s),
+                dptr(&self.scratch.sel_n, &s),
+                c,
+                c0,
+            )?;
+        }
+        Ok((0..n).collect())
+    }
+
+    /// Final norm (with the last residual add) and LM head for `rows` rows into logits row `at`.
+    fn head(
+        &self,
+        x: Dptr<bf16>,
+        d: Dptr<bf16>,
+        normed: Dptr<bf16>,
+        rows: usize,
+        at: usize,
+    ) -> Result<()> {
+        let s = &self.stream;
+        let (h, v) = (self.cfg.hidden_size, self.cfg.vocab_size);
+        let logits = dptr(&self.scratch.logits, s).add(at * v);
+        // SAFETY: buffers hold `rows` rows of the stated widths.
+        unsafe {
+            self.kernels
+                .add_rmsnorm(
+                    s,
+                    normed,
+                    x,
+                    Some(d),
+                    dptr(&self.w.norm, s),
+                    rows,
+                    h,
+                    self.cfg.rms_norm_eps,
+                )
+                .map_err(cuda_err)?;
+            self.gemm
+                .linear(normed, self.w.lm_head_ptr(s), logits, rows, h, v, false)
+                .map_err(cuda_err)?;
+        }
+        Ok(())
+    }
+
+    /// Every layer; on return `scratch.x` + `scratch.delta` is the last hidden state.
+    fn layers(&self, inp: &Inputs) -> Result<()> {
+        let s = &self.stream;
+        let c = &self.cfg;
+        let sc = &self.scratch;
+        let t = inp.tokens;
+        let (h, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let q_w = c.num_heads * hd;
+        let qkv_w = (c.num_heads + 2 * c.num_kv_heads) * hd;
+        let (x, normed, qkv, attn, delta, gate_up, act) = (
+            dptr(&sc.x, s),
+            dptr(&sc.normed, s),
+            dptr(&sc.qkv, s),
+            dptr(&sc.attn, s),
+            dptr(&sc.delta, s),
+            dptr(&sc.gate_up, s),
+            dptr(&sc.act, s),
+        );
+        let k = &self.kernels;
+        let g = &self.gemm;
+        let e = c.rms_norm_eps;
+        let shape = self.shape();
+        // SAFETY: every buffer was sized for at least `t` tokens (Scratch, Graphs); inputs were
+        // validated (slots inside the pool, ids inside the vocabulary).
+        unsafe {
+            k.embedding(s, x, dptr(&self.w.embed, s), inp.ids, t, h, c.vocab_size)
+                .map_err(cuda_err)?;
+            for (l, lw) in self.w.layers.iter().enumerate() {
+                let first = if l == 0 { None } else { Some(delta) };
+                k.add_rmsnorm(s, normed, x, first, dptr(&lw.input_norm, s), t, h, e)
+                    .map_err(cuda_err)?;
+                g.linear(normed, dptr(&lw.qkv, s), qkv, t, h, qkv_w, false)
+                    .map_err(cuda_err)?;
+                let (kc, vc) = self.kv_layer(l);
+                k.rope_kv_store(
+                    s,
+                    qkv,
+                    kc,
+                    vc,
+                    inp.positions,
+                    inp.slots,
+                    dptr(&self.inv_freq, s),
+                    t,
+                    shape,
+                )
+                .map_err(cuda_err)?;
+                match inp.attn {
+                    AttnInputs::Decode {
+                        batch,
+                        plan,
+                        kv_indptr,
+                        kv_indices,
+                    } => k
+                        .decode_attn(
+                            s,
+                            plan,
+                            attn,
+                            q_w,
+                            qkv,
+                            qkv_w,
+                            kc,
+                            vc,
+                            kv_indptr,
+                            kv_indices,
+                            dptr(&sc.partial_o, s),
+                            dptr(&sc.partial_ml, s),
+                            batch,
+                            shape,
+                        )
+                        .map_err(cuda_err)?,
+                    AttnInputs::Prefill {
+                        tiles,
+                        n_tiles,
+                        q_indptr,
+                        kv_indptr,
+                        kv_indices,
+                        prefix_lens,
+                    } => k
+                        .prefill_attn(
+                            s,
+                            attn,
+                            q_w,
+                            qkv,
+                            qkv_w,
+                            kc,
+                            vc,
+                            tiles,
+                            n_tiles,
+                            q_indptr,
+                            kv_indptr,
+                            kv_indices,
+                            prefix_lens,
+                            shape,
+                        )
+                        .map_err(cuda_err)?,
+                }
+                g.linear(attn, dptr(&lw.o, s), delta, t, q_w, h, false)
+                    .map_err(cuda_err)?;
+                k.add_rmsnorm(s, normed, x, Some(delta), dptr(&lw.post_norm, s), t, h, e)
+                    .map_err(cuda_err)?;
+                g.linear(
+                    normed,
+                    dptr(&lw.gate_up, s),
+                    gate_up,
+                    t,
+                    h,
+                    2 * inter,
+                    false,
+                )
+                .map_err(cuda_err)?;
+                k.silu_mul(s, act, gate_up, t, inter).map_err(cuda_err)?;
+                g.linear(act, dptr(&lw.down, s), delta, t, inter, h, false)
+                    .map_err(cuda_err)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Decode through the graph of padded batch size `bs` (captured on first use).
+    fn run_graph(&mut self, batch: &[SeqInput<'_>], bs: usize) -> Result<Vec<usize>> {
+        let s = self.stream.clone();
+        let max_bs = self.graphs.max_bs;
+        let spare = self.capacity as i32;
+        let mut meta = vec![0i32; 4 * max_bs + 1];
+        let mut indices = Vec::new();
+        let (ids_o, pos_o, slot_o, ptr_o, idx_o) =
+            (0, max_bs, 2 * max_bs, 3 * max_bs, 4 * max_bs + 1);
+        for i in 0..bs {
+            if let Some(q) = batch.get(i) {
+                meta[ids_o + i] = q.tokens[0] as i32;
+                meta[pos_o + i] = q.start_pos as i32;
+                meta[slot_o + i] = q.kv_slots[q.start_pos] as i32;
+                indices.extend(q.kv_slots.iter().map(|&x| x as i32));
+            } else {
+                // padding row: token 0 at position 0, attending to (and writing) the spare slot
+                meta[slot_o + i] = spare;
+                indices.push(spare);
+            }
+            meta[ptr_o + i + 1] = indices.len() as i32;
+        }
+        let m = dptr(&self.graphs.meta, &s);
+        htod(&s, m, &meta)?;
+        htod(&s, m.add(idx_o), &indices)?;
+        if !self.graphs.graphs.contains_key(&bs) {
+            let g = self.capture(bs)?;
+            self.graphs.graphs.insert(bs, Graph(g));
+        }
+        let Some(g) = self.graphs.graphs.get(&bs) else {
+            return Err(EngineError::Internal(
+                "decode graph missing after capture".into(),
+            ));
+        };
+        g.0.launch().map_err(cuda_err)?;
+        Ok(batch
+            .iter()
+            .enumerate()
+            .filter(|(_, q)| q.need_logits)
+            .map(|(i, _)| i)
+            .collect())
+    }
+
+    fn graph_inputs(&self, bs: usize) -> Inputs {
+        let max_bs = self.graphs.max_bs;
+        let m = dptr(&self.graphs.meta, &self.stream);
+        let plan =
+            self.kernels
+                .decode_plan(bs, self.cfg.num_kv_heads, self.cfg.max_position_embeddings);
+        let cap = (self.scratch.partial_rows / bs).max(1) as u32;
+        // SAFETY: ids are stored as i32 bit patterns of valid token ids.
+        let ids = unsafe { Dptr::<u32>::from_raw(m.addr()) };
+        Inputs {
+            tokens: bs,
+            ids,
+            positions: m.add(max_bs),
+            slots: m.add(2 * max_bs),
+            attn: AttnInputs::Decode {
+                batch: bs,
+                plan: DecodeAttnPlan {
+                    splits: plan.splits.min(cap),
+                },
+                kv_indptr: m.add(3 * max_bs),
+                kv_indices: m.add(4 * max_bs + 1),
+            },
+        }
+    }
+
+    fn capture(&self, bs: usize) -> Result<CudaGraph> {
+        let s = &self.stream;
+        let inputs = self.graph_inputs(bs);
+        // Warm up once outside capture: cuBLASLt plans are made then, not inside the graph.
+        self.layers(&inputs)?;
+        let x = dptr(&self.scratch.x, s);
+        let d = dptr(&self.scratch.delta, s);
+        let n = dptr(&self.scratch.normed, s);
+        self.head(x, d, n, bs, 0)?;
+        s.synchronize().map_err(cuda_err)?;
+        s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(cuda_err)?;
+        let body = self.layers(&inputs).and_then(|_| self.head(x, d, n, bs, 0));
+        let graph = s
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(cuda_err);
+        body?;
+        graph?.ok_or_else(|| EngineError::Internal("empty decode graph".into()))
+    }
+
+    pub(super) fn logits_to_host(&self, rows: Vec<usize>) -> Result<Vec<f32>> {
+        let v = self.cfg.vocab_size;
+        let mut out = Vec::with_capacity(rows.len() * v);
+        let mut buf = vec![bf16::ZERO; v];
+        let base = dptr(&self.scratch.logits, &self.stream);
+        // contiguous runs of rows in one copy
+        let mut i = 0;
+        while i < rows.len() {
+            let mut j = i + 1;
+            while j < rows.len() && rows[j] == rows[j - 1] + 1 {
+                j += 1;
+            }
+            buf.resize((j - i) * v, bf16::ZERO);
+            // SAFETY: rows lie inside the logits buffer; buf holds exactly (j - i) rows.
+            unsafe {
+                dres::memcpy_dtoh_async(
+                    &mut buf,
+                    base.add(rows[i] * v).addr(),
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(cuda_err)?;
+            self.stream.synchronize().map_err(cuda_err)?;
+            out.extend(buf.iter().map(|x| x.to_f32()));
+            i = j;
+        }
+        Ok(out)
+    }
+
+    pub(super) fn sample_device(&self, rows: Vec<usize>, temperature: f32) -> Result<Vec<u32>> {
+        let s = &self.stream;
+        let v = self.cfg.vocab_size;
+        let n = rows.iter().max().map_or(0, |m| m + 1);
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let params: Vec<f32> = (0..n)
+            .flat_map(|i| [temperature, 1.0, 0.0, 0.0, (i as f32 * 0.618).fract()])
+            .collect();
+        let p = dptr(&self.scratch.params, s);
+        // SAFETY: params holds 5 floats per logits row; n <= logit rows.
+        unsafe { dres::memcpy_htod_async(p.addr(), &params, s.cu_stream()) }.map_err(cuda_err)?;
+        let out = dptr(&self.scratch.sampled, s);
+        // SAFETY: n rows of logits were written by this pass.
+        unsafe {
+            self.kernels
+                .sample(s, out, dptr(&self.scratch.logits, s), p, n, v)
+        }
+        .map_err(cuda_err)?;
+        let mut host = vec![0i32; n];
+        // SAFETY: host holds n ints.
+        unsafe { dres::memcpy_dtoh_async(&mut host, out.addr(), s.cu_stream()) }
+            .map_err(cuda_err)?;
+        s.synchronize().map_err(cuda_err)?;
+        Ok(rows.iter().map(|&r| host[r] as u32).collect())
+    }
+}

@@ -1,0 +1,315 @@
+//! The CUDA backend: Llama-family models in bf16 on one GPU, through `sgl-kernels`.
+//!
+//! One forward pass: embedding gather, then per layer RMSNorm (fused with the residual add),
+//! the fused qkv GEMM, RoPE fused with the K/V store into the paged pool, attention (decode
+//! kernel when every sequence brings one token, tensor-core prefill kernel otherwise), o_proj,
+//! RMSNorm+add, the fused gate/up GEMM, SiLU-and-mul, down GEMM; at the end the final norm and
+//! the LM head only for rows whose logits are needed. GEMMs go through cuBLASLt.
+//!
+//! Decode batches of up to `cuda_graph_max_bs` sequences replay a CUDA graph captured per
+//! padded batch size (inputs live at fixed device addresses; padding rows write a spare slot).
+
+mod bench;
+mod forward;
+mod weights;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use half::bf16;
+use sgl_kernels::{Gemm, Kernels, MAX_DECODE_SPLITS};
+
+use super::{Backend, SeqInput};
+use crate::error::{EngineError, Result};
+use crate::model::config::ModelConfig;
+
+pub use bench::{BenchOneBatchArgs, bench_main, bench_one_batch};
+
+/// Start-up options of the CUDA backend (SGLang's flags of the same names).
+#[derive(Debug, Clone)]
+pub struct CudaOptions {
+    pub mem_fraction_static: f32,
+    pub max_total_tokens: Option<usize>,
+    /// Largest decode batch served by a CUDA graph.
+    pub cuda_graph_max_bs: usize,
+    pub disable_cuda_graph: bool,
+    /// Tokens one forward pass may carry before scratch buffers grow.
+    pub max_forward_tokens: usize,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            mem_fraction_static: 0.88,
+            max_total_tokens: None,
+            cuda_graph_max_bs: 160,
+            disable_cuda_graph: false,
+            max_forward_tokens: 8192,
+        }
+    }
+}
+
+pub(crate) fn cuda_err(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Internal(format!("CUDA: {e}"))
+}
+
+/// Load the model in `model_dir` onto GPU 0 and size the KV pool.
+pub fn load_cuda_backend(
+    model_dir: &Path,
+    cfg: &ModelConfig,
+    mem_fraction_static: f32,
+    max_total_tokens: Option<usize>,
+) -> Result<Box<dyn Backend>> {
+    let opts = CudaOptions {
+        mem_fraction_static,
+        max_total_tokens,
+        ..CudaOptions::default()
+    };
+    Ok(Box::new(CudaBackend::load(model_dir, cfg, &opts)?))
+}
+
+/// As [`load_cuda_backend`], with every option.
+pub fn load_cuda_backend_with(
+    model_dir: &Path,
+    cfg: &ModelConfig,
+    opts: &CudaOptions,
+) -> Result<Box<dyn Backend>> {
+    Ok(Box::new(CudaBackend::load(model_dir, cfg, opts)?))
+}
+
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    pub(crate) kernels: Kernels,
+    pub(crate) gemm: Gemm,
+    cfg: ModelConfig,
+    pub(crate) w: weights::Weights,
+    /// [layer][k | v][slot][kv_heads * head_dim]; slot `capacity` is the padding rows' spare.
+    kv: CudaSlice<bf16>,
+    capacity: usize,
+    inv_freq: CudaSlice<f32>,
+    scratch: forward::Scratch,
+    graphs: forward::Graphs,
+    pub(crate) opts: CudaOptions,
+    device_name: String,
+}
+
+/// transformers 5 writes RoPE settings as `rope_parameters` (theta inside, llama3 scaling
+/// beside it) instead of top-level `rope_theta` / `rope_scaling`; take them from there when
+/// present so such checkpoints get the right frequencies.
+fn with_rope_parameters(model_dir: &Path, cfg: &ModelConfig) -> Result<ModelConfig> {
+    let mut cfg = cfg.clone();
+    let Ok(text) = std::fs::read_to_string(model_dir.join("config.json")) else {
+        return Ok(cfg);
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| EngineError::Load(format!("config.json: {e}")))?;
+    let Some(rp) = v.get("rope_parameters").filter(|r| r.is_object()) else {
+        return Ok(cfg);
+    };
+    if let Some(theta) = rp.get("rope_theta").and_then(|t| t.as_f64()) {
+        cfg.rope_theta = theta as f32;
+    }
+    match rp.get("rope_type").and_then(|t| t.as_str()) {
+        Some("llama3") => {
+            cfg.rope_scaling =
+                Some(serde_json::from_value(rp.clone()).map_err(|e| {
+                    EngineError::Load(format!("rope_parameters in config.json: {e}"))
+                })?);
+        }
+        Some("default") | None => {}
+        Some(other) => {
+            return Err(EngineError::Load(format!(
+                "rope_type {other} is not supported (default, llama3)"
+            )));
+        }
+    }
+    Ok(cfg)
+}
+
+impl CudaBackend {
+    pub fn load(model_dir: &Path, cfg: &ModelConfig, opts: &CudaOptions) -> Result<Self> {
+        let cfg = &with_rope_parameters(model_dir, cfg)?;
+        tracing::info!(
+            "RoPE theta {} scaling {:?}",
+            cfg.rope_theta,
+            cfg.rope_scaling
+        );
+        if cfg.rope_interleaved {
+            return Err(EngineError::Load(
+                "the CUDA backend runs Hugging Face checkpoints (rotate-half RoPE)".into(),
+            ));
+        }
+        if cfg.hidden_size % 8 != 0 || cfg.intermediate_size % 8 != 0 {
+            return Err(EngineError::Load(
+                "hidden and intermediate sizes must be multiples of 8".into(),
+            ));
+        }
+        let ctx = CudaContext::new(0).map_err(|e| {
+            EngineError::Unavailable(format!(
+                "no usable CUDA device (driver or GPU missing?): {e}"
+            ))
+        })?;
+        // SAFETY: one stream does all the work, so cudarc's cross-stream events are not needed
+        // (and would get in the way of graph capture).
+        unsafe { ctx.disable_event_tracking() };
+        // A created stream: the legacy default stream cannot be captured into a graph.
+        let stream = ctx.new_stream().map_err(cuda_err)?;
+        let device_name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
+        let kernels = Kernels::load(&ctx).map_err(|e| EngineError::Load(e.to_string()))?;
+        let gemm = Gemm::new(stream.clone()).map_err(|e| EngineError::Load(e.to_string()))?;
+        let t0 = std::time::Instant::now();
+        let w = weights::load(model_dir, cfg, &stream)?;
+        tracing::info!(
+            "loaded {:.2} GB of weights onto {device_name} in {:.1}s",
+            w.bytes as f64 / 1e9,
+            t0.elapsed().as_secs_f64()
+        );
+        let inv = cfg.rope_inv_freq();
+        let inv_freq = stream.clone_htod(&inv).map_err(cuda_err)?;
+        let max_bs = if opts.disable_cuda_graph {
+            0
+        } else {
+            opts.cuda_graph_max_bs
+        };
+        let scratch =
+            forward::Scratch::new(&stream, cfg, opts.max_forward_tokens.max(max_bs).max(1))?;
+
+        // KV pool: what is left of mem_fraction_static of the card after weights and scratch.
+        let (free, total) = ctx.mem_get_info().map_err(cuda_err)?;
+        let used = total - free;
+        let per_slot = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2;
+        let budget = (opts.mem_fraction_static as f64 * total as f64) as usize;
+        let reserve = 256 << 20; // graphs, cuBLAS plans, merge buffers
+        let mut capacity = budget.saturating_sub(used + reserve) / per_slot;
+        if let Some(m) = opts.max_total_tokens {
+            capacity = capacity.min(m);
+        }
+        if capacity < 16 {
+            return Err(EngineError::Load(format!(
+                "no room for the KV cache: {:.1} GB used of {:.1} GB with --mem-fraction-static {}",
+                used as f64 / 1e9,
+                total as f64 / 1e9,
+                opts.mem_fraction_static
+            )));
+        }
+        // SAFETY: every slot is written (rope_kv_store) before attention reads it.
+        let kv =
+            unsafe { stream.alloc::<bf16>((capacity + 1) * per_slot / 2) }.map_err(cuda_err)?;
+        tracing::info!(
+            "KV pool: {capacity} tokens ({:.1} GB)",
+            (capacity * per_slot) as f64 / 1e9
+        );
+        let graphs = forward::Graphs::new(&stream, max_bs, capacity, cfg)?;
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            kernels,
+            gemm,
+            cfg: cfg.clone(),
+            w,
+            kv,
+            capacity,
+            inv_freq,
+            scratch,
+            graphs,
+            opts: opts.clone(),
+            device_name,
+        })
+    }
+
+    pub fn weight_bytes(&self) -> usize {
+        self.w.bytes
+    }
+
+    pub fn device_name(&self) -> &str {
+        &self.device_name
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn validate(&self, batch: &[SeqInput<'_>]) -> Result<()> {
+        for (i, s) in batch.iter().enumerate() {
+            if s.tokens.is_empty() {
+                return Err(EngineError::Internal(format!(
+                    "sequence {i} of the batch has no tokens"
+                )));
+            }
+            if s.kv_slots.len() != s.start_pos + s.tokens.len() {
+                return Err(EngineError::Internal(format!(
+                    "sequence {i}: {} KV slots for {} positions",
+                    s.kv_slots.len(),
+                    s.start_pos + s.tokens.len()
+                )));
+            }
+            if let Some(&bad) = s.kv_slots.iter().find(|&&x| x as usize >= self.capacity) {
+                return Err(EngineError::Internal(format!(
+                    "sequence {i}: KV slot {bad} outside the pool of {}",
+                    self.capacity
+                )));
+            }
+            if let Some(&bad) = s
+                .tokens
+                .iter()
+                .find(|&&x| x as usize >= self.cfg.vocab_size)
+            {
+                return Err(EngineError::bad_request(format!(
+                    "token id {bad} is outside the vocabulary of {}",
+                    self.cfg.vocab_size
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Run the batch and sample on the GPU: greedy when `temperature` is 0. Returns one token
+    /// per sequence with `need_logits` (used by the benchmarks; avoids copying logits).
+    pub fn forward_sample(&mut self, batch: &[SeqInput<'_>], temperature: f32) -> Result<Vec<u32>> {
+        self.validate(batch)?;
+        let n = self.run(batch)?;
+        self.sample_device(n, temperature)
+    }
+}
+
+impl Backend for CudaBackend {
+    fn forward(&mut self, batch: &[SeqInput<'_>]) -> Result<Vec<f32>> {
+        self.validate(batch)?;
+        let n = self.run(batch)?;
+        self.logits_to_host(n)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.cfg.vocab_size
+    }
+
+    fn kv_capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "cuda ({}), bf16, {} KV slots, cuda graphs {}",
+            self.device_name,
+            self.capacity,
+            if self.opts.disable_cuda_graph {
+                "off".to_string()
+            } else {
+                format!("up to batch {}", self.opts.cuda_graph_max_bs)
+            }
+        )
+    }
+}
+
+/// Upper bound on decode-attention splits, re-exported for buffer sizing.
+pub(crate) const DECODE_SPLITS: usize = MAX_DECODE_SPLITS as usize;

@@ -1,0 +1,649 @@
+//! Checks every kernel against a CPU reference on fresh random inputs (seeded from the clock,
+//! printed), with outputs poisoned (NaN) before each launch. Needs a GPU. Exit code 1 on any
+//! failure. Usage: `kernel-check` (prints one line per check and a summary table).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use half::bf16;
+use sgl_kernels::{AttnShape, Dptr, Gemm, Kernels, dptr, prefill_tiles};
+
+type R<T> = Result<T, Box<dyn std::error::Error>>;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    fn sym(&mut self) -> f32 {
+        2.0 * self.f() - 1.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn perm(&mut self, n: usize) -> Vec<usize> {
+        let mut v: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            v.swap(i, self.below(i + 1));
+        }
+        v
+    }
+}
+
+fn bf(v: &[f32]) -> Vec<bf16> {
+    v.iter().map(|&x| bf16::from_f32(x)).collect()
+}
+fn unbf(v: &[bf16]) -> Vec<f32> {
+    v.iter().map(|x| x.to_f32()).collect()
+}
+fn rbf(x: f32) -> f32 {
+    bf16::from_f32(x).to_f32()
+}
+
+/// ‖a − b‖ / ‖b‖; NaN anywhere fails.
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        if !x.is_finite() {
+            return f64::INFINITY;
+        }
+        num += ((x - y) as f64).powi(2);
+        den += (y as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+struct Ctx {
+    s: Arc<CudaStream>,
+    k: Kernels,
+    gemm: Gemm,
+    rng: Rng,
+    results: Vec<(String, f64, f64, bool)>,
+}
+
+impl Ctx {
+    fn up<T: cudarc::driver::DeviceRepr>(&self, v: &[T]) -> R<CudaSlice<T>> {
+        Ok(self.s.clone_htod(v)?)
+    }
+    fn poisoned(&self, n: usize) -> R<CudaSlice<bf16>> {
+        Ok(self.s.clone_htod(&vec![bf16::NAN; n])?)
+    }
+    fn down(&self, d: &CudaSlice<bf16>) -> R<Vec<f32>> {
+        self.s.synchronize()?;
+        Ok(unbf(&self.s.clone_dtoh(d)?))
+    }
+    fn p<T>(&self, d: &CudaSlice<T>) -> Dptr<T> {
+        dptr(d, &self.s)
+    }
+    fn record(&mut self, name: &str, err: f64, tol: f64) {
+        let ok = err <= tol;
+        println!(
+            "{} {name}: rel err {err:.2e} (tol {tol:.0e})",
+            if ok { "PASS" } else { "FAIL" }
+        );
+        self.results.push((name.to_string(), err, tol, ok));
+    }
+}
+
+fn check_embedding(c: &mut Ctx) -> R<()> {
+    let (v, h, t) = (1000, 512, 37);
+    let table: Vec<f32> = (0..v * h).map(|_| c.rng.sym()).collect();
+    let ids: Vec<u32> = (0..t).map(|_| c.rng.below(v) as u32).collect();
+    let (dt, di, out) = (c.up(&bf(&table))?, c.up(&ids)?, c.poisoned(t * h)?);
+    // SAFETY: shapes as allocated.
+    unsafe {
+        c.k.embedding(&c.s, c.p(&out), c.p(&dt), c.p(&di), t, h, v)?
+    };
+    let got = c.down(&out)?;
+    let want: Vec<f32> = ids
+        .iter()
+        .flat_map(|&i| table[i as usize * h..][..h].iter().map(|&x| rbf(x)))
+        .collect();
+    c.record("embedding_gather", rel_err(&got, &want), 0.0);
+    Ok(())
+}
+
+fn check_rmsnorm(c: &mut Ctx) -> R<()> {
+    let (t, h, eps) = (9, 4096, 1e-5f32);
+    for with_delta in [false, true] {
+        let x = bf(&(0..t * h).map(|_| c.rng.sym() * 3.0).collect::<Vec<_>>());
+        let d = bf(&(0..t * h).map(|_| c.rng.sym()).collect::<Vec<_>>());
+        let w = bf(&(0..h).map(|_| 1.0 + 0.5 * c.rng.sym()).collect::<Vec<_>>());
+        let (dx, dd, dw, out) = (c.up(&x)?, c.up(&d)?, c.up(&w)?, c.poisoned(t * h)?);
+        let delta = with_delta.then(|| c.p(&dd));
+        // SAFETY: shapes as allocated.
+        unsafe {
+            c.k.add_rmsnorm(&c.s, c.p(&out), c.p(&dx), delta, c.p(&dw), t, h, eps)?
+        };
+        let got = c.down(&out)?;
+        let got_res = c.down(&dx)?;
+        let mut want = vec![0.0; t * h];
+        let mut want_res = vec![0.0; t * h];
+        for r in 0..t {
+            let row: Vec<f32> = (0..h)
+                .map(|j| {
+                    let v = x[r * h + j].to_f32();
+                    if with_delta {
+                        rbf(v + d[r * h + j].to_f32())
+                    } else {
+                        v
+                    }
+                })
+                .collect();
+            let ms = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / h as f64;
+            let inv = 1.0 / (ms + eps as f64).sqrt();
+            for j in 0..h {
+                want_res[r * h + j] = row[j];
+                want[r * h + j] = rbf(w[j].to_f32() * rbf((row[j] as f64 * inv) as f32));
+            }
+        }
+        let name = if with_delta {
+            "add_rmsnorm (residual add)"
+        } else {
+            "rmsnorm"
+        };
+        let e = rel_err(&got, &want).max(rel_err(&got_res, &want_res));
+        c.record(name, e, 1e-2);
+    }
+    Ok(())
+}
+
+fn llama3_inv_freq(hd: usize) -> Vec<f32> {
+    let (theta, factor, lo, hi, old) = (500000.0f32, 8.0f32, 1.0f32, 4.0f32, 8192.0f32);
+    (0..hd / 2)
+        .map(|i| {
+            let f = 1.0 / theta.powf(2.0 * i as f32 / hd as f32);
+            let wl = 2.0 * std::f32::consts::PI / f;
+            if wl > old / lo {
+                f / factor
+            } else if wl < old / hi {
+                f
+            } else {
+                let s = (old / wl - lo) / (hi - lo);
+                (1.0 - s) * f / factor + s * f
+            }
+        })
+        .collect()
+}
+
+fn check_rope(c: &mut Ctx) -> R<()> {
+    let (t, nh, nkv, hd) = (11, 32, 8, 128);
+    let w = (nh + 2 * nkv) * hd;
+    let n_slots = 64;
+    let qkv = bf(&(0..t * w).map(|_| c.rng.sym()).collect::<Vec<_>>());
+    let pos: Vec<i32> = (0..t).map(|_| c.rng.below(9000) as i32).collect();
+    let slots: Vec<i32> = c.rng.perm(n_slots)[..t].iter().map(|&x| x as i32).collect();
+    let inv = llama3_inv_freq(hd);
+    let (dq, dp, ds, di) = (c.up(&qkv)?, c.up(&pos)?, c.up(&slots)?, c.up(&inv)?);
+    let (kc, vc) = (
+        c.poisoned(n_slots * nkv * hd)?,
+        c.poisoned(n_slots * nkv * hd)?,
+    );
+    let shape = AttnShape {
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+    };
+    // SAFETY: shapes as allocated; slots < n_slots.
+    unsafe {
+        c.k.rope_kv_store(
+            &c.s,
+            c.p(&dq),
+            c.p(&kc),
+            c.p(&vc),
+            c.p(&dp),
+            c.p(&ds),
+            c.p(&di),
+            t,
+            shape,
+        )?
+    };
+    let (gq, gk, gv) = (c.down(&dq)?, c.down(&kc)?, c.down(&vc)?);
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    let half = hd / 2;
+    for r in 0..t {
+        for head in 0..nh + nkv {
+            for i in 0..half {
+                let a = (pos[r] as f64 * inv[i] as f64) as f32;
+                let (cs, sn) = (rbf(a.cos()), rbf(a.sin()));
+                let x1 = qkv[r * w + head * hd + i].to_f32();
+                let x2 = qkv[r * w + head * hd + i + half].to_f32();
+                let o1 = rbf(rbf(x1 * cs) + rbf(-x2 * sn));
+                let o2 = rbf(rbf(x2 * cs) + rbf(x1 * sn));
+                let (g1, g2) = if head < nh {
+                    (gq[r * w + head * hd + i], gq[r * w + head * hd + i + half])
+                } else {
+                    let base = slots[r] as usize * nkv * hd + (head - nh) * hd;
+                    (gk[base + i], gk[base + i + half])
+                };
+                got.extend([g1, g2]);
+                want.extend([o1, o2]);
+            }
+        }
+        for j in 0..nkv * hd {
+            got.push(gv[slots[r] as usize * nkv * hd + j]);
+            want.push(qkv[r * w + (nh + nkv) * hd + j].to_f32());
+        }
+    }
+    c.record("rope_kv_store (llama3 scaling)", rel_err(&got, &want), 1e-2);
+    Ok(())
+}
+
+fn check_silu(c: &mut Ctx) -> R<()> {
+    let (t, i) = (5, 14336);
+    let gu = bf(&(0..t * 2 * i)
+        .map(|_| 4.0 * c.rng.sym())
+        .collect::<Vec<_>>());
+    let (dg, out) = (c.up(&gu)?, c.poisoned(t * i)?);
+    // SAFETY: shapes as allocated.
+    unsafe { c.k.silu_mul(&c.s, c.p(&out), c.p(&dg), t, i)? };
+    let got = c.down(&out)?;
+    let want: Vec<f32> = (0..t * i)
+        .map(|x| {
+            let (r, j) = (x / i, x % i);
+            let g = gu[r * 2 * i + j].to_f32();
+            let u = gu[r * 2 * i + i + j].to_f32();
+            rbf(rbf(g / (1.0 + (-g).exp())) * u)
+        })
+        .collect();
+    c.record("silu_mul", rel_err(&got, &want), 1e-2);
+    Ok(())
+}
+
+/// CPU attention of one query row over keys 0..=limit of a sequence's slots.
+fn attn_ref(
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    slots: &[usize],
+    kvh: usize,
+    nkv: usize,
+    hd: usize,
+    limit: usize,
+) -> Vec<f32> {
+    let scale = 1.0 / (hd as f64).sqrt();
+    let sc: Vec<f64> = slots[..=limit]
+        .iter()
+        .map(|&s| {
+            let k = &kc[(s * nkv + kvh) * hd..][..hd];
+            q.iter()
+                .zip(k)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum::<f64>()
+                * scale
+        })
+        .collect();
+    let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let p: Vec<f64> = sc.iter().map(|x| (x - m).exp()).collect();
+    let l: f64 = p.iter().sum();
+    let mut o = vec![0.0f64; hd];
+    for (j, &s) in slots[..=limit].iter().enumerate() {
+        let v = &vc[(s * nkv + kvh) * hd..][..hd];
+        for d in 0..hd {
+            o[d] += p[j] * v[d] as f64;
+        }
+    }
+    o.iter().map(|x| (x / l) as f32).collect()
+}
+
+fn random_cache(
+    c: &mut Ctx,
+    n_slots: usize,
+    nkv: usize,
+    hd: usize,
+) -> R<(Vec<f32>, Vec<f32>, CudaSlice<bf16>, CudaSlice<bf16>)> {
+    let k: Vec<f32> = (0..n_slots * nkv * hd)
+        .map(|_| rbf(c.rng.sym() * 2.0))
+        .collect();
+    let v: Vec<f32> = (0..n_slots * nkv * hd).map(|_| rbf(c.rng.sym())).collect();
+    let (dk, dv) = (c.up(&bf(&k))?, c.up(&bf(&v))?);
+    Ok((k, v, dk, dv))
+}
+
+fn check_decode(c: &mut Ctx, hd: usize, nh: usize, nkv: usize) -> R<()> {
+    let lens = [1usize, 17, 300, 1029, 2500];
+    let b = lens.len();
+    let total: usize = lens.iter().sum();
+    let n_slots = total + 100;
+    let (k, v, dk, dv) = random_cache(c, n_slots, nkv, hd)?;
+    let perm = c.rng.perm(n_slots);
+    let mut indptr = vec![0i32];
+    let mut idx = Vec::new();
+    let mut seq_slots = Vec::new();
+    for &l in &lens {
+        let s: Vec<usize> = perm[idx.len()..idx.len() + l].to_vec();
+        idx.extend(s.iter().map(|&x| x as i32));
+        indptr.push(idx.len() as i32);
+        seq_slots.push(s);
+    }
+    let q_stride = (nh + 2 * nkv) * hd;
+    let q: Vec<f32> = (0..b * q_stride).map(|_| rbf(c.rng.sym())).collect();
+    let shape = AttnShape {
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+    };
+    let max_len = *lens.iter().max().unwrap_or(&1);
+    for plan in [
+        c.k.decode_plan(b, nkv, max_len),
+        sgl_kernels::DecodeAttnPlan { splits: 1 },
+        sgl_kernels::DecodeAttnPlan { splits: 7 },
+    ] {
+        let rows = b * nh * plan.splits as usize;
+        let po = c.s.alloc_zeros::<f32>(rows * hd)?;
+        let pml = c.s.alloc_zeros::<f32>(rows * 2)?;
+        let (dq, dip, dix) = (c.up(&bf(&q))?, c.up(&indptr)?, c.up(&idx)?);
+        let out = c.poisoned(b * nh * hd)?;
+        // SAFETY: shapes as allocated.
+        unsafe {
+            c.k.decode_attn(
+                &c.s,
+                plan,
+                c.p(&out),
+                nh * hd,
+                c.p(&dq),
+                q_stride,
+                c.p(&dk),
+                c.p(&dv),
+                c.p(&dip),
+                c.p(&dix),
+                c.p(&po),
+                c.p(&pml),
+                b,
+                shape,
+            )?
+        };
+        let got = c.down(&out)?;
+        let mut want = Vec::new();
+        for (si, s) in seq_slots.iter().enumerate() {
+            for h in 0..nh {
+                let qr = &q[si * q_stride + h * hd..][..hd];
+                want.extend(attn_ref(
+                    qr,
+                    &k,
+                    &v,
+                    s,
+                    h / (nh / nkv),
+                    nkv,
+                    hd,
+                    s.len() - 1,
+                ));
+            }
+        }
+        let name = format!("decode_attn d{hd} {nh}/{nkv} heads, {} splits", plan.splits);
+        c.record(&name, rel_err(&got, &want), 1e-2);
+    }
+    Ok(())
+}
+
+fn check_prefill(c: &mut Ctx, hd: usize, nh: usize, nkv: usize) -> R<()> {
+    // (prefix already cached, new query tokens)
+    let seqs = [(0usize, 1usize), (0, 70), (150, 200), (37, 64), (0, 513)];
+    let total_kv: usize = seqs.iter().map(|(p, q)| p + q).sum();
+    let n_slots = total_kv + 50;
+    let (k, v, dk, dv) = random_cache(c, n_slots, nkv, hd)?;
+    let perm = c.rng.perm(n_slots);
+    let (mut q_indptr, mut kv_indptr, mut prefix, mut idx) =
+        (vec![0i32], vec![0i32], Vec::new(), Vec::new());
+    let mut seq_slots = Vec::new();
+    let mut t = 0;
+    for &(p, q) in &seqs {
+        let s: Vec<usize> = perm[idx.len()..idx.len() + p + q].to_vec();
+        idx.extend(s.iter().map(|&x| x as i32));
+        kv_indptr.push(idx.len() as i32);
+        t += q;
+        q_indptr.push(t as i32);
+        prefix.push(p as i32);
+        seq_slots.push(s);
+    }
+    let q_stride = (nh + 2 * nkv) * hd;
+    let qkv: Vec<f32> = (0..t * q_stride).map(|_| rbf(c.rng.sym())).collect();
+    let tiles = prefill_tiles(&seqs.iter().map(|s| s.1).collect::<Vec<_>>());
+    let (dq, dt, dqi, dki, dix, dp) = (
+        c.up(&bf(&qkv))?,
+        c.up(&tiles)?,
+        c.up(&q_indptr)?,
+        c.up(&kv_indptr)?,
+        c.up(&idx)?,
+        c.up(&prefix)?,
+    );
+    let out = c.poisoned(t * nh * hd)?;
+    let shape = AttnShape {
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+    };
+    // SAFETY: shapes as allocated.
+    unsafe {
+        c.k.prefill_attn(
+            &c.s,
+            c.p(&out),
+            nh * hd,
+            c.p(&dq),
+            q_stride,
+            c.p(&dk),
+            c.p(&dv),
+            c.p(&dt),
+            tiles.len() / 2,
+            c.p(&dqi),
+            c.p(&dki),
+            c.p(&dix),
+            c.p(&dp),
+            shape,
+        )?
+    };
+    let got = c.down(&out)?;
+    let mut want = Vec::new();
+    let mut row = 0;
+    for (si, &(p, q)) in seqs.iter().enumerate() {
+        for i in 0..q {
+            for h in 0..nh {
+                let qr = &qkv[row * q_stride + h * hd..][..hd];
+                want.extend(attn_ref(
+                    qr,
+                    &k,
+                    &v,
+                    &seq_slots[si],
+                    h / (nh / nkv),
+                    nkv,
+                    hd,
+                    p + i,
+                ));
+            }
+            row += 1;
+        }
+    }
+    c.record(
+        &format!("prefill_attn d{hd} {nh}/{nkv} heads, cached prefixes"),
+        rel_err(&got, &want),
+        1e-2,
+    );
+    Ok(())
+}
+
+fn check_gemm(c: &mut Ctx) -> R<()> {
+    for (t, i, o) in [
+        (1usize, 4096usize, 6144usize),
+        (37, 512, 1000),
+        (300, 1024, 2048),
+    ] {
+        let x = bf(&(0..t * i).map(|_| c.rng.sym()).collect::<Vec<_>>());
+        let w = bf(&(0..o * i).map(|_| c.rng.sym()).collect::<Vec<_>>());
+        let (dx, dw, y) = (c.up(&x)?, c.up(&w)?, c.poisoned(t * o)?);
+        // SAFETY: shapes as allocated.
+        unsafe { c.gemm.linear(c.p(&dx), c.p(&dw), c.p(&y), t, i, o, false)? };
+        let got = c.down(&y)?;
+        let mut want = vec![0.0f32; t * o];
+        for r in 0..t {
+            for n in 0..o {
+                want[r * o + n] = (0..i)
+                    .map(|j| x[r * i + j].to_f32() as f64 * w[n * i + j].to_f32() as f64)
+                    .sum::<f64>() as f32;
+            }
+        }
+        c.record(
+            &format!("gemm bf16 {t}x{i} -> {o}"),
+            rel_err(&got, &want),
+            1e-2,
+        );
+    }
+    Ok(())
+}
+
+fn check_sampling(c: &mut Ctx) -> R<()> {
+    let (rows, vocab) = (64, 32000);
+    let logits: Vec<f32> = (0..rows * vocab).map(|_| rbf(c.rng.sym() * 8.0)).collect();
+    let mut params = Vec::new();
+    for r in 0..rows {
+        let temp = if r % 4 == 0 { 0.0 } else { 0.5 + c.rng.f() };
+        let top_p = if r % 3 == 0 {
+            1.0
+        } else {
+            0.5 + 0.5 * c.rng.f()
+        };
+        let top_k = if r % 5 == 0 {
+            0.0
+        } else {
+            (1 + c.rng.below(100)) as f32
+        };
+        let min_p = if r % 2 == 0 { 0.0 } else { 0.05 * c.rng.f() };
+        params.extend([temp, top_p, top_k, min_p, c.rng.f()]);
+    }
+    let (dl, dp) = (c.up(&bf(&logits))?, c.up(&params)?);
+    let out = c.s.clone_htod(&vec![-1i32; rows])?;
+    // SAFETY: shapes as allocated.
+    unsafe {
+        c.k.sample(&c.s, c.p(&out), c.p(&dl), c.p(&dp), rows, vocab)?
+    };
+    c.s.synchronize()?;
+    let got = c.s.clone_dtoh(&out)?;
+    let (mut in_set, mut exact) = (0, 0);
+    for r in 0..rows {
+        let row = &logits[r * vocab..][..vocab];
+        let p = &params[r * 5..][..5];
+        let (temp, top_p, top_k, min_p, u) = (p[0], p[1], p[2] as usize, p[3], p[4]);
+        let mx = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let want_set: Vec<usize>;
+        let want_tok: usize;
+        if temp <= 0.0 {
+            want_tok = row.iter().position(|&x| x == mx).unwrap_or(0);
+            want_set = vec![want_tok];
+        } else {
+            let e: Vec<f64> = row
+                .iter()
+                .map(|&x| (((x - mx) / temp) as f64).exp())
+                .collect();
+            let mut order: Vec<usize> = (0..vocab).collect();
+            order.sort_by(|&a, &b| e[b].total_cmp(&e[a]));
+            // tie-inclusive thresholds, like the kernel: every token tied with the cut stays
+            let keep_k = if top_k > 0 && top_k < vocab {
+                top_k
+            } else {
+                vocab
+            };
+            let t_k = e[order[keep_k - 1]];
+            let mass_k: f64 = e.iter().filter(|&&x| x >= t_k).sum();
+            let mut t_p = t_k;
+            if top_p < 1.0 {
+                let mut acc = 0.0;
+                for &i in &order {
+                    acc += e[i];
+                    if acc >= top_p as f64 * mass_k {
+                        t_p = e[i];
+                        break;
+                    }
+                }
+            }
+            let tau = t_k.max(t_p).max(min_p as f64);
+            let mut set: Vec<usize> = (0..vocab).filter(|&i| e[i] >= tau).collect();
+            set.sort();
+            let total: f64 = set.iter().map(|&i| e[i]).sum();
+            let mut acc = 0.0;
+            let mut tok = set[0];
+            for &i in &set {
+                acc += e[i];
+                tok = i;
+                if acc > u as f64 * total {
+                    break;
+                }
+            }
+            want_tok = tok;
+            want_set = set;
+        }
+        let g = got[r] as usize;
+        if want_set.binary_search(&g).is_ok() || (want_set.len() == 1 && want_set[0] == g) {
+            in_set += 1;
+        }
+        if g == want_tok {
+            exact += 1;
+        }
+    }
+    let miss = 1.0 - in_set as f64 / rows as f64;
+    c.record(
+        "sample (kept-set membership, greedy/temp/top-k/top-p/min-p)",
+        miss,
+        0.02,
+    );
+    let miss_exact = 1.0 - exact as f64 / rows as f64;
+    c.record("sample (same token as CPU inverse CDF)", miss_exact, 0.1);
+    Ok(())
+}
+
+fn main() -> R<()> {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos() as u64
+        | 1;
+    println!("kernel-check seed {seed}");
+    let ctx = CudaContext::new(0)?;
+    // SAFETY: single stream; no cross-stream events needed.
+    unsafe { ctx.disable_event_tracking() };
+    let s = ctx.default_stream();
+    let t0 = std::time::Instant::now();
+    let k = Kernels::load(&ctx)?;
+    println!(
+        "kernels compiled and loaded in {:.2}s on {}",
+        t0.elapsed().as_secs_f64(),
+        ctx.name()?
+    );
+    let gemm = Gemm::new(s.clone())?;
+    let mut c = Ctx {
+        s,
+        k,
+        gemm,
+        rng: Rng(seed),
+        results: Vec::new(),
+    };
+    check_embedding(&mut c)?;
+    check_rmsnorm(&mut c)?;
+    check_rope(&mut c)?;
+    check_silu(&mut c)?;
+    check_decode(&mut c, 128, 32, 8)?;
+    check_decode(&mut c, 128, 8, 8)?;
+    check_decode(&mut c, 64, 16, 2)?;
+    check_decode(&mut c, 128, 16, 8)?;
+    check_prefill(&mut c, 128, 32, 8)?;
+    check_prefill(&mut c, 64, 8, 4)?;
+    check_gemm(&mut c)?;
+    check_sampling(&mut c)?;
+    println!("\n| kernel check | rel err | tol | result |\n|---|---|---|---|");
+    for (n, e, t, ok) in &c.results {
+        println!(
+            "| {n} | {e:.2e} | {t:.0e} | {} |",
+            if *ok { "pass" } else { "FAIL" }
+        );
+    }
+    let failed = c.results.iter().filter(|r| !r.3).count();
+    println!("{} checks, {failed} failed", c.results.len());
+    if failed > 0 {
+        std::process::exit(1);
+    }
+    Ok(())
+}

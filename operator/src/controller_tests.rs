@@ -1,0 +1,347 @@
+//! Reconcile against a scripted API server: every request the controller makes is recorded
+//! and asserted.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::runtime::controller::Action;
+use serde_json::{Value, json};
+
+use super::{backoff, error_policy, reconcile};
+use crate::fixtures::{FakeApi, ready_statuses, service, timeout};
+
+fn no_override() -> crate::fixtures::Responder {
+    Box::new(|_| None)
+}
+
+fn not_ready() -> (Value, Value) {
+    (json!({"replicas": 0}), json!({}))
+}
+
+fn condition<'a>(status_body: &'a Value, type_: &str) -> &'a Value {
+    status_body["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {status_body}"))
+}
+
+fn args(sts: &Value) -> Vec<String> {
+    serde_json::from_value(sts["spec"]["template"]["spec"]["containers"][0]["args"].clone())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn create_applies_every_object_and_reports_progress() {
+    let svc = service(json!({}));
+    let (ctx, api) = FakeApi::start(&svc, not_ready(), no_override());
+    let action = timeout(reconcile(Arc::new(svc), ctx.clone()))
+        .await
+        .unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(10)));
+
+    let summary = api.summary();
+    let expected = [
+        "PATCH /api/v1/namespaces/ml/services/llama-engine",
+        "PATCH /apis/apps/v1/namespaces/ml/statefulsets/llama-engine",
+        "PATCH /apis/policy/v1/namespaces/ml/poddisruptionbudgets/llama-engine",
+        "PATCH /api/v1/namespaces/ml/serviceaccounts/llama-router",
+        "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/ml/roles/llama-router",
+        "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/ml/rolebindings/llama-router",
+        "PATCH /apis/apps/v1/namespaces/ml/deployments/llama-router",
+        "PATCH /api/v1/namespaces/ml/services/llama-router",
+        "DELETE /apis/autoscaling/v2/namespaces/ml/horizontalpodautoscalers/llama-engine",
+        "DELETE /apis/monitoring.coreos.com/v1/namespaces/ml/servicemonitors/llama",
+        "PATCH /apis/serving.sgl-rs.io/v1alpha1/namespaces/ml/sglangservices/llama/status",
+    ];
+    assert_eq!(&summary[..expected.len()], expected);
+    // One event per new condition.
+    let events: Vec<_> = summary[expected.len()..].to_vec();
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert!(
+        events
+            .iter()
+            .all(|e| e == "POST /apis/events.k8s.io/v1/namespaces/ml/events")
+    );
+
+    let sts = api.body("PATCH", "/statefulsets/");
+    assert_eq!(sts["spec"]["replicas"], 2);
+    assert_eq!(sts["metadata"]["ownerReferences"][0]["uid"], "1234-abcd");
+    assert_eq!(sts["metadata"]["ownerReferences"][0]["controller"], true);
+    let limits = &sts["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"];
+    assert_eq!(limits["nvidia.com/gpu"], "1");
+
+    let status = api.body("PATCH", "/status");
+    assert_eq!(condition(&status, "Ready")["status"], "False");
+    assert_eq!(condition(&status, "Ready")["reason"], "EnginesNotReady");
+    assert_eq!(condition(&status, "Progressing")["status"], "True");
+    assert_eq!(condition(&status, "Degraded")["status"], "False");
+    assert_eq!(
+        status["status"]["endpoint"],
+        "http://llama-router.ml.svc:30000"
+    );
+    assert_eq!(status["status"]["ready"], "0/2");
+    assert_eq!(
+        status["status"]["selector"],
+        "app.kubernetes.io/component=engine,app.kubernetes.io/instance=llama,app.kubernetes.io/name=sglang"
+    );
+}
+
+#[tokio::test]
+async fn ready_workloads_make_the_service_ready() {
+    let svc = service(json!({}));
+    let (ctx, api) = FakeApi::start(&svc, ready_statuses(), no_override());
+    let action = timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(300)));
+    let status = api.body("PATCH", "/status");
+    assert_eq!(condition(&status, "Ready")["status"], "True");
+    assert_eq!(condition(&status, "Progressing")["status"], "False");
+    assert_eq!(status["status"]["ready"], "2/2");
+    assert_eq!(status["status"]["readyReplicas"], 2);
+}
+
+#[tokio::test]
+async fn unchanged_status_is_not_written_again_and_emits_no_event() {
+    let svc = service(json!({}));
+    let (ctx, api) = FakeApi::start(&svc, ready_statuses(), no_override());
+    timeout(reconcile(Arc::new(svc.clone()), ctx))
+        .await
+        .unwrap();
+    let written = api.body("PATCH", "/status");
+
+    let mut again = svc;
+    again.status = Some(serde_json::from_value(written["status"].clone()).unwrap());
+    let (ctx, api) = FakeApi::start(&again, ready_statuses(), no_override());
+    timeout(reconcile(Arc::new(again), ctx)).await.unwrap();
+    assert!(
+        !api.calls()
+            .iter()
+            .any(|c| c.path.ends_with("/status") || c.path.contains("/events")),
+        "{:?}",
+        api.summary()
+    );
+}
+
+#[tokio::test]
+async fn spec_updates_reach_the_applied_statefulset() {
+    let svc = service(
+        json!({"tpSize": 4, "quantization": "fp8", "contextLength": 8192, "extraArgs": ["--enable-cache-report"]}),
+    );
+    let (ctx, api) = FakeApi::start(&svc, not_ready(), no_override());
+    timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
+    let sts = api.body("PATCH", "/statefulsets/");
+    let args = args(&sts);
+    for pair in [
+        ["--tp-size", "4"],
+        ["--quantization", "fp8"],
+        ["--context-length", "8192"],
+    ] {
+        assert!(
+            args.windows(2).any(|w| w == pair),
+            "{pair:?} not in {args:?}"
+        );
+    }
+    assert_eq!(
+        args.last().map(String::as_str),
+        Some("--enable-cache-report")
+    );
+    let limits = &sts["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"];
+    assert_eq!(limits["nvidia.com/gpu"], "4");
+}
+
+#[tokio::test]
+async fn scale_sets_replicas_unless_the_hpa_owns_them() {
+    let svc = service(json!({"dpSize": 5}));
+    let (ctx, api) = FakeApi::start(&svc, not_ready(), no_override());
+    timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
+    assert_eq!(api.body("PATCH", "/statefulsets/")["spec"]["replicas"], 5);
+
+    let svc = service(
+        json!({"autoscaling": {"minReplicas": 1, "maxReplicas": 6, "targetQueueLength": 8}}),
+    );
+    let (ctx, api) = FakeApi::start(&svc, not_ready(), no_override());
+    timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
+    assert!(
+        api.body("PATCH", "/statefulsets/")["spec"]
+            .get("replicas")
+            .is_none()
+    );
+    let hpa = api.body("PATCH", "/horizontalpodautoscalers/");
+    assert_eq!(hpa["spec"]["maxReplicas"], 6);
+    assert_eq!(
+        hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"],
+        "8"
+    );
+    assert!(
+        !api.calls()
+            .iter()
+            .any(|c| c.is("DELETE", "/horizontalpodautoscalers/"))
+    );
+}
+
+#[tokio::test]
+async fn disabling_the_router_deletes_its_objects() {
+    let svc = service(json!({"router": {"enabled": false}}));
+    let (ctx, api) = FakeApi::start(&svc, not_ready(), no_override());
+    timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
+    for part in [
+        "/serviceaccounts/llama-router",
+        "/roles/llama-router",
+        "/rolebindings/llama-router",
+        "/deployments/llama-router",
+        "/services/llama-router",
+    ] {
+        assert!(
+            api.calls().iter().any(|c| c.is("DELETE", part)),
+            "no DELETE {part}"
+        );
+        assert!(
+            !api.calls().iter().any(|c| c.is("PATCH", part)),
+            "PATCH {part}"
+        );
+    }
+    assert_eq!(
+        api.body("PATCH", "/status")["status"]["endpoint"],
+        "http://llama-engine.ml.svc:30000"
+    );
+}
+
+#[tokio::test]
+async fn a_service_being_deleted_is_left_to_the_garbage_collector() {
+    let mut svc = service(json!({}));
+    svc.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    let (ctx, api) = FakeApi::start(&svc, not_ready(), no_override());
+    let action = timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
+    assert_eq!(action, Action::await_change());
+    assert!(api.calls().is_empty(), "{:?}", api.summary());
+}
+
+#[tokio::test]
+async fn api_errors_show_as_degraded_and_back_off() {
+    let svc = service(json!({}));
+    let fail: crate::fixtures::Responder = Box::new(|c| {
+        c.is("PATCH", "/statefulsets/").then(|| {
+            (500, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 500, "reason": "InternalError", "message": "etcdserver: request timed out"}))
+        })
+    });
+    let (ctx, api) = FakeApi::start(&svc, not_ready(), fail);
+    let svc = Arc::new(svc);
+    let err = timeout(reconcile(svc.clone(), ctx.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.metric_label(), "kube");
+    // Nothing after the failed apply, except recording the failure.
+    assert!(!api.calls().iter().any(|c| c.is("PATCH", "/deployments/")));
+    let status = api.body("PATCH", "/status");
+    let degraded = condition(&status, "Degraded");
+    assert_eq!(degraded["status"], "True");
+    assert_eq!(degraded["reason"], "ApplyFailed");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .unwrap()
+            .contains("etcdserver: request timed out")
+    );
+    let warnings = api
+        .calls()
+        .into_iter()
+        .filter(|c| c.path.contains("/events") && c.body["type"] == "Warning")
+        .count();
+    assert_eq!(warnings, 1);
+
+    let delays: Vec<_> = (0..3)
+        .map(|_| error_policy(svc.clone(), &err, ctx.clone()))
+        .collect();
+    assert_eq!(
+        delays,
+        [5, 10, 20].map(|s| Action::requeue(Duration::from_secs(s)))
+    );
+    let failures = ctx.metrics.encode().unwrap();
+    assert!(
+        failures
+            .contains(r#"sgl_operator_reconcile_failures_total{error="kube",namespace="ml"} 1"#),
+        "{failures}"
+    );
+}
+
+#[tokio::test]
+async fn conflicts_are_errors_with_their_own_label() {
+    let svc = service(json!({}));
+    let conflict: crate::fixtures::Responder = Box::new(|c| {
+        c.is("PATCH", "/services/llama-engine").then(|| {
+            (409, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 409, "reason": "Conflict", "message": "Apply failed with 1 conflict"}))
+        })
+    });
+    let (ctx, api) = FakeApi::start(&svc, not_ready(), conflict);
+    let err = timeout(reconcile(Arc::new(svc), ctx.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.metric_label(), "conflict");
+    assert_eq!(
+        condition(&api.body("PATCH", "/status"), "Degraded")["reason"],
+        "ApplyFailed"
+    );
+    assert!(
+        ctx.metrics
+            .encode()
+            .unwrap()
+            .contains(r#"error="conflict""#)
+    );
+}
+
+#[tokio::test]
+async fn a_bad_spec_is_degraded_and_applies_nothing() {
+    let svc = service(json!({"tpSize": 3}));
+    let (ctx, api) = FakeApi::start(&svc, not_ready(), no_override());
+    let action = timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
+    assert_eq!(action, Action::await_change());
+    assert!(
+        !api.calls()
+            .iter()
+            .any(|c| c.method == "PATCH" && !c.path.ends_with("/status")),
+        "{:?}",
+        api.summary()
+    );
+    let status = api.body("PATCH", "/status");
+    let degraded = condition(&status, "Degraded");
+    assert_eq!(degraded["reason"], "InvalidSpec");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .unwrap()
+            .contains("tpSize must be 1, 2, 4 or 8")
+    );
+    assert_eq!(condition(&status, "Ready")["reason"], "InvalidSpec");
+}
+
+#[tokio::test]
+async fn missing_service_monitor_crd_is_a_warning_not_a_failure() {
+    let svc = service(json!({"monitoring": {"serviceMonitor": true}}));
+    let missing: crate::fixtures::Responder = Box::new(|c| {
+        c.is("PATCH", "/servicemonitors/").then(|| (404, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404, "reason": "NotFound", "message": "the server could not find the requested resource"})))
+    });
+    let (ctx, api) = FakeApi::start(&svc, ready_statuses(), missing);
+    timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
+    let event = api
+        .calls()
+        .into_iter()
+        .find(|c| c.path.contains("/events") && c.body["reason"] == "ServiceMonitorUnavailable");
+    assert_eq!(
+        event.map(|e| e.body["type"].clone()),
+        Some(json!("Warning"))
+    );
+    assert_eq!(
+        condition(&api.body("PATCH", "/status"), "Ready")["status"],
+        "True"
+    );
+}
+
+#[test]
+fn backoff_doubles_and_caps() {
+    assert_eq!(backoff(1), Duration::from_secs(5));
+    assert_eq!(backoff(4), Duration::from_secs(40));
+    assert_eq!(backoff(30), Duration::from_secs(300));
+}

@@ -1,0 +1,328 @@
+//! Each spec field lands where the engine, router or autoscaler reads it.
+
+use serde_json::{Value, json};
+
+use super::{Kind, Plan, plan};
+use crate::fixtures::service;
+
+fn planned(spec: Value) -> Plan {
+    plan(&service(spec)).unwrap()
+}
+
+fn object(p: &Plan, kind: Kind) -> &Value {
+    &p.get(kind)
+        .unwrap_or_else(|| panic!("no {kind:?} planned"))
+        .object
+}
+
+fn engine(p: &Plan) -> &Value {
+    &object(p, Kind::StatefulSet)["spec"]["template"]["spec"]["containers"][0]
+}
+
+fn router(p: &Plan) -> &Value {
+    &object(p, Kind::Deployment)["spec"]["template"]["spec"]["containers"][0]
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    serde_json::from_value(v.clone()).unwrap_or_default()
+}
+
+fn has_pair(args: &[String], flag: &str, value: &str) -> bool {
+    args.windows(2).any(|w| w[0] == flag && w[1] == value)
+}
+
+#[test]
+fn engine_flags_follow_the_spec() {
+    let cases = [
+        (
+            json!({"model": {"path": "m", "servedModelName": "chat"}}),
+            "--served-model-name",
+            "chat",
+        ),
+        (
+            json!({"model": {"path": "m", "tokenizerPath": "/tok"}}),
+            "--tokenizer-path",
+            "/tok",
+        ),
+        (
+            json!({"model": {"path": "m", "chatTemplate": "chatml"}}),
+            "--chat-template",
+            "chatml",
+        ),
+        (
+            json!({"model": {"path": "/models/x"}}),
+            "--model-path",
+            "/models/x",
+        ),
+        (json!({"tpSize": 8}), "--tp-size", "8"),
+        (json!({"device": "cpu"}), "--device", "cpu"),
+        (
+            json!({"quantization": "awq_marlin"}),
+            "--quantization",
+            "awq_marlin",
+        ),
+        (
+            json!({"kvCacheDtype": "fp8_e4m3"}),
+            "--kv-cache-dtype",
+            "fp8_e4m3",
+        ),
+        (
+            json!({"grammarBackend": "xgrammar"}),
+            "--grammar-backend",
+            "xgrammar",
+        ),
+        (json!({"contextLength": 4096}), "--context-length", "4096"),
+        (
+            json!({"memFractionStatic": 0.9}),
+            "--mem-fraction-static",
+            "0.9",
+        ),
+        (
+            json!({"maxRunningRequests": 64}),
+            "--max-running-requests",
+            "64",
+        ),
+        (
+            json!({"maxTotalTokens": 100000}),
+            "--max-total-tokens",
+            "100000",
+        ),
+        (
+            json!({"chunkedPrefillSize": -1}),
+            "--chunked-prefill-size",
+            "-1",
+        ),
+        (
+            json!({"schedulePolicy": "dfs-weight"}),
+            "--schedule-policy",
+            "dfs-weight",
+        ),
+        (json!({"logLevel": "debug"}), "--log-level", "debug"),
+        (
+            json!({"apiKeySecretRef": {"name": "s", "key": "k"}}),
+            "--api-key",
+            "$(SGLANG_API_KEY)",
+        ),
+    ];
+    let baseline = strings(&engine(&planned(json!({})))["args"]);
+    for (spec, flag, value) in cases {
+        let args = strings(&engine(&planned(spec.clone()))["args"]);
+        assert!(
+            has_pair(&args, flag, value),
+            "{spec}: {flag} {value} not in {args:?}"
+        );
+        assert_ne!(args, baseline, "{spec} changed nothing");
+    }
+    assert!(baseline.contains(&"--enable-metrics".to_string()));
+    let extra = strings(&engine(&planned(json!({"extraArgs": ["--random-seed", "7"]})))["args"]);
+    assert_eq!(&extra[extra.len() - 2..], ["--random-seed", "7"]);
+}
+
+#[test]
+fn pod_settings_follow_the_spec() {
+    let p = planned(json!({
+        "image": "registry.local/engine:dev",
+        "imagePullPolicy": "Always",
+        "resources": {"requests": {"cpu": "4"}, "limits": {"memory": "32Gi"}},
+        "nodeSelector": {"pool": "gpu"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}],
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+        "env": [{"name": "RUST_LOG", "value": "debug"}],
+        "model": {"path": "m", "revision": "v2"},
+        "modelCache": {"claimName": "weights", "mountPath": "/cache", "readOnly": true},
+    }));
+    let c = engine(&p);
+    let pod = &object(&p, Kind::StatefulSet)["spec"]["template"]["spec"];
+    assert_eq!(c["image"], "registry.local/engine:dev");
+    assert_eq!(c["imagePullPolicy"], "Always");
+    assert_eq!(router(&p)["imagePullPolicy"], "Always");
+    assert_eq!(c["resources"]["requests"]["cpu"], "4");
+    assert_eq!(c["resources"]["requests"]["nvidia.com/gpu"], "1");
+    assert_eq!(c["resources"]["limits"]["memory"], "32Gi");
+    assert_eq!(pod["nodeSelector"]["pool"], "gpu");
+    let tolerations: Vec<&str> = pod["tolerations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["key"].as_str())
+        .collect();
+    assert_eq!(tolerations, ["dedicated", "nvidia.com/gpu"]);
+    assert!(pod["affinity"]["podAntiAffinity"].is_object());
+    let env: Vec<(String, String)> = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().into(),
+                e["value"].as_str().unwrap_or("").into(),
+            )
+        })
+        .collect();
+    assert!(env.contains(&("HF_HOME".into(), "/cache".into())));
+    assert!(env.contains(&("HF_REVISION".into(), "v2".into())));
+    assert!(env.contains(&("RUST_LOG".into(), "debug".into())));
+    assert_eq!(
+        pod["volumes"][1]["persistentVolumeClaim"],
+        json!({"claimName": "weights", "readOnly": true})
+    );
+    assert_eq!(c["volumeMounts"][1]["mountPath"], "/cache");
+    assert_eq!(pod["volumes"][0]["emptyDir"]["medium"], "Memory");
+    assert_eq!(c["volumeMounts"][0]["mountPath"], "/dev/shm");
+}
+
+#[test]
+fn probes_wait_for_a_slow_load_and_spare_a_busy_engine() {
+    let p = planned(json!({}));
+    let c = engine(&p);
+    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+        assert_eq!(c[probe]["httpGet"]["path"], "/health", "{probe}");
+    }
+    let patience = |probe: &str| {
+        c[probe]["periodSeconds"].as_i64().unwrap() * c[probe]["failureThreshold"].as_i64().unwrap()
+    };
+    assert!(patience("startupProbe") >= 1800);
+    assert!(patience("livenessProbe") >= 120);
+    assert!(c["livenessProbe"]["timeoutSeconds"].as_i64().unwrap() >= 10);
+}
+
+#[test]
+fn cpu_services_request_no_gpu() {
+    let p = planned(json!({"device": "cpu"}));
+    let c = engine(&p);
+    assert!(c.get("resources").is_none(), "{}", c["resources"]);
+    assert!(
+        object(&p, Kind::StatefulSet)["spec"]["template"]["spec"]
+            .get("tolerations")
+            .is_none()
+    );
+}
+
+#[test]
+fn router_follows_the_spec_and_discovers_only_its_engines() {
+    let p = planned(
+        json!({"router": {"replicas": 3, "policy": "round_robin", "cacheThreshold": 0.3,
+        "balanceAbsThreshold": 8, "balanceRelThreshold": 1.5, "image": "r:1"}, "apiKeySecretRef": {"name": "s", "key": "k"}}),
+    );
+    let r = router(&p);
+    let args = strings(&r["args"]);
+    for (flag, value) in [
+        ("--policy", "round_robin"),
+        ("--cache-threshold", "0.3"),
+        ("--balance-abs-threshold", "8"),
+        ("--balance-rel-threshold", "1.5"),
+        ("--selector", "serving.sgl-rs.io/engine=llama"),
+        ("--service-discovery-namespace", "ml"),
+    ] {
+        assert!(
+            has_pair(&args, flag, value),
+            "{flag} {value} not in {args:?}"
+        );
+    }
+    assert_eq!(r["image"], "r:1");
+    assert_eq!(r["env"][0]["name"], "SGL_ROUTER_API_KEY");
+    assert_eq!(object(&p, Kind::Deployment)["spec"]["replicas"], 3);
+    let engine_labels = &object(&p, Kind::StatefulSet)["spec"]["template"]["metadata"]["labels"];
+    assert_eq!(engine_labels["serving.sgl-rs.io/engine"], "llama");
+    let role = object(&p, Kind::Role);
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}])
+    );
+    assert_eq!(
+        object(&p, Kind::Deployment)["spec"]["template"]["spec"]["serviceAccountName"],
+        "llama-router"
+    );
+}
+
+#[test]
+fn autoscaling_targets_the_engines_with_both_metrics() {
+    let p = planned(
+        json!({"autoscaling": {"minReplicas": 2, "maxReplicas": 10, "targetQueueLength": 2.5,
+        "targetCacheHitRate": 0.8, "scaleDownStabilizationSeconds": 120}}),
+    );
+    let hpa = object(&p, Kind::HorizontalPodAutoscaler);
+    assert_eq!(
+        hpa["spec"]["scaleTargetRef"],
+        json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "llama-engine"})
+    );
+    assert_eq!(hpa["spec"]["minReplicas"], 2);
+    assert_eq!(
+        hpa["spec"]["metrics"][0]["pods"]["metric"]["name"],
+        super::QUEUE_METRIC
+    );
+    assert_eq!(
+        hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"],
+        "2500m"
+    );
+    assert_eq!(
+        hpa["spec"]["metrics"][1]["pods"]["metric"]["name"],
+        super::CACHE_MISS_METRIC
+    );
+    assert_eq!(
+        hpa["spec"]["metrics"][1]["pods"]["target"]["averageValue"],
+        "200m"
+    );
+    assert_eq!(
+        hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"],
+        120
+    );
+    assert!(
+        object(&p, Kind::StatefulSet)["spec"]
+            .get("replicas")
+            .is_none()
+    );
+
+    let off = planned(json!({"autoscaling": {"enabled": false, "maxReplicas": 3}}));
+    assert!(off.get(Kind::HorizontalPodAutoscaler).is_none());
+    assert!(
+        off.delete
+            .contains(&(Kind::HorizontalPodAutoscaler, "llama-engine".into()))
+    );
+    assert_eq!(object(&off, Kind::StatefulSet)["spec"]["replicas"], 2);
+}
+
+#[test]
+fn monitoring_adds_a_service_monitor() {
+    let p = planned(json!({"monitoring": {"serviceMonitor": true, "interval": "15s"}}));
+    let sm = object(&p, Kind::ServiceMonitor);
+    assert_eq!(
+        sm["spec"]["endpoints"][0],
+        json!({"port": "http", "path": "/metrics", "interval": "15s"})
+    );
+    assert_eq!(
+        sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"],
+        "llama"
+    );
+    assert!(
+        planned(json!({}))
+            .delete
+            .contains(&(Kind::ServiceMonitor, "llama".into()))
+    );
+}
+
+#[test]
+fn every_example_renders() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples");
+    let mut rendered = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let value: Value = serde::Deserialize::deserialize(doc).unwrap();
+            if value["kind"] != "SGLangService" {
+                continue;
+            }
+            let mut svc: sgl_crds::SGLangService = serde_json::from_value(value).unwrap();
+            svc.metadata.uid = Some("uid".into());
+            let yaml =
+                super::render_yaml(&svc).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(yaml.contains("kind: StatefulSet"), "{}", path.display());
+            rendered += 1;
+        }
+    }
+    assert!(rendered >= 4, "only {rendered} examples rendered");
+}

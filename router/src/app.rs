@@ -1,0 +1,153 @@
+//! The router's shared state: workers, policy, metrics and the HTTP client, with the
+//! operations that keep them consistent (adding, removing and checking workers).
+
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::RouterConfig;
+use crate::error::Result;
+use crate::metrics::Metrics;
+use crate::policy::{self, Decision, LoadBalancingPolicy};
+use crate::retry::RetryConfig;
+use crate::worker::{HealthChange, Worker, WorkerRegistry};
+
+/// Cheap to clone: every clone shares one state.
+#[derive(Clone)]
+pub struct AppState(Arc<Inner>);
+
+pub struct Inner {
+    pub config: RouterConfig,
+    pub workers: WorkerRegistry,
+    pub policy: Arc<dyn LoadBalancingPolicy>,
+    pub metrics: Metrics,
+    pub client: reqwest::Client,
+    pub retry: RetryConfig,
+}
+
+impl Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+/// Longest wait for a TCP connection to a worker.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl AppState {
+    /// Validates `config` and registers its `--worker-urls` (unchecked: see `check_all`).
+    pub fn new(config: RouterConfig) -> Result<Self> {
+        config.validate()?;
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .tcp_nodelay(true)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build()
+            .map_err(|e| crate::RouterError::Config(format!("HTTP client: {e}")))?;
+        let workers = WorkerRegistry::new(config.breaker());
+        for url in &config.worker_urls {
+            workers.add(url)?;
+        }
+        let policy = policy::build(config.policy, config.cache_aware());
+        Ok(Self(Arc::new(Inner {
+            retry: config.retry(),
+            config,
+            workers,
+            policy,
+            metrics: Metrics::new(),
+            client,
+        })))
+    }
+
+    /// Chooses a worker for a request and claims its breaker slot. Workers in `excluded`
+    /// are skipped unless no other is available.
+    pub fn select(
+        &self,
+        text: Option<&str>,
+        excluded: &[Arc<str>],
+    ) -> Option<(Arc<Worker>, Decision)> {
+        let start = Instant::now();
+        let mut candidates = self.workers.available(excluded);
+        while !candidates.is_empty() {
+            let decision = self.policy.select(&candidates, text)?;
+            let worker = candidates.get(decision.index)?.clone();
+            if worker.breaker().try_acquire() {
+                self.metrics
+                    .routing_latency
+                    .observe(start.elapsed().as_secs_f64());
+                if let Some(outcome) = decision.cache {
+                    self.metrics.record_cache_outcome(outcome);
+                }
+                return Some((worker, decision));
+            }
+            // Another request took the half-open probe first: choose among the rest.
+            candidates.remove(decision.index);
+        }
+        None
+    }
+
+    /// Registers a worker and checks its health at once.
+    pub async fn add_worker(&self, url: &str) -> Result<Arc<Worker>> {
+        let worker = self.workers.add(url)?;
+        tracing::info!(worker = worker.url(), "worker added");
+        self.check_worker(&worker).await;
+        Ok(worker)
+    }
+
+    /// Unregisters a worker and forgets its cache entries. Requests in flight finish.
+    pub fn remove_worker(&self, url: &str) -> Result<Arc<Worker>> {
+        let worker = self.workers.remove(url)?;
+        self.policy.on_worker_removed(worker.url());
+        tracing::info!(worker = worker.url(), "worker removed");
+        Ok(worker)
+    }
+
+    /// One health check of `worker`; a worker found dead has its tree entries dropped.
+    pub async fn check_worker(&self, worker: &Worker) -> Option<HealthChange> {
+        let passed = self.probe(worker.url()).await;
+        let change = worker.record_health(
+            passed,
+            self.config.health_failure_threshold,
+            self.config.health_success_threshold,
+        );
+        match change {
+            Some(HealthChange::BecameHealthy) => {
+                tracing::info!(worker = worker.url(), "worker is healthy");
+            }
+            Some(HealthChange::BecameUnhealthy) => {
+                tracing::warn!(
+                    worker = worker.url(),
+                    "worker failed its health checks; marked dead"
+                );
+                self.policy.on_worker_removed(worker.url());
+            }
+            None if !passed => {
+                tracing::debug!(worker = worker.url(), "health check failed");
+            }
+            None => {}
+        }
+        change
+    }
+
+    /// Checks every worker concurrently.
+    pub async fn check_all(&self) {
+        let workers = self.workers.all();
+        futures::future::join_all(workers.iter().map(|w| self.check_worker(w))).await;
+    }
+
+    async fn probe(&self, url: &str) -> bool {
+        let mut req = self
+            .client
+            .get(format!("{url}{}", self.config.health_check_endpoint))
+            .timeout(Duration::from_secs(self.config.health_check_timeout_secs));
+        if let Some(key) = &self.config.api_key {
+            req = req.bearer_auth(key);
+        }
+        match req.send().await {
+            Ok(resp) => resp.status().is_success(),
+            Err(_) => false,
+        }
+    }
+}
