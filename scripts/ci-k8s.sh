@@ -123,7 +123,7 @@ fi
 
 step "PromQL: start an engine and a Prometheus scraping it"
 engine="target/release/sgl-engine"
-[ -x "$engine" ] || fail "$engine is missing: build it first (cargo build --release -p sgl-engine)"
+[ -x "$engine" ] || cargo build --release -p sgl-engine
 engine_port="${SGL_CI_ENGINE_PORT:-30055}"
 prom_port="${SGL_CI_PROM_PORT:-9095}"
 model="$(scripts/fetch-model.sh)"

@@ -21,6 +21,41 @@ struct Cli {
 enum Command {
     /// Serve a model (flags follow SGLang's launch_server).
     Serve(Box<ServerArgs>),
+    /// Static-batch latency benchmark on the GPU backend (SGLang's bench_one_batch):
+    /// `--model DIR --batch-size N --input-len N --output-len N`.
+    BenchOneBatch {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Offline throughput benchmark on the GPU backend (SGLang's bench_offline_throughput):
+    /// `--model DIR --num-prompts N --random-input-len N --random-output-len N`.
+    BenchOfflineThroughput {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+#[cfg(feature = "cuda")]
+fn run_gpu_bench(kind: &str, args: Vec<String>) -> ExitCode {
+    init_logging("info");
+    let mut all = vec![kind.to_string()];
+    all.extend(args);
+    match sgl_engine::backend::cuda::bench_main(&all) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_gpu_bench(_: &str, _: Vec<String>) -> ExitCode {
+    eprintln!(
+        "error: this sgl-engine was built without CUDA support (rebuild with `--features cuda`); \
+         for CPU benchmarks run scripts/bench/cpu_bench.py"
+    );
+    ExitCode::FAILURE
 }
 
 fn init_logging(level: &str) {
@@ -57,6 +92,8 @@ async fn serve(args: ServerArgs) -> Result<(), String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::BenchOneBatch { args } => run_gpu_bench("one-batch", args),
+        Command::BenchOfflineThroughput { args } => run_gpu_bench("offline", args),
         Command::Serve(args) => {
             init_logging(args.log_level.as_filter());
             let rt = match tokio::runtime::Builder::new_multi_thread()

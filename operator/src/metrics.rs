@@ -111,3 +111,53 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<(
     tracing::info!(%addr, "serving /metrics and /health");
     axum::serve(listener, app(metrics)).await
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use tower::ServiceExt;
+
+    use super::{Metrics, app};
+
+    async fn get(metrics: Arc<Metrics>, path: &str) -> (StatusCode, String) {
+        let response = app(metrics)
+            .oneshot(Request::get(path).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, String::from_utf8(bytes.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn serves_reconcile_metrics_and_health() {
+        let metrics = Arc::new(Metrics::new().unwrap());
+        metrics.observe("ml", Duration::from_millis(30), None);
+        metrics.observe("ml", Duration::from_millis(70), Some("kube"));
+        let (status, body) = get(metrics.clone(), "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            body.contains(r#"sgl_operator_reconciliations_total{namespace="ml"} 2"#),
+            "{body}"
+        );
+        assert!(
+            body.contains(
+                r#"sgl_operator_reconcile_failures_total{error="kube",namespace="ml"} 1"#
+            )
+        );
+        assert!(
+            body.contains(r#"sgl_operator_reconcile_duration_seconds_count{namespace="ml"} 2"#)
+        );
+        assert_eq!(
+            get(metrics, "/health").await,
+            (StatusCode::OK, "ok".to_string())
+        );
+    }
+}

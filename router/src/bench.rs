@@ -410,10 +410,16 @@ async fn workload(args: &BenchArgs) -> Result<()> {
         let c = bench_client()?;
         let _ = c.post(format!("{}/flush_cache", router.url())).send().await;
         let (wall, prompt, cached) = run_workload(&router.url(), &prompts, args).await?;
+        let spread: Vec<u64> = router
+            .state()
+            .workers
+            .all()
+            .iter()
+            .map(|w| w.processed())
+            .collect();
         router.shutdown().await?;
         let hit = cached as f64 / prompt.max(1) as f64;
         let rps = prompts.len() as f64 / wall.as_secs_f64();
-        let spread: Vec<u64> = sims.iter().map(SimWorker::requests).collect();
         println!(
             "{:>12}: {:6.2} s  {:7.1} req/s  cache hit rate {:5.1}%  requests per worker {spread:?}",
             policy.as_str(),

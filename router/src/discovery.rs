@@ -185,7 +185,8 @@ async fn apply_change(state: &AppState, change: Change) {
     }
 }
 
-/// Watches Pods until `cancel` fires, applying changes to the worker set.
+/// Watches Pods until `cancel` fires, applying changes to the worker set. The client comes
+/// from the in-cluster service account or the local kubeconfig.
 pub async fn run(
     state: AppState,
     config: DiscoveryConfig,
@@ -194,6 +195,16 @@ pub async fn run(
     let client = Client::try_default()
         .await
         .map_err(|e| RouterError::Discovery(format!("no Kubernetes client configuration: {e}")))?;
+    run_with_client(state, client, config, cancel).await
+}
+
+/// [`run`] with a given Kubernetes client.
+pub async fn run_with_client(
+    state: AppState,
+    client: Client,
+    config: DiscoveryConfig,
+    cancel: CancellationToken,
+) -> Result<()> {
     let api: Api<Pod> = match &config.namespace {
         Some(ns) => Api::namespaced(client, ns),
         None => Api::all(client),

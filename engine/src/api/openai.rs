@@ -9,7 +9,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde_json::{Map, Value, json};
@@ -520,7 +519,7 @@ fn stream_response(
         }
         yield sse::done();
     };
-    sse::response(events.map(|e: Event| e))
+    sse::response(events)
 }
 
 async fn run(engine: EngineHandle, mut p: Parsed) -> Result<Response> {

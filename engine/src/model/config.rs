@@ -57,6 +57,8 @@ struct HfConfig {
     #[serde(default = "default_theta")]
     rope_theta: f32,
     rope_scaling: Option<serde_json::Value>,
+    /// transformers 5 keeps `rope_theta` and the scaling here instead.
+    rope_parameters: Option<serde_json::Value>,
     #[serde(default = "default_max_pos")]
     max_position_embeddings: usize,
     #[serde(default)]
@@ -93,7 +95,17 @@ impl ModelConfig {
                 SUPPORTED_HF.join(", ")
             )));
         }
-        let rope_scaling = match &c.rope_scaling {
+        let mut rope_theta = c.rope_theta;
+        let mut scaling = c.rope_scaling.clone();
+        if let Some(rp) = c.rope_parameters.as_ref().filter(|v| v.is_object()) {
+            if let Some(t) = rp.get("rope_theta").and_then(|t| t.as_f64()) {
+                rope_theta = t as f32;
+            }
+            if scaling.is_none() {
+                scaling = Some(rp.clone());
+            }
+        }
+        let rope_scaling = match &scaling {
             Some(v) if v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str())
                 == Some("llama3") =>
             {
@@ -101,7 +113,13 @@ impl ModelConfig {
                     EngineError::Load(format!("rope_scaling in {}: {e}", path.display()))
                 })?)
             }
-            Some(v) if !v.is_null() => {
+            Some(v)
+                if !v.is_null()
+                    && !matches!(
+                        v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str()),
+                        Some("default") | None
+                    ) =>
+            {
                 return Err(EngineError::Load(format!(
                     "rope_scaling {v} is not supported (only llama3)"
                 )));
@@ -119,7 +137,7 @@ impl ModelConfig {
             head_dim: c.head_dim.unwrap_or(c.hidden_size / c.num_attention_heads.max(1)),
             vocab_size: c.vocab_size,
             rms_norm_eps: c.rms_norm_eps,
-            rope_theta: c.rope_theta,
+            rope_theta,
             rope_scaling,
             max_position_embeddings: c.max_position_embeddings,
             tie_word_embeddings: c.tie_word_embeddings,
@@ -235,5 +253,60 @@ impl ModelConfig {
             }
         }
         inv
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> ModelConfig {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("config.json");
+        std::fs::write(&p, json).expect("write");
+        ModelConfig::from_hf_config(&p).expect("parse")
+    }
+
+    const BASE: &str = r#""architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+        "max_position_embeddings": 131072"#;
+
+    #[test]
+    fn llama3_scaling_from_rope_scaling_and_rope_parameters() {
+        let old = parse(&format!(
+            r#"{{{BASE}, "rope_theta": 500000.0, "rope_scaling": {{"rope_type": "llama3", "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}}}"#
+        ));
+        let new = parse(&format!(
+            r#"{{{BASE}, "rope_parameters": {{"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}}}"#
+        ));
+        assert_eq!(old, new);
+        assert_eq!(new.rope_theta, 500000.0);
+        assert_eq!(new.head_dim, 128);
+        let inv = new.rope_inv_freq();
+        // Highest frequencies are untouched, the lowest divided by the factor.
+        assert!((inv[0] - 1.0).abs() < 1e-6);
+        let plain = 1.0 / 500000f32.powf(126.0 / 128.0);
+        assert!((inv[63] - plain / 8.0).abs() / plain < 1e-4);
+    }
+
+    #[test]
+    fn default_rope_type_means_no_scaling() {
+        let c = parse(&format!(r#"{{{BASE}, "rope_parameters": {{"rope_type": "default", "rope_theta": 10000.0}}}}"#));
+        assert_eq!(c.rope_scaling, None);
+        assert!(!c.rope_interleaved);
+    }
+
+    #[test]
+    fn unsupported_architecture_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("config.json");
+        std::fs::write(&p, r#"{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "hidden_size": 8,
+            "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1, "vocab_size": 8}"#)
+            .expect("write");
+        let err = ModelConfig::from_hf_config(&p).expect_err("gpt2 is not llama-family");
+        assert!(err.to_string().contains("not supported"), "{err}");
     }
 }

@@ -76,7 +76,14 @@ fn cuda_backend(args: &ServerArgs, files: &ModelFiles, cfg: &ModelConfig) -> Res
             "--device cuda serves Hugging Face folders (safetensors); GGUF files run on --device cpu".into(),
         ));
     };
-    crate::backend::cuda::load_cuda_backend(dir, cfg, args.mem_fraction_static, args.max_total_tokens)
+    let opts = crate::backend::cuda::CudaOptions {
+        mem_fraction_static: args.mem_fraction_static,
+        max_total_tokens: args.max_total_tokens,
+        cuda_graph_max_bs: args.cuda_graph_max_bs,
+        disable_cuda_graph: args.disable_cuda_graph,
+        ..Default::default()
+    };
+    crate::backend::cuda::load_cuda_backend_with(dir, cfg, &opts)
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -31,6 +31,7 @@ use tokenizers::{
 use super::{ChatTemplate, Tokenizer, TokenizerError};
 
 /// GGUF token types (llama.cpp `llama_token_type`).
+const TOKEN_TYPE_NORMAL: i64 = 1;
 const TOKEN_TYPE_CONTROL: i64 = 3;
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 
@@ -202,7 +203,7 @@ impl GgufVocab<'_> {
     }
 
     fn token_type(&self, id: usize) -> i64 {
-        self.types.get(id).copied().unwrap_or(1)
+        self.types.get(id).copied().unwrap_or(TOKEN_TYPE_NORMAL)
     }
 
     /// Token id by text; for duplicated texts the first id wins.
@@ -403,16 +404,17 @@ fn build_sentencepiece(
 
     let mut ranked: Vec<(f64, u32, u32, &str, &str)> = Vec::new();
     for (id, token) in vocab.tokens.iter().enumerate() {
-        // Only normal tokens take part in merging (llama.cpp skips control, byte, unused).
-        if vocab.token_type(id) != 1 {
+        // Merges build normal tokens from normal tokens; added tokens are matched whole
+        // before merging and byte tokens are only the fallback.
+        if vocab.token_type(id) != TOKEN_TYPE_NORMAL {
             continue;
         }
         let merged_id = id as u32;
         for (split, _) in token.char_indices().skip(1) {
             let (left, right) = token.split_at(split);
             if let (Some(&l), Some(&r)) = (token_ids.get(left), token_ids.get(right))
-                && vocab.token_type(l as usize) == 1
-                && vocab.token_type(r as usize) == 1
+                && vocab.token_type(l as usize) == TOKEN_TYPE_NORMAL
+                && vocab.token_type(r as usize) == TOKEN_TYPE_NORMAL
             {
                 ranked.push((score(merged_id), merged_id, l, left, right));
             }

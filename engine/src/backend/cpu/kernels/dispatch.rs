@@ -131,42 +131,102 @@ const SERIAL_BELOW: usize = 24 << 10;
 
 /// Block-quantized product on packed weights: tasks are chunks of row groups.
 fn matmul_packed(isa: Isa, w: &Weight, acts: &QuantActs, n: usize, out: &OutPtr) {
-    let rows = w.rows();
-    let groups = rows.div_ceil(GROUP);
+    let chunks = group_chunks(w, n, 1.0);
+    parallel_for(chunks.len(), |c| {
+        run_group_chunk(isa, w, acts, n, chunks[c].clone(), out)
+    });
+}
+
+/// Several block-quantized weights with the same columns against the same activations: one
+/// activation quantization and one pool job for all of them.
+pub(crate) fn matmul_packed_multi(
+    isa: Isa,
+    ws: &[&Weight],
+    x: &[f32],
+    n: usize,
+    outs: &mut [&mut [f32]],
+) {
+    let cols = ws[0].cols();
+    let acts = QuantActs::new(isa, x, n, cols);
+    let outs: Vec<OutPtr> = outs
+        .iter_mut()
+        .map(|o| OutPtr {
+            ptr: o.as_mut_ptr(),
+            len: o.len(),
+        })
+        .collect();
+    let total_bytes: usize = ws.iter().map(|w| w.size_bytes()).sum();
+    let tasks: Vec<(usize, Range<usize>)> = ws
+        .iter()
+        .enumerate()
+        .flat_map(|(k, w)| {
+            // Each weight's share of about four chunks per thread.
+            let share = w.size_bytes() as f64 / total_bytes.max(1) as f64;
+            group_chunks(w, n, share).into_iter().map(move |c| (k, c))
+        })
+        .collect();
+    parallel_for(tasks.len(), |t| {
+        let (k, ref chunk) = tasks[t];
+        run_group_chunk(isa, ws[k], &acts, n, chunk.clone(), &outs[k]);
+    });
+}
+
+/// Chunks of row groups of `w` for `n` activation rows; `share` is the fraction of the
+/// call's work this weight is (for splitting several weights in one job).
+fn group_chunks(w: &Weight, n: usize, share: f64) -> Vec<Range<usize>> {
+    let groups = w.rows().div_ceil(GROUP);
     let group_bytes = w.group_data(0).len().max(1);
     let threads = if w.size_bytes() * n < SERIAL_BELOW {
         1
     } else {
         num_threads()
     };
-    let mut chunk = groups.div_ceil(threads * 4).max(1);
+    // About four chunks per thread, so a thread that loses its core does not hold up the call.
+    let target = ((threads * 4) as f64 * share).ceil().max(1.0) as usize;
+    let mut chunk = if threads <= 1 {
+        groups
+    } else {
+        groups.div_ceil(target)
+    }
+    .max(1);
     if n > 1 {
         chunk = chunk.min((CHUNK_BYTES / group_bytes).max(1));
     }
-    let n_chunks = groups.div_ceil(chunk);
-    parallel_for(n_chunks, |c| {
-        let chunk = c * chunk..((c + 1) * chunk).min(groups);
-        let mut tile = [[0.0f32; GROUP]; MAX_T];
-        for pass in (0..n).step_by(TOKENS_PER_PASS) {
-            let pass_end = (pass + TOKENS_PER_PASS).min(n);
-            for g in chunk.clone() {
-                let r0 = g * GROUP;
-                let valid = GROUP.min(rows - r0);
-                let mut i = pass;
-                while i < pass_end {
-                    let t = MAX_T.min(pass_end - i);
-                    group_tile(isa, w, g, acts, i, t, &mut tile);
-                    for (k, res) in tile[..t].iter().enumerate() {
-                        // SAFETY: row group `g` belongs to this task only and (i + k) is
-                        // visited once per group, so output ranges never overlap.
-                        let o = unsafe { out.slice((i + k) * rows + r0, valid) };
-                        o.copy_from_slice(&res[..valid]);
-                    }
-                    i += t;
+    (0..groups.div_ceil(chunk))
+        .map(|c| c * chunk..((c + 1) * chunk).min(groups))
+        .collect()
+}
+
+/// Row groups `chunk` of `w` against all `n` activation rows, into `out`.
+fn run_group_chunk(
+    isa: Isa,
+    w: &Weight,
+    acts: &QuantActs,
+    n: usize,
+    chunk: Range<usize>,
+    out: &OutPtr,
+) {
+    let rows = w.rows();
+    let mut tile = [[0.0f32; GROUP]; MAX_T];
+    for pass in (0..n).step_by(TOKENS_PER_PASS) {
+        let pass_end = (pass + TOKENS_PER_PASS).min(n);
+        for g in chunk.clone() {
+            let r0 = g * GROUP;
+            let valid = GROUP.min(rows - r0);
+            let mut i = pass;
+            while i < pass_end {
+                let t = MAX_T.min(pass_end - i);
+                group_tile(isa, w, g, acts, i, t, &mut tile);
+                for (k, res) in tile[..t].iter().enumerate() {
+                    // SAFETY: each row group of `w` belongs to one task only and (i + k) is
+                    // visited once per group, so output ranges never overlap.
+                    let o = unsafe { out.slice((i + k) * rows + r0, valid) };
+                    o.copy_from_slice(&res[..valid]);
                 }
+                i += t;
             }
         }
-    });
+    }
 }
 
 /// Row group `g` of `w` against activation rows `i..i + t`.

@@ -13,8 +13,17 @@
 //! activation moves by at most half a quantization step (`amax(block) / 254`), so an output moves
 //! by at most `sum_blocks amax_x(block) / 254 * sum |w| over the block` (what the tests check).
 //!
-//! Work is split over output rows across the pool ([`set_num_threads`], [`parallel_for`]);
-//! batches of activation rows are tiled so each weight tile is read from memory once per tile.
+//! Layout: block-format weights are repacked when loaded so 8 rows are interleaved 4 bytes at
+//! a time (`packed.rs`): one byte-dot instruction then serves 8 rows, and the per-block f32
+//! work is done once per 8 rows. [`Weight::dequantize_row`] reads the packed form.
+//!
+//! Work is split over groups of output rows across the pool ([`set_num_threads`],
+//! [`parallel_for`]). For several activation rows (prefill, batched decode) each 8-row group is
+//! run against tiles of 4 activation rows while its weights sit in L1, and chunks of groups are
+//! sized to stay in L2 across passes of 64 activation rows: weights are read from memory once
+//! per call whatever `n` is.
+//!
+//! `SGL_CPU_ISA=scalar|avx2|avx512` caps the instruction set (debugging, comparisons).
 
 mod dispatch;
 mod packed;
@@ -261,6 +270,42 @@ impl Weight {
 /// `out[i*rows + r] = sum_c x[i*cols + c] * W[r, c]` for `i in 0..n`. Multi-threaded.
 pub fn matmul(w: &Weight, x: &[f32], n: usize, out: &mut [f32]) {
     dispatch::matmul_with(Isa::detect(), w, x, n, out);
+}
+
+/// Several products with the same input: `outs[k] = x · ws[k]ᵀ` as [`matmul`] would compute
+/// them (bit-identical results), but quantizing `x` once and running one pool job for all
+/// weights (e.g. q, k, v, or gate and up). All weights must have the same `cols`.
+pub fn matmul_multi(ws: &[&Weight], x: &[f32], n: usize, outs: &mut [&mut [f32]]) {
+    assert_eq!(ws.len(), outs.len(), "matmul_multi: one output per weight");
+    let Some(first) = ws.first() else {
+        return;
+    };
+    let cols = first.cols();
+    assert!(
+        ws.iter().all(|w| w.cols() == cols),
+        "matmul_multi: weights must have the same number of columns"
+    );
+    let isa = Isa::detect();
+    let fused = cols > 0 && n > 0 && ws.iter().all(|w| w.format().is_quantized());
+    if !fused {
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            dispatch::matmul_with(isa, w, x, n, out);
+        }
+        return;
+    }
+    assert_eq!(
+        x.len(),
+        n * cols,
+        "matmul_multi: x must hold n x cols values"
+    );
+    for (w, out) in ws.iter().zip(outs.iter()) {
+        assert_eq!(
+            out.len(),
+            n * w.rows(),
+            "matmul_multi: out must hold n x rows values"
+        );
+    }
+    dispatch::matmul_packed_multi(isa, ws, x, n, outs);
 }
 
 /// [`matmul`] on a chosen instruction set (one of [`Isa::all_supported`]; panics otherwise), for

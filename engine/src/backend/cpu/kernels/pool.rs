@@ -15,7 +15,7 @@
 use std::any::Any;
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
@@ -25,13 +25,21 @@ const MAX_THREADS: usize = 256;
 /// How long an idle worker spins before it parks.
 const SPIN_FOR: Duration = Duration::from_micros(200);
 
-/// A wait for helpers longer than this (and than half the caller's own share of the work)
-/// means a helper was descheduled mid-task: the cores are oversubscribed.
-const STALL: Duration = Duration::from_micros(300);
-/// After a stall, jobs run on the calling thread alone for this long. On busy cores a helper
-/// that the OS preempts holds its task for a whole time slice (milliseconds), which costs far
-/// more than the parallelism gains on short jobs.
-const BACKOFF: Duration = Duration::from_millis(100);
+/// A wait for helpers longer than this (and than twice the caller's own average task) means
+/// a helper was descheduled mid-task: the cores are oversubscribed.
+const STALL: Duration = Duration::from_micros(100);
+/// This many jobs in a row that no helper joined (the caller ran out of tasks first) mean the
+/// helpers are not getting CPU time: the cores are oversubscribed, and a helper spinning for
+/// work only takes CPU time from the caller.
+const MAX_MISSES: u32 = 16;
+/// Jobs shorter than this (the caller's share) are not counted as misses.
+const MISS_MIN_WORK: Duration = Duration::from_micros(10);
+/// Consecutive jobs no helper joined.
+static MISSES: AtomicU32 = AtomicU32::new(0);
+/// After a stall (or too many misses), jobs run on the calling thread alone for this long. On
+/// busy cores a helper that the OS preempts holds its task for a whole time slice
+/// (milliseconds), which costs far more than the parallelism gains on short jobs.
+const BACKOFF: Duration = Duration::from_millis(250);
 
 /// Configured thread count; 0 = not set yet (use available parallelism).
 static THREADS: AtomicUsize = AtomicUsize::new(0);
@@ -91,6 +99,7 @@ pub fn parallel_for<F: Fn(usize) + Sync>(n_tasks: usize, f: F) {
         call: call_task::<F>,
         n_tasks,
         next: AtomicUsize::new(0),
+        joined: AtomicUsize::new(0),
         panic: Mutex::new(None),
     };
     pool.job
@@ -107,7 +116,7 @@ pub fn parallel_for<F: Fn(usize) + Sync>(n_tasks: usize, f: F) {
 
     let started = Instant::now();
     IN_POOL.with(|c| c.set(true));
-    job.run_tasks();
+    let own_tasks = job.run_tasks();
     IN_POOL.with(|c| c.set(false));
     let own_work = started.elapsed();
 
@@ -124,7 +133,20 @@ pub fn parallel_for<F: Fn(usize) + Sync>(n_tasks: usize, f: F) {
         }
     }
     let waited = started.elapsed() - own_work;
-    if waited > STALL && waited > own_work / 2 {
+    let misses = if job.joined.load(Ordering::Relaxed) != 0 {
+        MISSES.store(0, Ordering::Relaxed);
+        0
+    } else if own_work > MISS_MIN_WORK {
+        MISSES.fetch_add(1, Ordering::Relaxed) + 1
+    } else {
+        // Too short to tell: a parked or just-woken helper may legitimately miss it.
+        0
+    };
+    // A helper's last task should take about as long as one of ours; far longer means the
+    // helper lost its CPU while running it.
+    let longest_task_guess = 2 * own_work / own_tasks.max(1) as u32;
+    if (waited > STALL && waited > longest_task_guess) || misses >= MAX_MISSES {
+        MISSES.store(0, Ordering::Relaxed);
         start_backoff();
     }
     pool.job.store(std::ptr::null_mut(), Ordering::Relaxed);
@@ -192,8 +214,7 @@ fn backing_off() -> bool {
 fn start_backoff() {
     let until = (epoch().elapsed() + BACKOFF).as_nanos() as u64;
     BACKOFF_UNTIL.store(until, Ordering::Relaxed);
-    tracing::debug!("kernel pool: helper stalled; running single-threaded for {BACKOFF:?}");
-    eprintln!("BACKOFF");
+    tracing::debug!("kernel pool: helpers starved of CPU; running single-threaded for {BACKOFF:?}");
 }
 
 struct Pool {
@@ -236,6 +257,8 @@ struct Job {
     call: unsafe fn(*const (), usize),
     n_tasks: usize,
     next: AtomicUsize,
+    /// Helpers that joined (for the contention heuristic).
+    joined: AtomicUsize,
     panic: Mutex<Option<Box<dyn Any + Send>>>,
 }
 
@@ -251,13 +274,16 @@ unsafe fn call_task<F: Fn(usize) + Sync>(data: *const (), i: usize) {
 }
 
 impl Job {
-    fn run_tasks(&self) {
+    /// Runs tasks until none are left; returns how many this thread ran.
+    fn run_tasks(&self) -> usize {
+        let mut ran = 0;
         let result = catch_unwind(AssertUnwindSafe(|| {
             loop {
                 let i = self.next.fetch_add(1, Ordering::Relaxed);
                 if i >= self.n_tasks {
                     break;
                 }
+                ran += 1;
                 // SAFETY: `data` points to the `F` that `call` was instantiated for, alive until
                 // `parallel_for` returns, which waits for this helper.
                 unsafe { (self.call)(self.data, i) };
@@ -269,6 +295,7 @@ impl Job {
             let mut slot = self.panic.lock().unwrap_or_else(|e| e.into_inner());
             slot.get_or_insert(payload);
         }
+        ran
     }
 }
 
@@ -302,7 +329,8 @@ fn worker_loop(pool: &'static Pool, index: usize, mut seen: u64) {
         // SAFETY: the dispatcher stored a pointer to a live job before opening this generation,
         // and keeps the job alive until no helper is joined (we joined above and leave below).
         let job = unsafe { &*job };
-        job.run_tasks();
+        job.joined.fetch_add(1, Ordering::Relaxed);
+        let _ = job.run_tasks();
         pool.state.fetch_sub(1, Ordering::Release);
     }
 }

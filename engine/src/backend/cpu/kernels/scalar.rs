@@ -21,6 +21,7 @@ fn f32_at(bytes: &[u8], at: usize) -> f32 {
 
 /// Element `c` of a row of a float format.
 #[inline]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn float_elem(format: WeightFormat, row: &[u8], c: usize) -> f32 {
     match format {
         WeightFormat::F32 => f32_at(row, 4 * c),

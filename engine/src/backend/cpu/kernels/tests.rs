@@ -165,9 +165,14 @@ fn float_formats_handle_columns_not_multiple_of_eight() {
 
 #[test]
 fn large_matrix_uses_threads_and_matches() {
-    // Enough rows for several chunks per thread.
-    let (rows, cols, n) = (1000, 256, 5);
-    for format in [WeightFormat::Q4_1, WeightFormat::Q8_0, WeightFormat::F16] {
+    // Enough rows for several chunks per thread; n = 70 spans two passes of 64 rows.
+    let (rows, cols) = (1000, 256);
+    for (format, n) in [
+        (WeightFormat::Q4_1, 5),
+        (WeightFormat::Q8_0, 5),
+        (WeightFormat::F16, 5),
+        (WeightFormat::Q4_0, 70),
+    ] {
         let (w, exact) = random_weight(format, rows, cols, 5);
         let mut rng = StdRng::seed_from_u64(6);
         let x = random_vec(&mut rng, n * cols, 1.0);
@@ -175,6 +180,42 @@ fn large_matrix_uses_threads_and_matches() {
         matmul(&w, &x, n, &mut out);
         check_product(format, &exact, &x, n, &out, "matmul");
     }
+}
+
+#[test]
+fn matmul_multi_matches_separate_products() {
+    let cols = 192;
+    let shapes = [
+        (64, WeightFormat::Q4_1),
+        (24, WeightFormat::Q8_0),
+        (37, WeightFormat::Q4_0),
+    ];
+    let ws: Vec<Weight> = shapes
+        .iter()
+        .enumerate()
+        .map(|(k, &(rows, f))| random_weight(f, rows, cols, 70 + k as u64).0)
+        .collect();
+    let refs: Vec<&Weight> = ws.iter().collect();
+    for n in [1, 6] {
+        let mut rng = StdRng::seed_from_u64(71);
+        let x = random_vec(&mut rng, n * cols, 1.0);
+        let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; n * w.rows()]).collect();
+        let mut slices: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+        matmul_multi(&refs, &x, n, &mut slices);
+        for (w, got) in ws.iter().zip(&outs) {
+            let mut want = vec![0.0; n * w.rows()];
+            matmul(w, &x, n, &mut want);
+            assert_eq!(got, &want, "{} n={n}", w.format());
+        }
+    }
+    // Float weights take the unfused path.
+    let (f, _) = random_weight(WeightFormat::F32, 5, cols, 80);
+    let x = vec![0.5; cols];
+    let mut out = vec![f32::NAN; 5];
+    matmul_multi(&[&f], &x, 1, &mut [out.as_mut_slice()]);
+    let mut want = vec![0.0; 5];
+    matmul(&f, &x, 1, &mut want);
+    assert_eq!(out, want);
 }
 
 #[test]
