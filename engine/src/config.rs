@@ -143,7 +143,10 @@ impl ServerArgs {
         if let Some(p) = &self.chat_template
             && !p.is_file()
         {
-            return bad(format!("--chat-template {} is not a readable file", p.display()));
+            return bad(format!(
+                "--chat-template {} is not a readable file",
+                p.display()
+            ));
         }
         if self.max_running_requests == Some(0) {
             return bad("--max-running-requests must be at least 1".into());
@@ -154,7 +157,9 @@ impl ServerArgs {
             return bad(format!("--max-total-tokens {n} is too small (at least 16)"));
         }
         if self.chunked_prefill_size == 0 || self.chunked_prefill_size < -1 {
-            return bad("--chunked-prefill-size must be positive, or -1 to disable chunking".into());
+            return bad(
+                "--chunked-prefill-size must be positive, or -1 to disable chunking".into(),
+            );
         }
         if self.context_length == Some(0) {
             return bad("--context-length must be positive".into());
@@ -181,7 +186,11 @@ impl ServerArgs {
         }
         match self.kv_cache_dtype.as_str() {
             "auto" | "bf16" | "fp16" | "fp32" => {}
-            other => return bad(format!("--kv-cache-dtype {other} is not supported (auto, bf16, fp16, fp32)")),
+            other => {
+                return bad(format!(
+                    "--kv-cache-dtype {other} is not supported (auto, bf16, fp16, fp32)"
+                ));
+            }
         }
         if let Some(q) = &self.quantization {
             return bad(format!(

@@ -134,7 +134,9 @@ impl EngineHandle {
     pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream> {
         let stats = &self.inner.stats;
         if !stats.alive.load(Ordering::Acquire) {
-            return Err(EngineError::Unavailable("the engine's scheduler is not running".into()));
+            return Err(EngineError::Unavailable(
+                "the engine's scheduler is not running".into(),
+            ));
         }
         if stats.num_queue_reqs.load(Ordering::Relaxed) >= self.inner.args.max_queued_requests {
             return Err(EngineError::Overloaded(format!(
@@ -144,12 +146,22 @@ impl EngineHandle {
         }
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, rx) = tmpsc::unbounded_channel();
-        let pending = PendingRequest { id, req, events, arrival: Instant::now() };
+        let pending = PendingRequest {
+            id,
+            req,
+            events,
+            arrival: Instant::now(),
+        };
         self.inner
             .tx
             .send(SchedulerMsg::Generate(Box::new(pending)))
             .map_err(|_| EngineError::Unavailable("the engine is shutting down".into()))?;
-        Ok(RequestStream { id, rx, tx: self.inner.tx.clone(), done: false })
+        Ok(RequestStream {
+            id,
+            rx,
+            tx: self.inner.tx.clone(),
+            done: false,
+        })
     }
 
     /// Drop the radix cache. False when requests are running (SGLang refuses then too).

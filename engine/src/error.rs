@@ -15,7 +15,10 @@ pub enum EngineError {
     Load(String),
     /// A request the user must fix (bad field, too long, ...). `param` names the field.
     #[error("{message}")]
-    BadRequest { message: String, param: Option<String> },
+    BadRequest {
+        message: String,
+        param: Option<String>,
+    },
     /// A model name that this server does not serve.
     #[error("{0}")]
     NotFound(String),
@@ -33,16 +36,24 @@ pub enum EngineError {
 
 impl EngineError {
     pub fn bad_request(message: impl Into<String>) -> Self {
-        EngineError::BadRequest { message: message.into(), param: None }
+        EngineError::BadRequest {
+            message: message.into(),
+            param: None,
+        }
     }
 
     pub fn bad_param(param: &str, message: impl Into<String>) -> Self {
-        EngineError::BadRequest { message: message.into(), param: Some(param.to_string()) }
+        EngineError::BadRequest {
+            message: message.into(),
+            param: Some(param.to_string()),
+        }
     }
 
     pub fn status(&self) -> StatusCode {
         match self {
-            EngineError::BadRequest { .. } | EngineError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
+            EngineError::BadRequest { .. } | EngineError::InvalidArgument(_) => {
+                StatusCode::BAD_REQUEST
+            }
             EngineError::NotFound(_) => StatusCode::NOT_FOUND,
             EngineError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             EngineError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -53,7 +64,9 @@ impl EngineError {
 
     fn kind(&self) -> &'static str {
         match self {
-            EngineError::BadRequest { .. } | EngineError::InvalidArgument(_) => "invalid_request_error",
+            EngineError::BadRequest { .. } | EngineError::InvalidArgument(_) => {
+                "invalid_request_error"
+            }
             EngineError::NotFound(_) => "not_found_error",
             EngineError::Unauthorized(_) => "authentication_error",
             EngineError::Overloaded(_) => "rate_limit_error",

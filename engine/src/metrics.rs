@@ -57,7 +57,10 @@ impl Metrics {
                 Ok(h)
             };
         let m = Metrics {
-            prompt_tokens_total: counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.")?,
+            prompt_tokens_total: counter(
+                "sglang:prompt_tokens_total",
+                "Number of prefill tokens processed.",
+            )?,
             generation_tokens_total: counter(
                 "sglang:generation_tokens_total",
                 "Number of generation tokens processed.",
@@ -80,8 +83,14 @@ impl Metrics {
             num_running_reqs: gauge("sglang:num_running_reqs", "The number of running requests.")?,
             num_used_tokens: gauge("sglang:num_used_tokens", "The number of used tokens.")?,
             token_usage: gauge("sglang:token_usage", "The token usage.")?,
-            gen_throughput: gauge("sglang:gen_throughput", "The generation throughput (token/s).")?,
-            num_queue_reqs: gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")?,
+            gen_throughput: gauge(
+                "sglang:gen_throughput",
+                "The generation throughput (token/s).",
+            )?,
+            num_queue_reqs: gauge(
+                "sglang:num_queue_reqs",
+                "The number of requests in the waiting queue.",
+            )?,
             cache_hit_rate: gauge("sglang:cache_hit_rate", "The prefix cache hit rate.")?,
             registry,
             model_name: model_name.to_string(),
@@ -100,7 +109,11 @@ impl Metrics {
         ] {
             g.with_label_values(&[&m.model_name]).set(0.0);
         }
-        for h in [&m.time_to_first_token, &m.time_per_output_token, &m.e2e_request_latency] {
+        for h in [
+            &m.time_to_first_token,
+            &m.time_per_output_token,
+            &m.e2e_request_latency,
+        ] {
             let _ = h.with_label_values(&[&m.model_name]);
         }
         Ok(m)

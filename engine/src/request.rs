@@ -103,7 +103,11 @@ pub enum StreamEvent {
     Tokens { ids: Vec<u32>, text: String },
     /// The request is done. `text` is any text flushed at the end (e.g. a held-back partial stop
     /// string that turned out not to match).
-    Finished { reason: FinishReason, usage: Usage, text: String },
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+        text: String,
+    },
     /// The request failed inside the engine.
     Error { message: String },
 }

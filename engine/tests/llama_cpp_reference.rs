@@ -18,7 +18,11 @@ fn model_path() -> PathBuf {
         .arg(root.join("scripts/fetch-model.sh"))
         .output()
         .expect("run scripts/fetch-model.sh");
-    assert!(out.status.success(), "fetch-model.sh failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "fetch-model.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     PathBuf::from(String::from_utf8(out.stdout).expect("utf-8 path").trim())
 }
 
@@ -29,14 +33,23 @@ fn model_path() -> PathBuf {
 const NEAR_TIE: f64 = 0.25;
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().expect("id list").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+    v.as_array()
+        .expect("id list")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
 }
 
 /// Greedy-decode `steps` tokens, one sequence, slots 0.. in order.
 fn greedy(backend: &mut CpuBackend, prompt: &[u32], steps: usize) -> Vec<u32> {
     let mut slots: Vec<u32> = (0..prompt.len() as u32).collect();
     let logits = backend
-        .forward(&[SeqInput { tokens: prompt, start_pos: 0, kv_slots: &slots, need_logits: true }])
+        .forward(&[SeqInput {
+            tokens: prompt,
+            start_pos: 0,
+            kv_slots: &slots,
+            need_logits: true,
+        }])
         .expect("prefill");
     let mut out = vec![argmax(&logits)];
     while out.len() < steps {
@@ -44,7 +57,12 @@ fn greedy(backend: &mut CpuBackend, prompt: &[u32], steps: usize) -> Vec<u32> {
         slots.push(pos as u32);
         let last = [*out.last().expect("one token")];
         let logits = backend
-            .forward(&[SeqInput { tokens: &last, start_pos: pos, kv_slots: &slots, need_logits: true }])
+            .forward(&[SeqInput {
+                tokens: &last,
+                start_pos: pos,
+                kv_slots: &slots,
+                need_logits: true,
+            }])
             .expect("decode");
         out.push(argmax(&logits));
     }
@@ -57,7 +75,8 @@ fn greedy_tokens_match_llama_cpp() {
     let data: Value = serde_json::from_str(include_str!("data/reference/llama_cpp_greedy.json"))
         .expect("reference json");
     let loaded = sgl_engine::model::load(&path).expect("load model");
-    let tokenizer = Tokenizer::from_gguf(loaded.gguf.as_ref().expect("gguf header")).expect("tokenizer");
+    let tokenizer =
+        Tokenizer::from_gguf(loaded.gguf.as_ref().expect("gguf header")).expect("tokenizer");
     let cfg = loaded.config.clone();
     let mut backend = CpuBackend::new(cfg, loaded.weights, 4096, 4096).expect("backend");
 
@@ -67,11 +86,18 @@ fn greedy_tokens_match_llama_cpp() {
         let prompt = case["prompt"].as_str().expect("prompt");
         let want_in = ids(&case["input_ids"]);
         let got_in = tokenizer.encode(prompt, false).expect("encode");
-        assert_eq!(got_in, want_in, "tokenization of {prompt:?} differs from llama.cpp");
+        assert_eq!(
+            got_in, want_in,
+            "tokenization of {prompt:?} differs from llama.cpp"
+        );
 
         let want = ids(&case["output_ids"]);
-        let margins: Vec<f64> =
-            case["top2_margin"].as_array().expect("margins").iter().map(|m| m.as_f64().expect("f64")).collect();
+        let margins: Vec<f64> = case["top2_margin"]
+            .as_array()
+            .expect("margins")
+            .iter()
+            .map(|m| m.as_f64().expect("f64"))
+            .collect();
         let got = greedy(&mut backend, &want_in, want.len());
         match got.iter().zip(&want).position(|(a, b)| a != b) {
             None => full_matches += 1,
@@ -84,9 +110,16 @@ fn greedy_tokens_match_llama_cpp() {
                     want[i],
                     margins[i]
                 );
-                eprintln!("prompt {prompt:?}: diverged at step {i} on a near-tie (margin {})", margins[i]);
+                eprintln!(
+                    "prompt {prompt:?}: diverged at step {i} on a near-tie (margin {})",
+                    margins[i]
+                );
             }
         }
     }
-    assert!(full_matches >= 5, "only {full_matches} of {} prompts matched all 32 tokens", cases.len());
+    assert!(
+        full_matches >= 5,
+        "only {full_matches} of {} prompts matched all 32 tokens",
+        cases.len()
+    );
 }

@@ -1,9 +1,14 @@
 """transformers reference for the engine check: writes prompts.json (for the engine) and
-ref.npz (greedy tokens, prefill logits, top-2 margins). Usage: hf_ref.py CKPT OUT_DIR STEPS"""
+ref.npz (greedy tokens, prefill logits, top-2 margins). The reference is transformers in fp32
+on the checkpoint's bf16 weights (upcast, TF32 off); the same run in bf16 is saved beside it
+(keys with a `bf16_` prefix) to show the spread that bf16 arithmetic alone causes.
+Usage: hf_ref.py CKPT OUT_DIR STEPS"""
 import sys, json, time, numpy as np, torch
 from transformers import LlamaForCausalLM
 
 ckpt, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
 rng = np.random.default_rng(int(time.time()))
 model = LlamaForCausalLM.from_pretrained(ckpt, torch_dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
 model.generation_config.eos_token_id = None
@@ -21,24 +26,27 @@ cases = [
      "prompts": [prefix + rand_prompt(int(n)) for n in rng.integers(1, 40, 8)]},
 ]
 ref = {}
-for c in cases:
-    ps = c["prompts"]
-    L = max(len(p) for p in ps)
-    ids = torch.zeros(len(ps), L, dtype=torch.long)
-    mask = torch.zeros(len(ps), L, dtype=torch.long)
-    for i, p in enumerate(ps):  # left padding
-        ids[i, L - len(p):] = torch.tensor(p)
-        mask[i, L - len(p):] = 1
-    t = time.time()
-    with torch.no_grad():
-        g = model.generate(ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=steps, do_sample=False,
-                           output_logits=True, return_dict_in_generate=True, pad_token_id=0)
-    toks = g.sequences[:, L:].cpu().numpy()
-    logits = torch.stack(g.logits, 1).float()  # [B, steps, V]
-    top2 = logits.topk(2, dim=-1).values
-    ref[c["name"] + "_tokens"] = toks
-    ref[c["name"] + "_prefill"] = logits[:, 0].cpu().numpy()
-    ref[c["name"] + "_margin"] = (top2[..., 0] - top2[..., 1]).cpu().numpy()
-    print(f"hf {c['name']}: {len(ps)} prompts, {time.time()-t:.2f}s", flush=True)
+for tag in ["bf16_", ""]:
+    if tag == "":
+        model.float()
+    for c in cases:
+        ps = c["prompts"]
+        L = max(len(p) for p in ps)
+        ids = torch.zeros(len(ps), L, dtype=torch.long)
+        mask = torch.zeros(len(ps), L, dtype=torch.long)
+        for i, p in enumerate(ps):  # left padding
+            ids[i, L - len(p):] = torch.tensor(p)
+            mask[i, L - len(p):] = 1
+        t = time.time()
+        with torch.no_grad():
+            g = model.generate(ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=steps, do_sample=False,
+                               output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+        toks = g.sequences[:, L:].cpu().numpy()
+        logits = torch.stack(g.logits, 1).float()  # [B, steps, V]
+        top2 = logits.topk(2, dim=-1).values
+        ref[tag + c["name"] + "_tokens"] = toks
+        ref[tag + c["name"] + "_prefill"] = logits[:, 0].cpu().numpy()
+        ref[tag + c["name"] + "_margin"] = (top2[..., 0] - top2[..., 1]).cpu().numpy()
+        print(f"hf {tag or 'fp32_'}{c['name']}: {len(ps)} prompts, {time.time()-t:.2f}s", flush=True)
 np.savez(f"{out}/ref.npz", **ref)
 json.dump({"steps": steps, "cases": cases}, open(f"{out}/prompts.json", "w"))

@@ -76,8 +76,12 @@ fn default_max_pos() -> usize {
     4096
 }
 
-const SUPPORTED_HF: &[&str] =
-    &["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "SmolLM2ForCausalLM"];
+const SUPPORTED_HF: &[&str] = &[
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "SmolLM2ForCausalLM",
+];
 
 impl ModelConfig {
     /// Parse a Hugging Face `config.json`.
@@ -86,7 +90,11 @@ impl ModelConfig {
             .map_err(|e| EngineError::Load(format!("cannot read {}: {e}", path.display())))?;
         let c: HfConfig = serde_json::from_str(&text)
             .map_err(|e| EngineError::Load(format!("{}: {e}", path.display())))?;
-        let arch = c.architectures.first().cloned().unwrap_or_else(|| c.model_type.clone());
+        let arch = c
+            .architectures
+            .first()
+            .cloned()
+            .unwrap_or_else(|| c.model_type.clone());
         if !SUPPORTED_HF.contains(&arch.as_str())
             && !matches!(c.model_type.as_str(), "llama" | "mistral" | "qwen2")
         {
@@ -106,8 +114,11 @@ impl ModelConfig {
             }
         }
         let rope_scaling = match &scaling {
-            Some(v) if v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str())
-                == Some("llama3") =>
+            Some(v)
+                if v.get("rope_type")
+                    .or_else(|| v.get("type"))
+                    .and_then(|t| t.as_str())
+                    == Some("llama3") =>
             {
                 Some(serde_json::from_value(v.clone()).map_err(|e| {
                     EngineError::Load(format!("rope_scaling in {}: {e}", path.display()))
@@ -116,7 +127,9 @@ impl ModelConfig {
             Some(v)
                 if !v.is_null()
                     && !matches!(
-                        v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str()),
+                        v.get("rope_type")
+                            .or_else(|| v.get("type"))
+                            .and_then(|t| t.as_str()),
                         Some("default") | None
                     ) =>
             {
@@ -134,7 +147,9 @@ impl ModelConfig {
             num_layers: c.num_hidden_layers,
             num_heads: c.num_attention_heads,
             num_kv_heads,
-            head_dim: c.head_dim.unwrap_or(c.hidden_size / c.num_attention_heads.max(1)),
+            head_dim: c
+                .head_dim
+                .unwrap_or(c.hidden_size / c.num_attention_heads.max(1)),
             vocab_size: c.vocab_size,
             rms_norm_eps: c.rms_norm_eps,
             rope_theta,
@@ -178,7 +193,9 @@ impl ModelConfig {
             Err(_) => md
                 .get("tokenizer.ggml.tokens")
                 .and_then(|v| v.to_vec().ok().map(|t| t.len()))
-                .ok_or_else(|| EngineError::Load("GGUF metadata lacks the vocabulary size".into()))?,
+                .ok_or_else(|| {
+                    EngineError::Load("GGUF metadata lacks the vocabulary size".into())
+                })?,
         };
         let rope_scaling = match md
             .get(&format!("{arch}.rope.scaling.type"))
@@ -219,9 +236,9 @@ impl ModelConfig {
     fn check(&self) -> Result<()> {
         if self.num_heads == 0
             || self.num_kv_heads == 0
-            || self.num_heads % self.num_kv_heads != 0
+            || !self.num_heads.is_multiple_of(self.num_kv_heads)
             || self.head_dim == 0
-            || self.head_dim % 2 != 0
+            || !self.head_dim.is_multiple_of(2)
         {
             return Err(EngineError::Load(format!(
                 "inconsistent attention shape: {} heads, {} kv heads, head_dim {}",
@@ -294,7 +311,9 @@ mod tests {
 
     #[test]
     fn default_rope_type_means_no_scaling() {
-        let c = parse(&format!(r#"{{{BASE}, "rope_parameters": {{"rope_type": "default", "rope_theta": 10000.0}}}}"#));
+        let c = parse(&format!(
+            r#"{{{BASE}, "rope_parameters": {{"rope_type": "default", "rope_theta": 10000.0}}}}"#
+        ));
         assert_eq!(c.rope_scaling, None);
         assert!(!c.rope_interleaved);
     }

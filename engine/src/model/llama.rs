@@ -129,7 +129,10 @@ fn expect_shape(name: &str, w: &Weight, rows: usize, cols: usize) -> Result<()> 
 
 fn expect_len(name: &str, v: &[f32], len: usize) -> Result<()> {
     if v.len() != len {
-        return Err(EngineError::Load(format!("tensor {name} has {} values, expected {len}", v.len())));
+        return Err(EngineError::Load(format!(
+            "tensor {name} has {} values, expected {len}",
+            v.len()
+        )));
     }
     Ok(())
 }
@@ -205,7 +208,12 @@ impl LlamaWeights {
         } else {
             None
         };
-        Ok(LlamaWeights { embed, layers, norm, lm_head })
+        Ok(LlamaWeights {
+            embed,
+            layers,
+            norm,
+            lm_head,
+        })
     }
 
     pub fn lm_head(&self) -> &Weight {

@@ -49,7 +49,10 @@ impl ModelFiles {
                 path.display()
             )));
         }
-        Err(EngineError::Load(format!("{} does not exist", path.display())))
+        Err(EngineError::Load(format!(
+            "{} does not exist",
+            path.display()
+        )))
     }
 }
 
@@ -72,9 +75,14 @@ impl GgufSource {
     pub fn open(path: &Path) -> Result<Self> {
         let mut file = File::open(path)
             .map_err(|e| EngineError::Load(format!("cannot open {}: {e}", path.display())))?;
-        let content = gguf_file::Content::read(&mut file)
-            .map_err(|e| EngineError::Load(format!("{} is not a valid GGUF file: {e}", path.display())))?;
-        Ok(GgufSource { file, content, path: path.to_path_buf() })
+        let content = gguf_file::Content::read(&mut file).map_err(|e| {
+            EngineError::Load(format!("{} is not a valid GGUF file: {e}", path.display()))
+        })?;
+        Ok(GgufSource {
+            file,
+            content,
+            path: path.to_path_buf(),
+        })
     }
 
     fn qtensor(&mut self, name: &str) -> Result<candle_core::quantized::QTensor> {
@@ -129,7 +137,9 @@ impl TensorSource for GgufSource {
     fn vector(&mut self, name: &str) -> Result<Vec<f32>> {
         let qt = self.qtensor(name)?;
         let t = qt.dequantize(&Device::Cpu).map_err(|e| load_err(name, e))?;
-        t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(|e| load_err(name, e))
+        t.flatten_all()
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(|e| load_err(name, e))
     }
 }
 
@@ -148,12 +158,16 @@ impl SafetensorsSource {
             .collect();
         files.sort();
         if files.is_empty() {
-            return Err(EngineError::Load(format!("no *.safetensors files in {}", dir.display())));
+            return Err(EngineError::Load(format!(
+                "no *.safetensors files in {}",
+                dir.display()
+            )));
         }
         let mut maps = Vec::new();
         let mut index = HashMap::new();
         for (i, p) in files.iter().enumerate() {
-            let f = File::open(p).map_err(|e| EngineError::Load(format!("{}: {e}", p.display())))?;
+            let f =
+                File::open(p).map_err(|e| EngineError::Load(format!("{}: {e}", p.display())))?;
             // SAFETY: the file is opened read-only and model files are not modified while served.
             let map = unsafe { Mmap::map(&f) }
                 .map_err(|e| EngineError::Load(format!("{}: {e}", p.display())))?;
@@ -168,10 +182,9 @@ impl SafetensorsSource {
     }
 
     fn raw(&self, name: &str) -> Result<(Dtype, Vec<usize>, Vec<u8>)> {
-        let i = *self
-            .index
-            .get(name)
-            .ok_or_else(|| EngineError::Load(format!("tensor {name} is missing from the checkpoint")))?;
+        let i = *self.index.get(name).ok_or_else(|| {
+            EngineError::Load(format!("tensor {name} is missing from the checkpoint"))
+        })?;
         let st = SafeTensors::deserialize(&self.maps[i]).map_err(|e| load_err(name, e))?;
         let t = st.tensor(name).map_err(|e| load_err(name, e))?;
         Ok((t.dtype(), t.shape().to_vec(), t.data().to_vec()))
@@ -180,7 +193,10 @@ impl SafetensorsSource {
 
 fn to_f32(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
     Ok(match dtype {
-        Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
         Dtype::F16 => bytes
             .chunks_exact(2)
             .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())

@@ -23,7 +23,7 @@ pub struct LoadedModel {
 pub fn load(path: &Path) -> Result<LoadedModel> {
     let files = ModelFiles::detect(path)?;
     let progress = |done: usize, total: usize| {
-        if done == total || done % 8 == 0 {
+        if done == total || done.is_multiple_of(8) {
             tracing::info!("loading weights: layer {done}/{total}");
         }
     };
@@ -32,13 +32,21 @@ pub fn load(path: &Path) -> Result<LoadedModel> {
             let mut src = GgufSource::open(&p)?;
             let config = ModelConfig::from_gguf(&src.content)?;
             let weights = LlamaWeights::load(&mut src, &config, Naming::Gguf, progress)?;
-            Ok(LoadedModel { config, weights, gguf: Some(src.content) })
+            Ok(LoadedModel {
+                config,
+                weights,
+                gguf: Some(src.content),
+            })
         }
         ModelFiles::HfDir(dir) => {
             let config = ModelConfig::from_hf_config(&dir.join("config.json"))?;
             let mut src = SafetensorsSource::open(&dir)?;
             let weights = LlamaWeights::load(&mut src, &config, Naming::HuggingFace, progress)?;
-            Ok(LoadedModel { config, weights, gguf: None })
+            Ok(LoadedModel {
+                config,
+                weights,
+                gguf: None,
+            })
         }
     }
 }

@@ -12,7 +12,9 @@ pub struct Sampler {
 
 impl Sampler {
     pub fn new(seed: u64) -> Self {
-        Sampler { rng: StdRng::seed_from_u64(seed) }
+        Sampler {
+            rng: StdRng::seed_from_u64(seed),
+        }
     }
 
     /// Pick a token from `logits` (modified in place).
@@ -42,18 +44,27 @@ pub fn sample_with(logits: &[f32], p: &SamplingParams, u: f32) -> u32 {
     let t = p.temperature.max(1e-5);
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     // Candidates sorted by logit, descending; top-k bounds how many we sort.
-    let mut idx: Vec<u32> = (0..logits.len() as u32).filter(|&i| logits[i as usize].is_finite()).collect();
+    let mut idx: Vec<u32> = (0..logits.len() as u32)
+        .filter(|&i| logits[i as usize].is_finite())
+        .collect();
     if idx.is_empty() {
         return argmax(logits);
     }
-    let k = if p.top_k > 0 { (p.top_k as usize).min(idx.len()) } else { idx.len() };
+    let k = if p.top_k > 0 {
+        (p.top_k as usize).min(idx.len())
+    } else {
+        idx.len()
+    };
     let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]);
     if k < idx.len() {
         idx.select_nth_unstable_by(k - 1, by_logit);
         idx.truncate(k);
     }
     idx.sort_unstable_by(by_logit);
-    let mut probs: Vec<f32> = idx.iter().map(|&i| ((logits[i as usize] - max) / t).exp()).collect();
+    let mut probs: Vec<f32> = idx
+        .iter()
+        .map(|&i| ((logits[i as usize] - max) / t).exp())
+        .collect();
     let total: f32 = probs.iter().sum();
     for q in probs.iter_mut() {
         *q /= total;
@@ -94,7 +105,13 @@ mod tests {
     use super::*;
 
     fn params(t: f32, top_p: f32, top_k: i32, min_p: f32) -> SamplingParams {
-        SamplingParams { temperature: t, top_p, top_k, min_p, ..Default::default() }
+        SamplingParams {
+            temperature: t,
+            top_p,
+            top_k,
+            min_p,
+            ..Default::default()
+        }
     }
 
     #[test]

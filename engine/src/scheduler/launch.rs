@@ -27,13 +27,17 @@ fn load_tokenizer(
     if args.skip_tokenizer_init {
         return Ok(None);
     }
-    let tok_err = |e: crate::tokenizer::TokenizerError| EngineError::Load(format!("tokenizer: {e}"));
+    let tok_err =
+        |e: crate::tokenizer::TokenizerError| EngineError::Load(format!("tokenizer: {e}"));
     let mut tok = match (&args.tokenizer_path, files, gguf) {
         (Some(p), _, _) => Tokenizer::from_dir_or_file(p).map_err(tok_err)?,
         (None, _, Some(content)) => Tokenizer::from_gguf(content).map_err(tok_err)?,
         (None, ModelFiles::HfDir(dir), _) => Tokenizer::from_dir_or_file(dir).map_err(tok_err)?,
         (None, ModelFiles::Gguf(p), None) => {
-            return Err(EngineError::Load(format!("{}: GGUF header not loaded", p.display())));
+            return Err(EngineError::Load(format!(
+                "{}: GGUF header not loaded",
+                p.display()
+            )));
         }
     };
     if let Some(path) = &args.chat_template {
@@ -66,11 +70,20 @@ fn cpu_backend(
         Some(n) => n,
         None => (CPU_KV_BUDGET_BYTES / per_token.max(1)).clamp(2048, 131_072),
     };
-    Ok(Box::new(CpuBackend::new(cfg, loaded.weights, capacity, context_length + 1)?))
+    Ok(Box::new(CpuBackend::new(
+        cfg,
+        loaded.weights,
+        capacity,
+        context_length + 1,
+    )?))
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_backend(args: &ServerArgs, files: &ModelFiles, cfg: &ModelConfig) -> Result<Box<dyn Backend>> {
+fn cuda_backend(
+    args: &ServerArgs,
+    files: &ModelFiles,
+    cfg: &ModelConfig,
+) -> Result<Box<dyn Backend>> {
     let ModelFiles::HfDir(dir) = files else {
         return Err(EngineError::InvalidArgument(
             "--device cuda serves Hugging Face folders (safetensors); GGUF files run on --device cpu".into(),
@@ -124,13 +137,22 @@ pub fn launch(args: ServerArgs) -> Result<EngineHandle> {
     let context_length = resolve_context_length(&args, &cfg)?;
     let max_total_tokens = backend.kv_capacity();
     if max_total_tokens < 2 {
-        return Err(EngineError::InvalidArgument("the KV cache has room for fewer than 2 tokens".into()));
+        return Err(EngineError::InvalidArgument(
+            "the KV cache has room for fewer than 2 tokens".into(),
+        ));
     }
-    let eos_token_ids = tokenizer.as_ref().map(|t| t.eos_token_ids().to_vec()).unwrap_or_default();
+    let eos_token_ids = tokenizer
+        .as_ref()
+        .map(|t| t.eos_token_ids().to_vec())
+        .unwrap_or_default();
     if let Some(t) = &tokenizer
         && t.vocab_size() > cfg.vocab_size
     {
-        tracing::warn!("tokenizer has {} tokens, the model {}", t.vocab_size(), cfg.vocab_size);
+        tracing::warn!(
+            "tokenizer has {} tokens, the model {}",
+            t.vocab_size(),
+            cfg.vocab_size
+        );
     }
     let max_running = args.max_running_requests.unwrap_or(CPU_DEFAULT_MAX_RUNNING);
     let model_name = args.model_name();
@@ -168,12 +190,28 @@ pub fn launch(args: ServerArgs) -> Result<EngineHandle> {
         log_requests: args.log_requests,
     };
     let (tx, rx) = mpsc::channel();
-    let scheduler = Scheduler::new(backend, rx, tokenizer.clone(), sched_cfg, metrics.clone(), stats.clone());
+    let scheduler = Scheduler::new(
+        backend,
+        rx,
+        tokenizer.clone(),
+        sched_cfg,
+        metrics.clone(),
+        stats.clone(),
+    );
     // Alive before the first request can arrive, so /health is right from the start.
-    stats.alive.store(true, std::sync::atomic::Ordering::Release);
+    stats
+        .alive
+        .store(true, std::sync::atomic::Ordering::Release);
     std::thread::Builder::new()
         .name("scheduler".into())
         .spawn(move || scheduler.run())
         .map_err(|e| EngineError::Internal(format!("cannot start the scheduler thread: {e}")))?;
-    Ok(EngineHandle::from_parts(EngineParts { tx, info, tokenizer, args, metrics, stats }))
+    Ok(EngineHandle::from_parts(EngineParts {
+        tx,
+        info,
+        tokenizer,
+        args,
+        metrics,
+        stats,
+    }))
 }

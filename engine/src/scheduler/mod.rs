@@ -180,7 +180,11 @@ impl Scheduler {
             seed,
             p.events,
             p.arrival,
-            if p.req.detokenize { self.tokenizer.clone() } else { None },
+            if p.req.detokenize {
+                self.tokenizer.clone()
+            } else {
+                None
+            },
             self.cache.root(),
         );
         if req.prompt.is_empty() {
@@ -206,21 +210,30 @@ impl Scheduler {
         if self.cfg.log_requests {
             tracing::info!(rid = %req.rid, prompt_tokens = req.prompt.len(), params = ?req.params, "request received");
         }
-        self.metrics.prompt_tokens_total.with_label_values(&self.metrics.label()).inc_by(req.prompt.len() as u64);
-        self.stats.total_prompt_tokens.fetch_add(req.prompt.len() as u64, Ordering::Relaxed);
+        self.metrics
+            .prompt_tokens_total
+            .with_label_values(&self.metrics.label())
+            .inc_by(req.prompt.len() as u64);
+        self.stats
+            .total_prompt_tokens
+            .fetch_add(req.prompt.len() as u64, Ordering::Relaxed);
         self.waiting.push_back(req);
     }
 
     fn abort(&mut self, id: u64, why: &str) {
         if let Some(pos) = self.waiting.iter().position(|r| r.id == id) {
             if let Some(mut r) = self.waiting.remove(pos) {
-                r.finish(FinishReason::Abort { message: why.into() });
+                r.finish(FinishReason::Abort {
+                    message: why.into(),
+                });
             }
             return;
         }
         if let Some(pos) = self.running.iter().position(|r| r.id == id) {
             let mut r = self.running.remove(pos);
-            r.finish(FinishReason::Abort { message: why.into() });
+            r.finish(FinishReason::Abort {
+                message: why.into(),
+            });
             self.release(&mut r);
         }
     }
@@ -243,7 +256,10 @@ impl Scheduler {
     fn release(&mut self, r: &mut Req) {
         let n = r.slots.len();
         let tokens: Vec<u32> = (0..n).map(|i| r.token_at(i)).collect();
-        if let Err(e) = self.cache.cache_finished_request(&tokens, &r.slots, r.last_node, &mut self.pool) {
+        if let Err(e) =
+            self.cache
+                .cache_finished_request(&tokens, &r.slots, r.last_node, &mut self.pool)
+        {
             tracing::error!("releasing request {}: {e}", r.id);
         }
         r.slots.clear();
@@ -266,7 +282,10 @@ impl Scheduler {
     }
 
     fn order_waiting(&mut self) {
-        if self.cfg.policy == SchedulePolicy::Lpm && self.waiting.len() > 1 && self.waiting.len() <= LPM_MAX_QUEUE {
+        if self.cfg.policy == SchedulePolicy::Lpm
+            && self.waiting.len() > 1
+            && self.waiting.len() <= LPM_MAX_QUEUE
+        {
             let mut v: Vec<(usize, Req)> = self
                 .waiting
                 .drain(..)
@@ -275,15 +294,21 @@ impl Scheduler {
                     (self.cache.peek_prefix_len(&toks[..toks.len() - 1]), r)
                 })
                 .collect();
-            v.sort_by(|a, b| b.0.cmp(&a.0));
+            v.sort_by_key(|e| std::cmp::Reverse(e.0));
             self.waiting = v.into_iter().map(|(_, r)| r).collect();
         }
     }
 
     /// Move the newest running request back to the waiting queue, freeing its slots.
     fn retract_one(&mut self) -> bool {
-        let Some(mut r) = self.running.pop() else { return false };
-        tracing::info!("KV cache full: retracting request {} ({} tokens) to the waiting queue", r.id, r.total_len());
+        let Some(mut r) = self.running.pop() else {
+            return false;
+        };
+        tracing::info!(
+            "KV cache full: retracting request {} ({} tokens) to the waiting queue",
+            r.id,
+            r.total_len()
+        );
         self.release(&mut r);
         self.waiting.push_front(r);
         true
@@ -296,7 +321,9 @@ impl Scheduler {
         self.cache.inc_lock_ref(m.last_node);
         if r.output.is_empty() {
             r.cached_tokens = m.slots.len();
-            self.stats.total_cached_tokens.fetch_add(m.slots.len() as u64, Ordering::Relaxed);
+            self.stats
+                .total_cached_tokens
+                .fetch_add(m.slots.len() as u64, Ordering::Relaxed);
         }
         r.slots = m.slots;
         r.last_node = m.last_node;
@@ -315,7 +342,12 @@ impl Scheduler {
         let mut plan = Vec::new();
         for (idx, r) in self.running.iter().enumerate() {
             if r.pending() == 1 && !r.output.is_empty() {
-                plan.push(Planned { idx, n: 1, completes: true, prefill: false });
+                plan.push(Planned {
+                    idx,
+                    n: 1,
+                    completes: true,
+                    prefill: false,
+                });
             }
         }
         // Slots still free for prompt work, keeping one per running request for its next decode.
@@ -333,12 +365,19 @@ impl Scheduler {
             }
             budget -= n;
             avail -= n;
-            plan.push(Planned { idx, n, completes: n == want, prefill: true });
+            plan.push(Planned {
+                idx,
+                n,
+                completes: n == want,
+                prefill: true,
+            });
         }
         // New requests.
         self.order_waiting();
         while budget > 0 && self.running.len() < self.cfg.max_running_requests {
-            let Some(front) = self.waiting.front() else { break };
+            let Some(front) = self.waiting.front() else {
+                break;
+            };
             // Cheap check before touching the tree: the uncached part must fit, unless it is
             // longer than one chunk anyway (then it starts now and continues as room frees up).
             let toks = front.all_tokens();
@@ -347,7 +386,9 @@ impl Scheduler {
             if room == 0 || (need > room && need <= budget) {
                 break;
             }
-            let Some(r) = self.waiting.pop_front() else { break };
+            let Some(r) = self.waiting.pop_front() else {
+                break;
+            };
             let mut r = self.admit(r);
             let n = r.pending().min(budget).min(room);
             if n == 0 {
@@ -361,7 +402,12 @@ impl Scheduler {
             avail -= n + 1;
             let completes = n == r.pending();
             self.running.push(r);
-            plan.push(Planned { idx: self.running.len() - 1, n, completes, prefill: true });
+            plan.push(Planned {
+                idx: self.running.len() - 1,
+                n,
+                completes,
+                prefill: true,
+            });
         }
         plan
     }
@@ -439,7 +485,12 @@ impl Scheduler {
                 let r = &mut self.running[p.idx];
                 let n = r.slots.len();
                 let toks: Vec<u32> = (0..n).map(|i| r.token_at(i)).collect();
-                match self.cache.cache_unfinished_request(&toks, &r.slots, r.last_node, &mut self.pool) {
+                match self.cache.cache_unfinished_request(
+                    &toks,
+                    &r.slots,
+                    r.last_node,
+                    &mut self.pool,
+                ) {
                     Ok(m) => {
                         r.slots = m.slots;
                         r.last_node = m.last_node;
@@ -450,7 +501,9 @@ impl Scheduler {
             if !p.completes {
                 continue;
             }
-            let slice = logits.get(row * vocab..(row + 1) * vocab).map(|s| s.to_vec());
+            let slice = logits
+                .get(row * vocab..(row + 1) * vocab)
+                .map(|s| s.to_vec());
             row += 1;
             let Some(mut l) = slice else {
                 tracing::error!("backend returned too few logits");
@@ -467,16 +520,23 @@ impl Scheduler {
                     .observe(now.duration_since(r.arrival).as_secs_f64());
             }
             generated += 1;
-            if let Some(reason) = r.push_token(token, &self.cfg.eos_token_ids, self.cfg.context_length) {
+            if let Some(reason) =
+                r.push_token(token, &self.cfg.eos_token_ids, self.cfg.context_length)
+            {
                 finished.push((p.idx, reason));
             }
         }
-        self.metrics.generation_tokens_total.with_label_values(&self.metrics.label()).inc_by(generated);
-        self.stats.total_generated.fetch_add(generated, Ordering::Relaxed);
+        self.metrics
+            .generation_tokens_total
+            .with_label_values(&self.metrics.label())
+            .inc_by(generated);
+        self.stats
+            .total_generated
+            .fetch_add(generated, Ordering::Relaxed);
         self.log_tokens += generated;
 
         // Remove finished requests (highest index first so indices stay valid).
-        finished.sort_by(|a, b| b.0.cmp(&a.0));
+        finished.sort_by_key(|e| std::cmp::Reverse(e.0));
         for (idx, reason) in finished {
             let mut r = self.running.remove(idx);
             self.observe_finished(&r);
@@ -497,10 +557,13 @@ impl Scheduler {
             );
         } else {
             self.decode_steps += 1;
-            if self.decode_steps % DECODE_LOG_INTERVAL == 0 {
+            if self.decode_steps.is_multiple_of(DECODE_LOG_INTERVAL) {
                 let secs = self.log_since.elapsed().as_secs_f64().max(1e-9);
                 let tput = self.log_tokens as f64 / secs;
-                self.metrics.gen_throughput.with_label_values(&self.metrics.label()).set(tput);
+                self.metrics
+                    .gen_throughput
+                    .with_label_values(&self.metrics.label())
+                    .set(tput);
                 tracing::info!(
                     "Decode batch. #running-req: {}, #token: {}, token usage: {:.2}, gen throughput (token/s): {:.2}, #queue-req: {}",
                     self.running.len(),
@@ -519,12 +582,18 @@ impl Scheduler {
     fn observe_finished(&self, r: &Req) {
         let now = Instant::now();
         let label = self.metrics.label();
-        self.metrics.e2e_request_latency.with_label_values(&label).observe(now.duration_since(r.arrival).as_secs_f64());
+        self.metrics
+            .e2e_request_latency
+            .with_label_values(&label)
+            .observe(now.duration_since(r.arrival).as_secs_f64());
         if let Some(first) = r.first_token_at
             && r.output.len() > 1
         {
             let tpot = now.duration_since(first).as_secs_f64() / (r.output.len() - 1) as f64;
-            self.metrics.time_per_output_token.with_label_values(&label).observe(tpot);
+            self.metrics
+                .time_per_output_token
+                .with_label_values(&label)
+                .observe(tpot);
         }
     }
 
@@ -540,18 +609,35 @@ impl Scheduler {
 
     fn publish_stats(&self) {
         let s = &self.stats;
-        s.num_running_reqs.store(self.running.len(), Ordering::Relaxed);
-        s.num_queue_reqs.store(self.waiting.len(), Ordering::Relaxed);
-        s.num_used_tokens.store(self.used_tokens(), Ordering::Relaxed);
+        s.num_running_reqs
+            .store(self.running.len(), Ordering::Relaxed);
+        s.num_queue_reqs
+            .store(self.waiting.len(), Ordering::Relaxed);
+        s.num_used_tokens
+            .store(self.used_tokens(), Ordering::Relaxed);
         let label = self.metrics.label();
         let m = &self.metrics;
-        m.num_running_reqs.with_label_values(&label).set(self.running.len() as f64);
-        m.num_queue_reqs.with_label_values(&label).set(self.waiting.len() as f64);
-        m.num_used_tokens.with_label_values(&label).set(self.used_tokens() as f64);
-        m.token_usage.with_label_values(&label).set(self.token_usage());
+        m.num_running_reqs
+            .with_label_values(&label)
+            .set(self.running.len() as f64);
+        m.num_queue_reqs
+            .with_label_values(&label)
+            .set(self.waiting.len() as f64);
+        m.num_used_tokens
+            .with_label_values(&label)
+            .set(self.used_tokens() as f64);
+        m.token_usage
+            .with_label_values(&label)
+            .set(self.token_usage());
         let prompt = s.total_prompt_tokens.load(Ordering::Relaxed);
         let hit = s.total_cached_tokens.load(Ordering::Relaxed);
-        m.cache_hit_rate.with_label_values(&label).set(if prompt > 0 { hit as f64 / prompt as f64 } else { 0.0 });
+        m.cache_hit_rate
+            .with_label_values(&label)
+            .set(if prompt > 0 {
+                hit as f64 / prompt as f64
+            } else {
+                0.0
+            });
         if self.running.is_empty() {
             m.gen_throughput.with_label_values(&label).set(0.0);
         }

@@ -44,7 +44,10 @@ impl Req {
         tokenizer: Option<Arc<Tokenizer>>,
         root: NodeId,
     ) -> Self {
-        let out = OutputText::new(tokenizer.map(|t| DecodeStream::new(t, params.skip_special_tokens)), &params);
+        let out = OutputText::new(
+            tokenizer.map(|t| DecodeStream::new(t, params.skip_special_tokens)),
+            &params,
+        );
         Req {
             id,
             rid,
@@ -75,7 +78,11 @@ impl Req {
 
     /// Token at position `i` of prompt ++ output.
     pub fn token_at(&self, i: usize) -> u32 {
-        if i < self.prompt.len() { self.prompt[i] } else { self.output[i - self.prompt.len()] }
+        if i < self.prompt.len() {
+            self.prompt[i]
+        } else {
+            self.output[i - self.prompt.len()]
+        }
     }
 
     pub fn all_tokens(&self) -> Vec<u32> {
@@ -102,23 +109,37 @@ impl Req {
         self.output.push(token);
         let p = &self.params;
         let mut finish = None;
-        let is_stop_id = p.stop_token_ids.contains(&token) || (!p.ignore_eos && eos_ids.contains(&token));
+        let is_stop_id =
+            p.stop_token_ids.contains(&token) || (!p.ignore_eos && eos_ids.contains(&token));
         if is_stop_id {
-            finish = Some(FinishReason::Stop { matched: serde_json::json!(token) });
+            finish = Some(FinishReason::Stop {
+                matched: serde_json::json!(token),
+            });
         }
         // Text of a stop token is not part of the output.
-        let (delta, stop_hit) = if is_stop_id { (String::new(), None) } else { self.out.push(token) };
+        let (delta, stop_hit) = if is_stop_id {
+            (String::new(), None)
+        } else {
+            self.out.push(token)
+        };
         if let Some(s) = stop_hit {
-            finish = Some(FinishReason::Stop { matched: serde_json::json!(s) });
+            finish = Some(FinishReason::Stop {
+                matched: serde_json::json!(s),
+            });
         }
         if finish.is_none()
             && (self.output.len() >= self.params.max_new_tokens
                 || self.prompt.len() + self.output.len() >= context_length)
         {
-            finish = Some(FinishReason::Length { length: self.output.len() });
+            finish = Some(FinishReason::Length {
+                length: self.output.len(),
+            });
         }
         // A client that went away makes this send fail; the scheduler notices and aborts.
-        let _ = self.events.send(StreamEvent::Tokens { ids: vec![token], text: delta });
+        let _ = self.events.send(StreamEvent::Tokens {
+            ids: vec![token],
+            text: delta,
+        });
         finish
     }
 
@@ -128,7 +149,11 @@ impl Req {
             FinishReason::Stop { ref matched } if matched.is_string() => String::new(),
             _ => self.out.flush(),
         };
-        let _ = self.events.send(StreamEvent::Finished { reason, usage: self.usage(), text });
+        let _ = self.events.send(StreamEvent::Finished {
+            reason,
+            usage: self.usage(),
+            text,
+        });
     }
 
     pub fn fail(&self, message: String) {
@@ -153,7 +178,12 @@ struct OutputText {
 impl OutputText {
     fn new(decoder: Option<DecodeStream>, p: &SamplingParams) -> Self {
         let stops = p.stop.iter().filter(|s| !s.is_empty()).cloned().collect();
-        OutputText { decoder, stops, text: String::new(), sent: 0 }
+        OutputText {
+            decoder,
+            stops,
+            text: String::new(),
+            sent: 0,
+        }
     }
 
     /// Returns the text that can be sent now, and the stop string if one matched.
@@ -188,7 +218,11 @@ impl OutputText {
             }
         }
         if let Some((pos, s)) = best {
-            let out = if pos > self.sent { self.text[self.sent..pos].to_string() } else { String::new() };
+            let out = if pos > self.sent {
+                self.text[self.sent..pos].to_string()
+            } else {
+                String::new()
+            };
             self.sent = self.text.len();
             return (out, Some(s.clone()));
         }
@@ -223,7 +257,10 @@ mod tests {
     use super::*;
 
     fn text_with_stops(stops: &[&str]) -> OutputText {
-        let p = SamplingParams { stop: stops.iter().map(|s| s.to_string()).collect(), ..Default::default() };
+        let p = SamplingParams {
+            stop: stops.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
         OutputText::new(None, &p)
     }
 
@@ -246,7 +283,10 @@ mod tests {
     #[test]
     fn earliest_of_several_stops_wins() {
         let mut o = text_with_stops(&["world", "lo"]);
-        assert_eq!(o.append("hello world"), ("hel".to_string(), Some("lo".to_string())));
+        assert_eq!(
+            o.append("hello world"),
+            ("hel".to_string(), Some("lo".to_string()))
+        );
     }
 
     #[test]

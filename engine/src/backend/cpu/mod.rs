@@ -46,7 +46,14 @@ impl CpuBackend {
         let k_cache = (0..cfg.num_layers).map(|_| vec![0f32; per_layer]).collect();
         let v_cache = (0..cfg.num_layers).map(|_| vec![0f32; per_layer]).collect();
         let rope = ops::RopeTable::new(&cfg.rope_inv_freq(), max_positions);
-        Ok(CpuBackend { cfg, weights, k_cache, v_cache, capacity: kv_capacity, rope })
+        Ok(CpuBackend {
+            cfg,
+            weights,
+            k_cache,
+            v_cache,
+            capacity: kv_capacity,
+            rope,
+        })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -71,8 +78,14 @@ impl CpuBackend {
             if let Some(&bad) = s.kv_slots.iter().find(|&&x| x as usize >= self.capacity) {
                 return Err(EngineError::Internal(format!("KV slot {bad} out of range")));
             }
-            if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
-                return Err(EngineError::Internal(format!("token id {bad} out of vocabulary")));
+            if let Some(&bad) = s
+                .tokens
+                .iter()
+                .find(|&&t| t as usize >= self.cfg.vocab_size)
+            {
+                return Err(EngineError::Internal(format!(
+                    "token id {bad} out of vocabulary"
+                )));
             }
         }
         Ok(())
@@ -108,7 +121,9 @@ impl Backend for CpuBackend {
 
         let mut x = vec![0f32; t_total * h];
         for (i, &t) in tokens.iter().enumerate() {
-            self.weights.embed.dequantize_row(t as usize, &mut x[i * h..(i + 1) * h]);
+            self.weights
+                .embed
+                .dequantize_row(t as usize, &mut x[i * h..(i + 1) * h]);
         }
         let mut hbuf = vec![0f32; t_total * h];
         let mut q = vec![0f32; t_total * qd];
@@ -129,8 +144,15 @@ impl Backend for CpuBackend {
                 ops::add_bias(&mut k, bk);
                 ops::add_bias(&mut v, bv);
             }
-            self.rope.apply(&mut q, &positions, cfg.num_heads, hd, cfg.rope_interleaved);
-            self.rope.apply(&mut k, &positions, cfg.num_kv_heads, hd, cfg.rope_interleaved);
+            self.rope
+                .apply(&mut q, &positions, cfg.num_heads, hd, cfg.rope_interleaved);
+            self.rope.apply(
+                &mut k,
+                &positions,
+                cfg.num_kv_heads,
+                hd,
+                cfg.rope_interleaved,
+            );
             let kc = &mut self.k_cache[l];
             let vc = &mut self.v_cache[l];
             for (i, &slot) in slots.iter().enumerate() {

@@ -72,7 +72,12 @@ impl RopeTable {
                 sin.push(a.sin() as f32);
             }
         }
-        RopeTable { half, cos, sin, max_positions }
+        RopeTable {
+            half,
+            cos,
+            sin,
+            max_positions,
+        }
     }
 
     pub fn max_positions(&self) -> usize {
@@ -81,7 +86,14 @@ impl RopeTable {
 
     /// Rotate every head of every token row of `x` (`heads × head_dim` per row) by its position.
     /// `interleaved`: pairs are (2i, 2i+1) (GGUF layout); else (i, i + head_dim/2) (HF layout).
-    pub fn apply(&self, x: &mut [f32], positions: &[usize], heads: usize, head_dim: usize, interleaved: bool) {
+    pub fn apply(
+        &self,
+        x: &mut [f32],
+        positions: &[usize],
+        heads: usize,
+        head_dim: usize,
+        interleaved: bool,
+    ) {
         let half = self.half;
         let row = heads * head_dim;
         for (xr, &p) in x.chunks_exact_mut(row).zip(positions) {
@@ -171,7 +183,9 @@ pub fn attention(
         let qh = &q[t * qd + h * head_dim..t * qd + (h + 1) * head_dim];
         // SAFETY: task (t, h) alone writes out[t*qd + h*head_dim .. + head_dim], and `out`
         // outlives the parallel_for call.
-        let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * qd + h * head_dim), head_dim) };
+        let o = unsafe {
+            std::slice::from_raw_parts_mut(out_ptr.get().add(t * qd + h * head_dim), head_dim)
+        };
         SCORES.with(|sc| {
             let mut sc = sc.borrow_mut();
             sc.clear();
@@ -234,7 +248,12 @@ mod tests {
         let v = [7.0f32, -3.0];
         let toks = [1u32];
         let slots = [0u32];
-        let batch = [SeqInput { tokens: &toks, start_pos: 0, kv_slots: &slots, need_logits: true }];
+        let batch = [SeqInput {
+            tokens: &toks,
+            start_pos: 0,
+            kv_slots: &slots,
+            need_logits: true,
+        }];
         let mut out = [0f32; 2];
         attention(&q, &k, &v, &batch, 1, 1, 2, &mut out);
         assert_eq!(out, [7.0, -3.0]);

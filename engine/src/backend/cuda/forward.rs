@@ -2,7 +2,9 @@
 //! and getting logits or sampled tokens out.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, result as dres, sys};
 use half::bf16;
@@ -122,6 +124,33 @@ impl Graphs {
         };
         Some(b.min(self.max_bs))
     }
+}
+
+/// Debug dump of per-layer hidden states (`SGL_CUDA_DUMP_DIR=DIR`): prefill pass `p` writes
+/// `DIR/p{p:03}_l{layer:02}.bin`, the residual stream after that layer (bf16, tokens x hidden,
+/// row-major), the tensor transformers returns as `hidden_states[layer + 1]`.
+pub(super) struct Dump {
+    dir: PathBuf,
+    pass: AtomicUsize,
+}
+
+impl Dump {
+    pub fn from_env() -> Option<Self> {
+        let dir = PathBuf::from(std::env::var_os("SGL_CUDA_DUMP_DIR")?);
+        std::fs::create_dir_all(&dir).ok()?;
+        Some(Dump {
+            dir,
+            pass: AtomicUsize::new(0),
+        })
+    }
+}
+
+fn dtoh_bf16(s: &CudaStream, src: Dptr<bf16>, n: usize) -> Result<Vec<bf16>> {
+    let mut buf = vec![bf16::ZERO; n];
+    // SAFETY: src holds at least n elements; buf holds exactly n.
+    unsafe { dres::memcpy_dtoh_async(&mut buf, src.addr(), s.cu_stream()) }.map_err(cuda_err)?;
+    s.synchronize().map_err(cuda_err)?;
+    Ok(buf)
 }
 
 /// Device addresses of one pass's inputs.
@@ -473,9 +502,38 @@ impl CudaBackend {
                 k.silu_mul(s, act, gate_up, t, inter).map_err(cuda_err)?;
                 g.linear(act, dptr(&lw.down, s), delta, t, inter, h, false)
                     .map_err(cuda_err)?;
+                if let (Some(d), AttnInputs::Prefill { .. }) = (&self.dump, inp.attn) {
+                    self.dump_layer(d, l, x, delta, t)?;
+                }
             }
         }
+        if let (Some(d), AttnInputs::Prefill { .. }) = (&self.dump, inp.attn) {
+            d.pass.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(())
+    }
+
+    /// Write bf16(x + delta), the hidden state after `layer`, for `t` tokens (see [`Dump`]).
+    fn dump_layer(
+        &self,
+        d: &Dump,
+        layer: usize,
+        x: Dptr<bf16>,
+        delta: Dptr<bf16>,
+        t: usize,
+    ) -> Result<()> {
+        let n = t * self.cfg.hidden_size;
+        let xs = dtoh_bf16(&self.stream, x, n)?;
+        let ds = dtoh_bf16(&self.stream, delta, n)?;
+        let bytes: Vec<u8> = xs
+            .iter()
+            .zip(&ds)
+            .flat_map(|(a, b)| bf16::from_f32(a.to_f32() + b.to_f32()).to_le_bytes())
+            .collect();
+        let pass = d.pass.load(Ordering::Relaxed);
+        let path = d.dir.join(format!("p{pass:03}_l{layer:02}.bin"));
+        std::fs::write(&path, bytes)
+            .map_err(|e| EngineError::Internal(format!("{}: {e}", path.display())))
     }
 
     /// Decode through the graph of padded batch size `bs` (captured on first use).

@@ -93,6 +93,8 @@ pub struct CudaBackend {
     graphs: forward::Graphs,
     pub(crate) opts: CudaOptions,
     device_name: String,
+    /// `SGL_CUDA_DUMP_DIR`: every prefill pass writes each layer's output hidden states there.
+    dump: Option<forward::Dump>,
 }
 
 /// transformers 5 writes RoPE settings as `rope_parameters` (theta inside, llama3 scaling
@@ -216,6 +218,7 @@ impl CudaBackend {
             graphs,
             opts: opts.clone(),
             device_name,
+            dump: forward::Dump::from_env(),
         })
     }
 
