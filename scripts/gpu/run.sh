@@ -9,7 +9,8 @@ STAGE=${1:-all}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 date -u
 echo "== kernel checks"; $D/kernel-check || echo "KERNEL CHECK FAILED"
-echo "== checkpoint"; python3 scripts/gpu/make_ckpt.py $W/ckpt 32 || exit 1
+echo "== checkpoint"
+if [ -f $W/ckpt/config.json ]; then echo "reusing $W/ckpt"; else python3 scripts/gpu/make_ckpt.py $W/ckpt 32 || exit 1; fi
 echo "== transformers reference"; python3 scripts/gpu/hf_ref.py $W/ckpt $W 64 || exit 1
 echo "== engine check"
 SGL_CUDA_BENCH="check --model $W/ckpt --prompts $W/prompts.json --out $W --cuda-graph-max-bs 64" \

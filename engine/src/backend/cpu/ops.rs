@@ -1,8 +1,6 @@
 //! Small CPU operations of the forward pass: RMSNorm, RoPE, SiLU-and-mul, and attention over
 //! the slot-indexed KV cache.
 
-use std::cell::RefCell;
-
 use super::kernels::parallel_for;
 use crate::backend::SeqInput;
 
@@ -118,13 +116,13 @@ impl RopeTable {
     }
 }
 
-#[inline]
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ac, ar) = a.split_at(a.len() / 8 * 8);
+    let mut acc = [0f32; 16];
+    let (ac, ar) = a.split_at(a.len() / 16 * 16);
     let (bc, br) = b.split_at(ac.len());
-    for (x, y) in ac.chunks_exact(8).zip(bc.chunks_exact(8)) {
-        for k in 0..8 {
+    for (x, y) in ac.chunks_exact(16).zip(bc.chunks_exact(16)) {
+        for k in 0..16 {
             acc[k] += x[k] * y[k];
         }
     }
@@ -135,15 +133,11 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-#[inline]
+#[inline(always)]
 fn axpy(out: &mut [f32], a: f32, x: &[f32]) {
     for (o, &v) in out.iter_mut().zip(x) {
         *o += a * v;
     }
-}
-
-thread_local! {
-    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Causal attention of each new token over its sequence's cached keys/values.
@@ -175,40 +169,109 @@ pub fn attention(
     }
     let out_ptr = SharedMut(out.as_mut_ptr());
     let n_tasks = owners.len() * heads;
+    #[cfg(target_arch = "x86_64")]
+    let fast =
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+    #[cfg(not(target_arch = "x86_64"))]
+    let fast = false;
+    let job = AttnJob {
+        q,
+        k_cache,
+        v_cache,
+        batch,
+        owners: &owners,
+        heads,
+        group,
+        qd,
+        kvd,
+        head_dim,
+        scale,
+        out: out_ptr,
+    };
     parallel_for(n_tasks, |task| {
-        let (t, h) = (task / heads, task % heads);
-        let (si, pos) = owners[t];
-        let slots = &batch[si].kv_slots[..=pos];
-        let kvh = h / group;
-        let qh = &q[t * qd + h * head_dim..t * qd + (h + 1) * head_dim];
-        // SAFETY: task (t, h) alone writes out[t*qd + h*head_dim .. + head_dim], and `out`
-        // outlives the parallel_for call.
-        let o = unsafe {
-            std::slice::from_raw_parts_mut(out_ptr.get().add(t * qd + h * head_dim), head_dim)
-        };
-        SCORES.with(|sc| {
-            let mut sc = sc.borrow_mut();
-            sc.clear();
-            let mut max = f32::NEG_INFINITY;
-            for &slot in slots {
-                let base = slot as usize * kvd + kvh * head_dim;
-                let s = dot(qh, &k_cache[base..base + head_dim]) * scale;
-                max = max.max(s);
-                sc.push(s);
-            }
-            let mut sum = 0f32;
-            for s in sc.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            let inv = 1.0 / sum;
-            o.fill(0.0);
-            for (&slot, &w) in slots.iter().zip(sc.iter()) {
-                let base = slot as usize * kvd + kvh * head_dim;
-                axpy(o, w * inv, &v_cache[base..base + head_dim]);
-            }
-        });
+        #[cfg(target_arch = "x86_64")]
+        if fast {
+            // SAFETY: AVX2 and FMA were detected at run time just above.
+            unsafe { attend_avx2(&job, task) };
+            return;
+        }
+        let _ = fast;
+        attend(&job, task);
     });
+}
+
+#[derive(Clone, Copy)]
+struct AttnJob<'a, 'b> {
+    q: &'a [f32],
+    k_cache: &'a [f32],
+    v_cache: &'a [f32],
+    batch: &'a [SeqInput<'b>],
+    owners: &'a [(usize, usize)],
+    heads: usize,
+    group: usize,
+    qd: usize,
+    kvd: usize,
+    head_dim: usize,
+    scale: f32,
+    out: SharedMut,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_avx2(job: &AttnJob<'_, '_>, task: usize) {
+    attend(job, task)
+}
+
+/// One (new token, query head) pair: softmax(q·K) V over the token's causal context.
+#[inline(always)]
+fn attend(job: &AttnJob<'_, '_>, task: usize) {
+    let AttnJob {
+        q,
+        k_cache,
+        v_cache,
+        batch,
+        owners,
+        heads,
+        group,
+        qd,
+        kvd,
+        head_dim,
+        scale,
+        out: out_ptr,
+    } = *job;
+    let (t, h) = (task / heads, task % heads);
+    let (si, pos) = owners[t];
+    let slots = &batch[si].kv_slots[..=pos];
+    let kvh = h / group;
+    let qh = &q[t * qd + h * head_dim..t * qd + (h + 1) * head_dim];
+    // SAFETY: task (t, h) alone writes out[t*qd + h*head_dim .. + head_dim], and `out`
+    // outlives the parallel_for call.
+    let o = unsafe {
+        std::slice::from_raw_parts_mut(out_ptr.get().add(t * qd + h * head_dim), head_dim)
+    };
+    // One pass with a running maximum (online softmax): no score buffer.
+    let mut max = f32::NEG_INFINITY;
+    let mut sum = 0f32;
+    o.fill(0.0);
+    for &slot in slots {
+        let base = slot as usize * kvd + kvh * head_dim;
+        let s = dot(qh, &k_cache[base..base + head_dim]) * scale;
+        if s > max {
+            let r = (max - s).exp();
+            sum *= r;
+            for v in o.iter_mut() {
+                *v *= r;
+            }
+            max = s;
+        }
+        let p = (s - max).exp();
+        sum += p;
+        axpy(o, p, &v_cache[base..base + head_dim]);
+    }
+    let inv = 1.0 / sum;
+    for v in o.iter_mut() {
+        *v *= inv;
+    }
 }
 
 #[cfg(test)]

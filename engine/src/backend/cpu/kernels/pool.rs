@@ -57,10 +57,15 @@ pub fn set_num_threads(n: usize) {
 /// Threads (the caller included) kernels use: [`set_num_threads`], else the available parallelism.
 pub fn num_threads() -> usize {
     match THREADS.load(Ordering::Relaxed) {
-        0 => thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-            .min(MAX_THREADS),
+        0 => {
+            // `available_parallelism` reads cgroup files on every call: ask once.
+            let n = thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+                .min(MAX_THREADS);
+            THREADS.store(n, Ordering::Relaxed);
+            n
+        }
         n => n,
     }
 }
