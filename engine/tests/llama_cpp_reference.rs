@@ -28,9 +28,10 @@ fn model_path() -> PathBuf {
 
 /// llama.cpp keeps the KV cache and parts of attention in f16 and sums in another order, so
 /// the two engines' logits differ (measured: standard deviation about 0.13 over the vocabulary
-/// on these prompts). Where llama.cpp's top two logits are closer than this, either choice is
-/// a faithful greedy step.
-const NEAR_TIE: f64 = 0.25;
+/// on these prompts, up to about 0.9 on single tokens). Where llama.cpp's top two logits are
+/// closer than four standard deviations of that difference, either choice is a faithful
+/// greedy step.
+const NEAR_TIE: f64 = 0.5;
 
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
