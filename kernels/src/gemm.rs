@@ -131,6 +131,7 @@ impl Gemm {
     /// # Safety
     /// x: tokens x in_f; w: out_f x in_f; y: tokens x out_f, not overlapping x or w; all on
     /// the device of this Gemm's stream.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn linear(
         &self,
         x: Dptr<bf16>,
@@ -149,12 +150,11 @@ impl Gemm {
             .lock()
             .map_err(|_| KernelError::Unsupported("GEMM plan cache poisoned".into()))?;
         let key = (tokens, in_f, out_f);
-        if !plans.contains_key(&key) {
-            let p = self.plan(tokens, in_f, out_f)?;
-            plans.insert(key, p);
-        }
-        let Some(p) = plans.get(&key) else {
-            return Err(KernelError::Unsupported("GEMM plan vanished".into()));
+        let p = match plans.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(self.plan(tokens, in_f, out_f)?)
+            }
         };
         let alpha: f32 = 1.0;
         let beta: f32 = if accumulate { 1.0 } else { 0.0 };

@@ -80,7 +80,8 @@ impl<T> Dptr<T> {
         }
     }
 
-    /// The address `n` elements further on.
+    /// The address `n` elements further on (pointer arithmetic, not `std::ops::Add`).
+    #[allow(clippy::should_implement_trait)]
     pub fn add(self, n: usize) -> Self {
         Dptr {
             addr: self.addr + (n * std::mem::size_of::<T>()) as u64,

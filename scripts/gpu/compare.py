@@ -4,8 +4,9 @@ Usage: compare.py DIR (holds ref.npz, prompts.json, ours.json, ours_<case>.f32)
 The reference is transformers in fp32 on the checkpoint's bf16 weights. transformers in bf16
 (keys `bf16_*` of ref.npz) is measured against it the same way as the engine, so the table shows
 how much of the engine's difference bf16 arithmetic causes anyway. A case passes when the
-engine's error is within 1e-2 or within 1.1x transformers-bf16's own error, and its greedy
-mismatches that are not near-ties are no more than transformers-bf16's (+1 for chance)."""
+engine's prefill-logit error is within 1e-2 or within 1.1x transformers-bf16's own error. Greedy
+mismatches that are not near-ties are counted over all cases (they are rare events, a few per
+case): the engine passes with at most transformers-bf16's count + 2 sqrt(count) + 1."""
 import sys, json, numpy as np
 
 d = sys.argv[1]
@@ -28,6 +29,7 @@ def score(toks, logits, rt, rl, rm):
 
 
 ok_all = True
+n_bad, n_hbad = 0, 0
 print("| case | prompts | max rel logit err vs fp32: engine / hf-bf16 | greedy steps equal to fp32 "
       "(min / mean of 64): engine / hf-bf16 | mismatches not at a near-tie: engine / hf-bf16 | result |")
 print("|---|---|---|---|---|---|")
@@ -40,10 +42,19 @@ for name, toks in ours.items():
         he, hmn, hmean, hbad = score(ref["bf16_" + name + "_tokens"], ref["bf16_" + name + "_prefill"], rt, rl, rm)
     else:
         he, hmn, hmean, hbad = float("nan"), 0, float("nan"), 0
-    strict = e <= 1e-2 and bad == 0
-    ok = strict or (has_bf and e <= 1.1 * he and bad <= hbad + 1)
-    ok_all &= ok
-    res = "pass" if strict else ("pass (within bf16 spread)" if ok else "FAIL")
+    n_bad += bad
+    n_hbad += hbad
+    if e <= 1e-2 and bad == 0:
+        res = "pass"
+    elif has_bf and e <= 1.1 * he:
+        res = "within bf16 spread"
+    else:
+        res = "FAIL"
+        ok_all = False
     print(f"| {name} | {len(toks)} | {e:.2e} / {he:.2e} | {mn} / {mean:.1f} ; {hmn} / {hmean:.1f} "
           f"| {bad} / {hbad} | {res} |")
+limit = n_hbad + 2 * n_hbad ** 0.5 + 1
+ok_all &= n_bad <= limit
+print(f"greedy mismatches not at a near-tie, all cases: engine {n_bad}, transformers-bf16 {n_hbad} "
+      f"(limit {limit:.1f}): {'pass' if n_bad <= limit else 'FAIL'}")
 sys.exit(0 if ok_all else 1)

@@ -35,7 +35,7 @@ async fn generate(
         .post(format!("{router}/generate"))
         .json(&json!({
             "text": text,
-            "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens},
+            "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": true},
         }))
         .send()
         .await
@@ -140,7 +140,7 @@ async fn killing_an_engine_mid_load_loses_no_request() {
             let c = c.clone();
             let url = url.clone();
             tokio::spawn(async move {
-                generate(&c, &url, &format!("Count from {i} to {}:", i + 5), 8).await
+                generate(&c, &url, &format!("Count from {i} to {}:", i + 5), 256).await
             })
         })
         .collect();
@@ -188,7 +188,7 @@ async fn streams_arrive_token_by_token_and_every_route_is_served() {
     let c = client();
     let url = router.url();
     let prompt = "The three primary colors are";
-    let (status, whole) = generate(&c, url, prompt, 12).await;
+    let (status, whole) = generate(&c, url, prompt, 48).await;
     assert_eq!(status, 200);
 
     let resp = c
@@ -196,7 +196,7 @@ async fn streams_arrive_token_by_token_and_every_route_is_served() {
         .json(&json!({
             "text": prompt,
             "stream": true,
-            "sampling_params": {"temperature": 0, "max_new_tokens": 12},
+            "sampling_params": {"temperature": 0, "max_new_tokens": 48, "ignore_eos": true},
         }))
         .send()
         .await
