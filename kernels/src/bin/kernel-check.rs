@@ -258,6 +258,7 @@ fn check_silu(c: &mut Ctx) -> R<()> {
 }
 
 /// CPU attention of one query row over keys 0..=limit of a sequence's slots.
+#[allow(clippy::too_many_arguments)]
 fn attn_ref(
     q: &[f32],
     kc: &[f32],
@@ -293,6 +294,7 @@ fn attn_ref(
     o.iter().map(|x| (x / l) as f32).collect()
 }
 
+#[allow(clippy::type_complexity)]
 fn random_cache(
     c: &mut Ctx,
     n_slots: usize,
