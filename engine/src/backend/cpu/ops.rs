@@ -168,7 +168,10 @@ pub fn attention(
         }
     }
     let out_ptr = SharedMut(out.as_mut_ptr());
-    let n_tasks = owners.len() * heads;
+    // One task per (token, KV head, run of at most MAX_GROUP query heads sharing that KV head):
+    // each K/V row is loaded once for all of them.
+    let runs = group.div_ceil(MAX_GROUP);
+    let n_tasks = owners.len() * kv_heads * runs;
     #[cfg(target_arch = "x86_64")]
     let fast =
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
@@ -180,7 +183,7 @@ pub fn attention(
         v_cache,
         batch,
         owners: &owners,
-        heads,
+        kv_heads,
         group,
         qd,
         kvd,
@@ -207,7 +210,7 @@ struct AttnJob<'a, 'b> {
     v_cache: &'a [f32],
     batch: &'a [SeqInput<'b>],
     owners: &'a [(usize, usize)],
-    heads: usize,
+    kv_heads: usize,
     group: usize,
     qd: usize,
     kvd: usize,
@@ -222,7 +225,11 @@ unsafe fn attend_avx2(job: &AttnJob<'_, '_>, task: usize) {
     attend(job, task)
 }
 
-/// One (new token, query head) pair: softmax(q·K) V over the token's causal context.
+/// Query heads handled together against one KV head.
+const MAX_GROUP: usize = 16;
+
+/// One (new token, KV head, run of query heads): softmax(q·K) V over the token's causal context,
+/// with a running maximum per query head (online softmax, no score buffer).
 #[inline(always)]
 fn attend(job: &AttnJob<'_, '_>, task: usize) {
     let AttnJob {
@@ -231,46 +238,57 @@ fn attend(job: &AttnJob<'_, '_>, task: usize) {
         v_cache,
         batch,
         owners,
-        heads,
+        kv_heads,
         group,
         qd,
         kvd,
         head_dim,
         scale,
-        out: out_ptr,
+        out,
     } = *job;
-    let (t, h) = (task / heads, task % heads);
+    let runs = group.div_ceil(MAX_GROUP);
+    let (t, rest) = (task / (kv_heads * runs), task % (kv_heads * runs));
+    let (kvh, run) = (rest / runs, rest % runs);
+    let h0 = kvh * group + run * MAX_GROUP;
+    let nh = (group - run * MAX_GROUP).min(MAX_GROUP);
     let (si, pos) = owners[t];
     let slots = &batch[si].kv_slots[..=pos];
-    let kvh = h / group;
-    let qh = &q[t * qd + h * head_dim..t * qd + (h + 1) * head_dim];
-    // SAFETY: task (t, h) alone writes out[t*qd + h*head_dim .. + head_dim], and `out`
-    // outlives the parallel_for call.
+    let qs = &q[t * qd + h0 * head_dim..t * qd + (h0 + nh) * head_dim];
+    // SAFETY: this task alone writes the `nh` heads from `h0` of token `t`, and `out` outlives
+    // the parallel_for call.
     let o = unsafe {
-        std::slice::from_raw_parts_mut(out_ptr.get().add(t * qd + h * head_dim), head_dim)
+        std::slice::from_raw_parts_mut(out.get().add(t * qd + h0 * head_dim), nh * head_dim)
     };
-    // One pass with a running maximum (online softmax): no score buffer.
-    let mut max = f32::NEG_INFINITY;
-    let mut sum = 0f32;
     o.fill(0.0);
+    let mut max = [f32::NEG_INFINITY; MAX_GROUP];
+    let mut sum = [0f32; MAX_GROUP];
+    let mut p = [0f32; MAX_GROUP];
     for &slot in slots {
         let base = slot as usize * kvd + kvh * head_dim;
-        let s = dot(qh, &k_cache[base..base + head_dim]) * scale;
-        if s > max {
-            let r = (max - s).exp();
-            sum *= r;
-            for v in o.iter_mut() {
-                *v *= r;
+        let k = &k_cache[base..base + head_dim];
+        for g in 0..nh {
+            let s = dot(&qs[g * head_dim..(g + 1) * head_dim], k) * scale;
+            if s > max[g] {
+                let r = (max[g] - s).exp();
+                sum[g] *= r;
+                for v in o[g * head_dim..(g + 1) * head_dim].iter_mut() {
+                    *v *= r;
+                }
+                max[g] = s;
             }
-            max = s;
+            p[g] = (s - max[g]).exp();
+            sum[g] += p[g];
         }
-        let p = (s - max).exp();
-        sum += p;
-        axpy(o, p, &v_cache[base..base + head_dim]);
+        let v = &v_cache[base..base + head_dim];
+        for g in 0..nh {
+            axpy(&mut o[g * head_dim..(g + 1) * head_dim], p[g], v);
+        }
     }
-    let inv = 1.0 / sum;
-    for v in o.iter_mut() {
-        *v *= inv;
+    for g in 0..nh {
+        let inv = 1.0 / sum[g];
+        for v in o[g * head_dim..(g + 1) * head_dim].iter_mut() {
+            *v *= inv;
+        }
     }
 }
 
@@ -320,5 +338,94 @@ mod tests {
         let mut out = [0f32; 2];
         attention(&q, &k, &v, &batch, 1, 1, 2, &mut out);
         assert_eq!(out, [7.0, -3.0]);
+    }
+
+    /// Plain softmax attention, one query head at a time, for comparison.
+    fn naive(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        batch: &[SeqInput<'_>],
+        heads: usize,
+        kv_heads: usize,
+        hd: usize,
+    ) -> Vec<f32> {
+        let mut out = Vec::new();
+        for s in batch {
+            for i in 0..s.tokens.len() {
+                let t = out.len() / (heads * hd);
+                for h in 0..heads {
+                    let kvh = h / (heads / kv_heads);
+                    let qh = &q[t * heads * hd + h * hd..][..hd];
+                    let slots = &s.kv_slots[..=s.start_pos + i];
+                    let scores: Vec<f64> = slots
+                        .iter()
+                        .map(|&sl| {
+                            let kr = &k[sl as usize * kv_heads * hd + kvh * hd..][..hd];
+                            qh.iter()
+                                .zip(kr)
+                                .map(|(a, b)| (*a as f64) * (*b as f64))
+                                .sum::<f64>()
+                                / (hd as f64).sqrt()
+                        })
+                        .collect();
+                    let m = scores.iter().cloned().fold(f64::MIN, f64::max);
+                    let w: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
+                    let z: f64 = w.iter().sum();
+                    for d in 0..hd {
+                        let acc: f64 = slots
+                            .iter()
+                            .zip(&w)
+                            .map(|(&sl, wi)| {
+                                wi * v[sl as usize * kv_heads * hd + kvh * hd + d] as f64
+                            })
+                            .sum();
+                        out.push((acc / z) as f32);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn grouped_attention_matches_plain_softmax() {
+        let (heads, kv_heads, hd) = (6, 2, 8);
+        let mut seed = 12345u64;
+        let mut rnd = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+        };
+        let slots_cap = 40;
+        let k: Vec<f32> = (0..slots_cap * kv_heads * hd).map(|_| rnd()).collect();
+        let v: Vec<f32> = (0..slots_cap * kv_heads * hd).map(|_| rnd()).collect();
+        // A prompt of 3 tokens from scratch, and 2 new tokens after 5 cached ones, on scattered slots.
+        let toks_a = [1u32, 2, 3];
+        let slots_a = [7u32, 3, 30];
+        let toks_b = [4u32, 5];
+        let slots_b = [0u32, 9, 12, 25, 2, 39, 17];
+        let batch = [
+            SeqInput {
+                tokens: &toks_a,
+                start_pos: 0,
+                kv_slots: &slots_a,
+                need_logits: true,
+            },
+            SeqInput {
+                tokens: &toks_b,
+                start_pos: 5,
+                kv_slots: &slots_b,
+                need_logits: true,
+            },
+        ];
+        let q: Vec<f32> = (0..5 * heads * hd).map(|_| rnd()).collect();
+        let mut out = vec![f32::NAN; q.len()];
+        attention(&q, &k, &v, &batch, heads, kv_heads, hd, &mut out);
+        let want = naive(&q, &k, &v, &batch, heads, kv_heads, hd);
+        for (a, b) in out.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
     }
 }
