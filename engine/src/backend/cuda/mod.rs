@@ -97,42 +97,8 @@ pub struct CudaBackend {
     dump: Option<forward::Dump>,
 }
 
-/// transformers 5 writes RoPE settings as `rope_parameters` (theta inside, llama3 scaling
-/// beside it) instead of top-level `rope_theta` / `rope_scaling`; take them from there when
-/// present so such checkpoints get the right frequencies.
-fn with_rope_parameters(model_dir: &Path, cfg: &ModelConfig) -> Result<ModelConfig> {
-    let mut cfg = cfg.clone();
-    let Ok(text) = std::fs::read_to_string(model_dir.join("config.json")) else {
-        return Ok(cfg);
-    };
-    let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| EngineError::Load(format!("config.json: {e}")))?;
-    let Some(rp) = v.get("rope_parameters").filter(|r| r.is_object()) else {
-        return Ok(cfg);
-    };
-    if let Some(theta) = rp.get("rope_theta").and_then(|t| t.as_f64()) {
-        cfg.rope_theta = theta as f32;
-    }
-    match rp.get("rope_type").and_then(|t| t.as_str()) {
-        Some("llama3") => {
-            cfg.rope_scaling =
-                Some(serde_json::from_value(rp.clone()).map_err(|e| {
-                    EngineError::Load(format!("rope_parameters in config.json: {e}"))
-                })?);
-        }
-        Some("default") | None => {}
-        Some(other) => {
-            return Err(EngineError::Load(format!(
-                "rope_type {other} is not supported (default, llama3)"
-            )));
-        }
-    }
-    Ok(cfg)
-}
-
 impl CudaBackend {
     pub fn load(model_dir: &Path, cfg: &ModelConfig, opts: &CudaOptions) -> Result<Self> {
-        let cfg = &with_rope_parameters(model_dir, cfg)?;
         tracing::info!(
             "RoPE theta {} scaling {:?}",
             cfg.rope_theta,
@@ -143,7 +109,7 @@ impl CudaBackend {
                 "the CUDA backend runs Hugging Face checkpoints (rotate-half RoPE)".into(),
             ));
         }
-        if cfg.hidden_size % 8 != 0 || cfg.intermediate_size % 8 != 0 {
+        if !cfg.hidden_size.is_multiple_of(8) || !cfg.intermediate_size.is_multiple_of(8) {
             return Err(EngineError::Load(
                 "hidden and intermediate sizes must be multiples of 8".into(),
             ));
