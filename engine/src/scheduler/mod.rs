@@ -462,7 +462,7 @@ impl Scheduler {
             })
             .collect();
         let started = Instant::now();
-        let logits = self.backend.forward(&inputs)?;
+        let mut logits = self.backend.forward(&inputs)?;
         drop(inputs);
         let step_secs = started.elapsed().as_secs_f64();
         let vocab = self.backend.vocab_size();
@@ -501,16 +501,14 @@ impl Scheduler {
             if !p.completes {
                 continue;
             }
-            let slice = logits
-                .get(row * vocab..(row + 1) * vocab)
-                .map(|s| s.to_vec());
+            let slice = logits.get_mut(row * vocab..(row + 1) * vocab);
             row += 1;
-            let Some(mut l) = slice else {
+            let Some(l) = slice else {
                 tracing::error!("backend returned too few logits");
                 continue;
             };
             let r = &mut self.running[p.idx];
-            let token = r.sampler.sample(&mut l, &r.params);
+            let token = r.sampler.sample(l, &r.params);
             let now = Instant::now();
             if r.first_token_at.is_none() {
                 r.first_token_at = Some(now);
