@@ -39,14 +39,7 @@ async fn unavailable_answers_are_retried_elsewhere_and_open_the_breaker() {
         bad["healthy"], true,
         "health checks pass; only requests fail"
     );
-    let metrics = c
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&c, &url).await;
     assert!(
         metrics.contains(r#"sgl_router_retries_total{route="/generate"} 3"#),
         "{metrics}"
@@ -119,14 +112,7 @@ async fn killing_a_worker_mid_load_loses_no_request() {
         killed_served < before,
         "requests cut off by the kill were retried elsewhere"
     );
-    let metrics = c
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&c, &url).await;
     assert!(metrics.contains("sgl_router_retries_total"), "{metrics}");
     router.shutdown().await.unwrap();
 }
@@ -198,14 +184,7 @@ async fn dead_workers_leave_the_tree_and_come_back_when_healthy() {
     );
     let (status, moved, _) = generate(&c, &url, prompt).await;
     assert_eq!((status, moved.as_str()), (200, workers[other].name()));
-    let metrics = c
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&c, &url).await;
     assert!(metrics.contains(&format!("sgl_router_worker_health{{worker=\"{wurl}\"}} 0")));
 
     workers[idx].set_healthy(true);

@@ -110,14 +110,7 @@ async fn shared_prefix_groups_each_land_on_one_worker() {
     let used: HashSet<&String> = served.values().flatten().collect();
     assert_eq!(used.len(), 3, "six groups spread over all three workers");
 
-    let metrics = client()
-        .get(format!("{}/metrics", router.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&client(), &router.url()).await;
     assert!(
         metrics.contains("sgl_router_cache_hits_total 42"),
         "{metrics}"

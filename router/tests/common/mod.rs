@@ -62,6 +62,17 @@ pub async fn generate(c: &reqwest::Client, router: &str, text: &str) -> (u16, St
     (status, worker, body)
 }
 
+/// The router's Prometheus exposition text.
+pub async fn metrics_text(c: &reqwest::Client, router: &str) -> String {
+    c.get(format!("{router}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 pub async fn list_workers(c: &reqwest::Client, router: &str) -> Value {
     c.get(format!("{router}/list_workers"))
         .send()
