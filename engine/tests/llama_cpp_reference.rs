@@ -49,7 +49,7 @@ fn greedy(backend: &mut CpuBackend, prompt: &[u32], steps: usize) -> Vec<u32> {
             tokens: prompt,
             start_pos: 0,
             kv_slots: &slots,
-            need_logits: true,
+            num_logits: 1,
         }])
         .expect("prefill");
     let mut out = vec![argmax(&logits)];
@@ -62,7 +62,7 @@ fn greedy(backend: &mut CpuBackend, prompt: &[u32], steps: usize) -> Vec<u32> {
                 tokens: &last,
                 start_pos: pos,
                 kv_slots: &slots,
-                need_logits: true,
+                num_logits: 1,
             }])
             .expect("decode");
         out.push(argmax(&logits));

@@ -19,9 +19,9 @@ pub struct SeqInput<'a> {
     /// KV slots of positions `0..start_pos + tokens.len()`: the cached prefix's slots then the
     /// slots where the new tokens' K/V are written.
     pub kv_slots: &'a [u32],
-    /// Whether the caller needs logits for this sequence's last token (false for a prompt chunk
-    /// that is not the last).
-    pub need_logits: bool,
+    /// How many of this sequence's last tokens need logits: 1 for the next-token distribution,
+    /// more for prompt logprobs, 0 for a prompt chunk that is not the last.
+    pub num_logits: usize,
 }
 
 /// Sampling controls a backend may apply on its own device.
@@ -36,8 +36,8 @@ pub struct SampleInput {
 }
 
 pub trait Backend: Send {
-    /// Run one forward pass. Returns the logits of the last token of every sequence with
-    /// `need_logits`, in order, each `vocab_size()` long.
+    /// Run one forward pass. Returns, sequence after sequence, the logits of the last
+    /// `num_logits` tokens of each (clamped to its token count), each row `vocab_size()` long.
     fn forward(&mut self, batch: &[SeqInput<'_>]) -> Result<Vec<f32>>;
 
     fn vocab_size(&self) -> usize;

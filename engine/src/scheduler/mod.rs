@@ -458,7 +458,7 @@ impl Scheduler {
                 tokens: t,
                 start_pos: start,
                 kv_slots: &self.running[p.idx].slots,
-                need_logits: p.completes,
+                num_logits: usize::from(p.completes),
             })
             .collect();
         let started = Instant::now();

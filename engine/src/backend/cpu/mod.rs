@@ -179,14 +179,13 @@ impl Backend for CpuBackend {
             ops::add_in_place(&mut x, &o);
         }
 
-        // Final norm and logits for the last token of each sequence that wants them.
+        // Final norm and logits for the last `num_logits` tokens of each sequence.
         let mut rows = Vec::new();
         let mut off = 0;
         for s in batch {
-            off += s.tokens.len();
-            if s.need_logits && !s.tokens.is_empty() {
-                rows.push(off - 1);
-            }
+            let len = s.tokens.len();
+            rows.extend(off + len - s.num_logits.min(len)..off + len);
+            off += len;
         }
         let n = rows.len();
         let mut last = vec![0f32; n * h];

@@ -333,7 +333,7 @@ mod tests {
             tokens: &toks,
             start_pos: 0,
             kv_slots: &slots,
-            need_logits: true,
+            num_logits: 1,
         }];
         let mut out = [0f32; 2];
         attention(&q, &k, &v, &batch, 1, 1, 2, &mut out);
@@ -411,13 +411,13 @@ mod tests {
                 tokens: &toks_a,
                 start_pos: 0,
                 kv_slots: &slots_a,
-                need_logits: true,
+                num_logits: 1,
             },
             SeqInput {
                 tokens: &toks_b,
                 start_pos: 5,
                 kv_slots: &slots_b,
-                need_logits: true,
+                num_logits: 1,
             },
         ];
         let q: Vec<f32> = (0..5 * heads * hd).map(|_| rnd()).collect();

@@ -242,7 +242,7 @@ pub fn bench_one_batch(b: &mut CudaBackend, a: &BenchOneBatchArgs) -> Result<One
                 tokens: p,
                 start_pos: 0,
                 kv_slots: &s[..a.input_len],
-                need_logits: true,
+                num_logits: 1,
             })
             .collect();
         let mut next = b.forward_sample(&batch, 0.0)?;
@@ -258,7 +258,7 @@ pub fn bench_one_batch(b: &mut CudaBackend, a: &BenchOneBatchArgs) -> Result<One
                     tokens: t,
                     start_pos: pos,
                     kv_slots: &s[..pos + 1],
-                    need_logits: true,
+                    num_logits: 1,
                 })
                 .collect();
             next = b.forward_sample(&batch, 0.0)?;
@@ -374,7 +374,7 @@ fn check(b: &mut CudaBackend, prompts: &Path, out: &Path) -> Result<()> {
                 tokens: &case.prompts[0][..p],
                 start_pos: 0,
                 kv_slots: &prefix_slots,
-                need_logits: false,
+                num_logits: 0,
             };
             b.forward(&[pre])?;
         }
@@ -393,7 +393,7 @@ fn check(b: &mut CudaBackend, prompts: &Path, out: &Path) -> Result<()> {
                 tokens: &pr[p..],
                 start_pos: p,
                 kv_slots: &s[..pr.len()],
-                need_logits: true,
+                num_logits: 1,
             })
             .collect();
         let logits = b.forward(&batch)?;
@@ -414,7 +414,7 @@ fn check(b: &mut CudaBackend, prompts: &Path, out: &Path) -> Result<()> {
                         tokens: t,
                         start_pos: pos,
                         kv_slots: &s[..pos + 1],
-                        need_logits: true,
+                        num_logits: 1,
                     }
                 })
                 .collect();
@@ -514,7 +514,7 @@ fn offline(
                     tokens: &r.prompt,
                     start_pos: 0,
                     kv_slots: &r.slots[..r.prompt.len()],
-                    need_logits: true,
+                    num_logits: 1,
                 })
                 .collect();
             let toks = b.forward_sample(&batch, 0.0)?;
@@ -538,7 +538,7 @@ fn offline(
                         tokens: t,
                         start_pos: pos,
                         kv_slots: &r.slots[..pos + 1],
-                        need_logits: true,
+                        num_logits: 1,
                     }
                 })
                 .collect();

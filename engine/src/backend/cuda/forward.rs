@@ -216,7 +216,7 @@ impl CudaBackend {
     }
 
     /// Run the batch; logits of the rows that need them end in `scratch.logits` (bf16).
-    /// Returns, per sequence with `need_logits`, its row in that buffer.
+    /// Returns the buffer rows holding each sequence's last `num_logits` tokens, in order.
     pub(super) fn run(&mut self, batch: &[SeqInput<'_>]) -> Result<Vec<usize>> {
         let tokens: usize = batch.iter().map(|s| s.tokens.len()).sum();
         if batch.iter().all(|s| s.tokens.len() == 1)
@@ -249,9 +249,9 @@ impl CudaBackend {
                 pos.push((q.start_pos + i) as i32);
                 slots.push(q.kv_slots[q.start_pos + i] as i32);
             }
-            if q.need_logits {
-                last_rows.push(ids.len() as i32 - 1);
-            }
+            let len = q.tokens.len();
+            let first = ids.len() - q.num_logits.min(len);
+            last_rows.extend((first..ids.len()).map(|r| r as i32));
             q_indptr.push(ids.len() as i32);
             kv_indices.extend(q.kv_slots.iter().map(|&x| x as i32));
             kv_indptr.push(kv_indices.len() as i32);
@@ -574,7 +574,7 @@ impl CudaBackend {
         Ok(batch
             .iter()
             .enumerate()
-            .filter(|(_, q)| q.need_logits)
+            .filter(|(_, q)| q.num_logits > 0)
             .map(|(i, _)| i)
             .collect())
     }

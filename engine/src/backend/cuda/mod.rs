@@ -243,7 +243,7 @@ impl CudaBackend {
     }
 
     /// Run the batch and sample on the GPU: greedy when `temperature` is 0. Returns one token
-    /// per sequence with `need_logits` (used by the benchmarks; avoids copying logits).
+    /// per sequence with `num_logits` > 0 (used by the benchmarks; avoids copying logits).
     pub fn forward_sample(&mut self, batch: &[SeqInput<'_>], temperature: f32) -> Result<Vec<u32>> {
         self.validate(batch)?;
         let n = self.run(batch)?;
