@@ -193,7 +193,7 @@ impl RequestStream {
             Some(StreamEvent::Finished { .. }) | Some(StreamEvent::Error { .. }) | None => {
                 self.done = true
             }
-            Some(StreamEvent::Tokens { .. }) => {}
+            Some(StreamEvent::Tokens { .. }) | Some(StreamEvent::PromptLogprobs { .. }) => {}
         }
         ev
     }

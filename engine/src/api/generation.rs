@@ -3,6 +3,10 @@
 //!
 //! A `Generation` owns its [`RequestStream`]; dropping it (a client that went away drops the
 //! handler future or the response body) aborts the request in the scheduler.
+//!
+//! Parallel sampling (`n` > 1) first runs each distinct prompt once with `max_new_tokens` 0
+//! ([`prefill_shared_prompts`]), which computes its KV and leaves it in the radix cache, and
+//! only then submits the `n` samples, which find the prompt there.
 
 use std::time::Instant;
 
@@ -11,7 +15,9 @@ use futures::stream::{self, StreamExt};
 
 use crate::engine::{EngineHandle, RequestStream};
 use crate::error::{EngineError, Result};
-use crate::request::{FinishReason, GenerateRequest, StreamEvent, Usage};
+use crate::request::{
+    FinishReason, GenerateRequest, SamplingParams, StreamEvent, TokenLogprob, Usage,
+};
 
 /// One request in flight, with the output received so far.
 pub struct Generation {
@@ -22,6 +28,10 @@ pub struct Generation {
     pub ids: Vec<u32>,
     /// Output text so far (stop strings trimmed by the scheduler).
     pub text: String,
+    /// Prompt logprobs, once the engine sent them (only for requests that asked).
+    pub input_logprobs: Option<Vec<TokenLogprob>>,
+    /// Logprobs of the output tokens so far (only for requests that asked).
+    pub output_logprobs: Vec<TokenLogprob>,
     pub started: Instant,
     log: bool,
     /// The engine sent the final event (or failed): nothing to abort on drop.
@@ -30,8 +40,12 @@ pub struct Generation {
 
 /// What one step of a generation brought.
 pub enum Step {
-    /// New tokens and the text they completed (the text may be empty).
-    Delta { text: String },
+    /// New tokens and the text they completed (the text may be empty), with the tokens'
+    /// logprobs when the request asked for them.
+    Delta {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
     /// The end; `text` is the last piece of text, flushed with the final event.
     Done {
         reason: FinishReason,
@@ -49,19 +63,34 @@ pub struct Output {
     pub reason: FinishReason,
     pub usage: Usage,
     pub e2e_latency: f64,
+    pub input_logprobs: Option<Vec<TokenLogprob>>,
+    pub output_logprobs: Vec<TokenLogprob>,
 }
 
 impl Generation {
     /// Read the next step. Engine failures become errors (the request is over then).
     pub async fn step(&mut self) -> Result<Step> {
-        let event = self.stream.next().await;
+        let mut event = self.stream.next().await;
+        // Prompt logprobs come once, before any token: keep them and read on.
+        while let Some(StreamEvent::PromptLogprobs { logprobs }) = event {
+            self.input_logprobs = Some(logprobs);
+            event = self.stream.next().await;
+        }
         self.over = !matches!(event, Some(StreamEvent::Tokens { .. }));
         match event {
-            Some(StreamEvent::Tokens { ids, text }) => {
+            Some(StreamEvent::Tokens {
+                ids,
+                text,
+                logprobs,
+            }) => {
                 self.ids.extend_from_slice(&ids);
                 self.text.push_str(&text);
-                Ok(Step::Delta { text })
+                self.output_logprobs.extend_from_slice(&logprobs);
+                Ok(Step::Delta { text, logprobs })
             }
+            Some(StreamEvent::PromptLogprobs { .. }) => Err(EngineError::Internal(
+                "prompt logprobs arrived out of order".into(),
+            )),
             Some(StreamEvent::Finished {
                 reason,
                 usage,
@@ -108,6 +137,8 @@ impl Generation {
                     reason,
                     usage,
                     e2e_latency: self.started.elapsed().as_secs_f64(),
+                    input_logprobs: self.input_logprobs.take(),
+                    output_logprobs: std::mem::take(&mut self.output_logprobs),
                 });
             }
         }
@@ -151,12 +182,45 @@ pub fn submit_all(engine: &EngineHandle, reqs: Vec<GenerateRequest>) -> Result<V
             prompt_tokens,
             ids: Vec::new(),
             text: String::new(),
+            input_logprobs: None,
+            output_logprobs: Vec::new(),
             started,
             log,
             over: false,
         });
     }
     Ok(out)
+}
+
+/// Run each prompt that occurs more than once in `reqs` (the samples of `n` > 1) once with
+/// `max_new_tokens` 0, so that its KV is in the radix cache before the samples start and is
+/// computed once, not once per sample. Does nothing with the radix cache off.
+pub async fn prefill_shared_prompts(engine: &EngineHandle, reqs: &[GenerateRequest]) -> Result<()> {
+    if engine.args().disable_radix_cache {
+        return Ok(());
+    }
+    let mut prefills: Vec<GenerateRequest> = Vec::new();
+    for (i, r) in reqs.iter().enumerate() {
+        let shared = reqs[i + 1..].iter().any(|o| o.input_ids == r.input_ids);
+        if !shared || prefills.iter().any(|p| p.input_ids == r.input_ids) {
+            continue;
+        }
+        prefills.push(GenerateRequest {
+            rid: format!("{}-prefill", r.rid),
+            input_ids: r.input_ids.clone(),
+            sampling: SamplingParams {
+                temperature: 0.0,
+                max_new_tokens: 0,
+                ..SamplingParams::default()
+            },
+            detokenize: false,
+            logprobs: None,
+        });
+    }
+    if !prefills.is_empty() {
+        finish_all(submit_all(engine, prefills)?).await?;
+    }
+    Ok(())
 }
 
 /// Read every generation to its end, concurrently; results keep the input order.
@@ -173,9 +237,11 @@ pub struct Tagged {
     pub step: Result<Step>,
     /// Output tokens so far.
     pub completion_tokens: usize,
-    /// Cumulative output text and ids (only when `merge` was asked for them).
+    /// Cumulative output text, ids and logprobs (only when `merge` was asked for them).
     pub text: String,
     pub ids: Vec<u32>,
+    pub input_logprobs: Option<Vec<TokenLogprob>>,
+    pub output_logprobs: Vec<TokenLogprob>,
     pub prompt_tokens: usize,
     pub rid: String,
     pub started: Instant,
@@ -202,6 +268,16 @@ pub fn merge(gens: Vec<Generation>, cumulative: bool) -> impl Stream<Item = Tagg
                 },
                 ids: if cumulative {
                     g.ids.clone()
+                } else {
+                    Vec::new()
+                },
+                input_logprobs: if cumulative {
+                    g.input_logprobs.clone()
+                } else {
+                    None
+                },
+                output_logprobs: if cumulative {
+                    g.output_logprobs.clone()
                 } else {
                     Vec::new()
                 },

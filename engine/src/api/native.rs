@@ -1,5 +1,14 @@
 //! SGLang's native routes: `/generate`, `/health`, `/health_generate`, `/get_model_info`,
 //! `/get_server_info`, `/flush_cache`, `/metrics`.
+//!
+//! `/generate` takes SGLang's logprob fields (`return_logprob`, `logprob_start_len`,
+//! `top_logprobs_num`, `return_text_in_logprobs`; the first three also as one value per prompt)
+//! and answers in SGLang 0.4's shapes: `meta_info.input_token_logprobs` and
+//! `output_token_logprobs` are lists of `[logprob, token_id, text_or_null]`, and with
+//! `top_logprobs_num` > 0 `input_top_logprobs` / `output_top_logprobs` hold, per position, a
+//! list of such triples. Prompt entries cover the positions after `logprob_start_len`, plus
+//! position 0 (logprob null) when it is 0; the default -1 reports output logprobs only.
+//! `sampling_params.n` > 1 answers with a list of `n` results for one prompt.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -11,16 +20,22 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde_json::{Map, Value, json};
 
-use super::generation::{Output, Step, Tagged, finish_all, merge, submit_all};
+use super::generation::{
+    Output, Step, Tagged, finish_all, merge, prefill_shared_prompts, submit_all,
+};
 use super::validate::{
-    Dialect, Limits, MaxTokensDefault, NATIVE_DEFAULT_MAX_NEW_TOKENS, Obj, SamplingInput,
-    build_request, describe, new_rid, parse_sampling, token_id_list,
+    Dialect, Limits, LogprobInput, MaxTokensDefault, NATIVE_DEFAULT_MAX_NEW_TOKENS, Obj,
+    SamplingInput, build_request, describe, new_rid, parse_sampling, token_id_list,
 };
 use super::{JsonObject, run_blocking, sse};
 use crate::config::ServerArgs;
 use crate::engine::EngineHandle;
 use crate::error::{EngineError, Result};
-use crate::request::{FinishReason, GenerateRequest, SamplingParams};
+use crate::request::{FinishReason, GenerateRequest, SamplingParams, TokenLogprob};
+use crate::tokenizer::Tokenizer;
+
+/// Most alternatives per position `/generate` returns (`top_logprobs_num`).
+pub const MAX_TOP_LOGPROBS_NUM: usize = 100;
 
 /// A `/generate` body turned into requests.
 struct ParsedGenerate {
@@ -30,6 +45,10 @@ struct ParsedGenerate {
     stream: bool,
     /// Return `output_ids` (the input was token ids, or there is no tokenizer).
     want_ids: bool,
+    /// Per request: the number of alternatives per position when it returns logprobs.
+    logprob_top: Vec<Option<usize>>,
+    /// Decode the tokens of logprob entries (`return_text_in_logprobs`).
+    logprob_text: Option<std::sync::Arc<Tokenizer>>,
 }
 
 /// The prompts of a `/generate` body: `text` (string or list) or `input_ids` (list or list of
@@ -179,9 +198,90 @@ fn generate_rids(obj: &Obj<'_>, prompts: usize, batch: bool) -> Result<Vec<Strin
     }
 }
 
+/// A top-level field given once for every prompt, or (in a batch) as a list with one value per
+/// prompt. `read` parses one value; its second argument is the field name for errors.
+fn per_prompt<T: Clone>(
+    obj: &Obj<'_>,
+    key: &str,
+    prompts: usize,
+    batch: bool,
+    read: impl Fn(&Value, &str) -> Result<T>,
+) -> Result<Option<Vec<T>>> {
+    match obj.get(key) {
+        None => Ok(None),
+        Some(Value::Array(list)) if batch => {
+            if list.len() != prompts {
+                return Err(obj.err(
+                    key,
+                    format!(
+                        "has {} entries but the batch has {prompts} prompts",
+                        list.len()
+                    ),
+                ));
+            }
+            list.iter()
+                .enumerate()
+                .map(|(i, v)| read(v, &obj.name(&format!("{key}[{i}]"))))
+                .collect::<Result<Vec<_>>>()
+                .map(Some)
+        }
+        Some(v) => Ok(Some(vec![read(v, &obj.name(key))?; prompts])),
+    }
+}
+
+/// The logprob fields of a `/generate` body, one entry per prompt.
+fn generate_logprobs(
+    obj: &Obj<'_>,
+    prompts: usize,
+    batch: bool,
+) -> Result<Vec<Option<LogprobInput>>> {
+    let read_bool = |v: &Value, name: &str| {
+        v.as_bool().ok_or_else(|| {
+            EngineError::bad_param(
+                name,
+                format!("`{name}` must be true or false, got {}", describe(v)),
+            )
+        })
+    };
+    let read_start = |v: &Value, name: &str| match v.as_i64() {
+        Some(x) if x >= -1 => Ok(x),
+        _ => Err(EngineError::bad_param(
+            name,
+            format!(
+                "`{name}` must be -1 (output logprobs only) or a prompt position >= 0, got {}",
+                describe(v)
+            ),
+        )),
+    };
+    let read_top = |v: &Value, name: &str| match v.as_u64() {
+        Some(x) if x as usize <= MAX_TOP_LOGPROBS_NUM => Ok(x as usize),
+        _ => Err(EngineError::bad_param(
+            name,
+            format!(
+                "`{name}` must be an integer in [0, {MAX_TOP_LOGPROBS_NUM}], got {}",
+                describe(v)
+            ),
+        )),
+    };
+    let want = per_prompt(obj, "return_logprob", prompts, batch, read_bool)?
+        .unwrap_or_else(|| vec![false; prompts]);
+    let start = per_prompt(obj, "logprob_start_len", prompts, batch, read_start)?
+        .unwrap_or_else(|| vec![-1; prompts]);
+    let top = per_prompt(obj, "top_logprobs_num", prompts, batch, read_top)?
+        .unwrap_or_else(|| vec![0; prompts]);
+    Ok((0..prompts)
+        .map(|i| {
+            want[i].then_some(LogprobInput {
+                start_len: start[i],
+                top_k: top[i],
+                start_field: "logprob_start_len",
+            })
+        })
+        .collect())
+}
+
 fn parse_generate(engine: &EngineHandle, body: &Map<String, Value>) -> Result<ParsedGenerate> {
     let obj = Obj::new(body);
-    obj.unsupported("return_logprob", &[Value::Bool(false)], "logprobs")?;
     obj.unsupported(
         "return_hidden_states",
         &[Value::Bool(false)],
@@ -192,7 +292,12 @@ fn parse_generate(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Pa
     obj.unsupported("input_embeds", &[], "input embeddings")?;
     obj.unsupported("custom_logit_processor", &[], "custom logit processors")?;
     let (prompts, batch) = generate_prompts(engine, &obj)?;
-    let sampling = generate_sampling(&obj, prompts.len(), batch)?;
+    let mut sampling = generate_sampling(&obj, prompts.len(), batch)?;
+    let logprobs = generate_logprobs(&obj, prompts.len(), batch)?;
+    for (s, lp) in sampling.iter_mut().zip(logprobs) {
+        s.logprobs = lp;
+    }
+    let return_text = obj.bool("return_text_in_logprobs")?.unwrap_or(false);
     let rids = generate_rids(&obj, prompts.len(), batch)?;
     let stream = obj.bool("stream")?.unwrap_or(false);
     let total: usize = sampling.iter().map(|s| s.n).sum();
@@ -213,18 +318,69 @@ fn parse_generate(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Pa
             } else {
                 format!("{rid}-{j}")
             };
-            reqs.push(build_request(rid, ids.clone(), field, s, default, &limits)?);
+            let mut req = build_request(rid, ids.clone(), field, s, default, &limits)?;
+            // Parallel samples with a seed get seed, seed + 1, ... so that they differ.
+            req.sampling.seed = s.params.seed.map(|seed| seed.wrapping_add(j as u64));
+            reqs.push(req);
         }
     }
     // More than one generation is answered as a list even for one prompt (`n` > 1).
     let batch = batch || reqs.len() > 1;
     let want_ids = field == "input_ids" || !limits.detokenize;
+    let logprob_top = reqs.iter().map(|r| r.logprobs.map(|l| l.top_k)).collect();
     Ok(ParsedGenerate {
         reqs,
         batch,
         stream,
         want_ids,
+        logprob_top,
+        logprob_text: if return_text {
+            engine.tokenizer().cloned()
+        } else {
+            None
+        },
     })
+}
+
+/// `[logprob, token_id, text_or_null]`.
+fn logprob_triple(logprob: Option<f32>, id: u32, tok: Option<&Tokenizer>) -> Value {
+    let text = tok.map(|t| t.decode(&[id], false).unwrap_or_default());
+    json!([logprob, id, text])
+}
+
+/// The logprob fields of `meta_info` for one request (SGLang's shapes).
+fn add_logprobs(
+    meta: &mut Value,
+    top_k: usize,
+    input: Option<&[TokenLogprob]>,
+    output: &[TokenLogprob],
+    tok: Option<&Tokenizer>,
+) {
+    let input = input.unwrap_or(&[]);
+    let tokens = |entries: &[TokenLogprob]| -> Value {
+        entries
+            .iter()
+            .map(|e| logprob_triple(e.logprob, e.id, tok))
+            .collect()
+    };
+    let tops = |entries: &[TokenLogprob]| -> Value {
+        entries
+            .iter()
+            .map(|e| match &e.top {
+                Some(top) => top
+                    .iter()
+                    .map(|&(id, lp)| logprob_triple(Some(lp), id, tok))
+                    .collect(),
+                None => Value::Null,
+            })
+            .collect()
+    };
+    meta["input_token_logprobs"] = tokens(input);
+    meta["output_token_logprobs"] = tokens(output);
+    if top_k > 0 {
+        meta["input_top_logprobs"] = tops(input);
+        meta["output_top_logprobs"] = tops(output);
+    }
 }
 
 fn meta_info(
@@ -245,7 +401,7 @@ fn meta_info(
     })
 }
 
-fn output_json(o: &Output, want_ids: bool) -> Value {
+fn output_json(o: &Output, index: usize, p: &ParsedGenerate) -> Value {
     let mut v = json!({
         "text": o.text,
         "meta_info": meta_info(
@@ -257,8 +413,17 @@ fn output_json(o: &Output, want_ids: bool) -> Value {
             o.e2e_latency,
         ),
     });
-    if want_ids {
+    if p.want_ids {
         v["output_ids"] = json!(o.ids);
+    }
+    if let Some(Some(top_k)) = p.logprob_top.get(index) {
+        add_logprobs(
+            &mut v["meta_info"],
+            *top_k,
+            o.input_logprobs.as_deref(),
+            &o.output_logprobs,
+            p.logprob_text.as_deref(),
+        );
     }
     v
 }
@@ -278,6 +443,15 @@ fn chunk_json(t: &Tagged, p: &ParsedGenerate) -> Value {
     if p.want_ids {
         v["output_ids"] = json!(t.ids);
     }
+    if let Some(Some(top_k)) = p.logprob_top.get(t.index) {
+        add_logprobs(
+            &mut v["meta_info"],
+            *top_k,
+            t.input_logprobs.as_deref(),
+            &t.output_logprobs,
+            p.logprob_text.as_deref(),
+        );
+    }
     if p.batch {
         v["index"] = json!(t.index);
     }
@@ -291,6 +465,7 @@ pub async fn generate(
 ) -> Result<Response> {
     let e = engine.clone();
     let mut p = run_blocking(move || parse_generate(&e, &body)).await?;
+    prefill_shared_prompts(&engine, &p.reqs).await?;
     let gens = submit_all(&engine, std::mem::take(&mut p.reqs))?;
     if p.stream {
         let events = async_stream::stream! {
@@ -308,10 +483,15 @@ pub async fn generate(
     }
     let outs = finish_all(gens).await?;
     let body = if p.batch {
-        Value::Array(outs.iter().map(|o| output_json(o, p.want_ids)).collect())
+        Value::Array(
+            outs.iter()
+                .enumerate()
+                .map(|(i, o)| output_json(o, i, &p))
+                .collect(),
+        )
     } else {
         outs.first()
-            .map(|o| output_json(o, p.want_ids))
+            .map(|o| output_json(o, 0, &p))
             .unwrap_or(Value::Null)
     };
     Ok(Json(body).into_response())
@@ -346,6 +526,7 @@ pub async fn health_generate(State(engine): State<EngineHandle>) -> Result<Respo
             ..SamplingParams::default()
         },
         detokenize: false,
+        logprobs: None,
     };
     let gens = submit_all(&engine, vec![req])?;
     match tokio::time::timeout(HEALTH_GENERATE_TIMEOUT, finish_all(gens)).await {

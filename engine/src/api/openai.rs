@@ -4,6 +4,13 @@
 //! on each choice, and `usage.prompt_tokens_details.cached_tokens` with
 //! `--enable-cache-report`. Without `max_tokens` a request may use the rest of the context
 //! window, capped at [`OPENAI_DEFAULT_MAX_TOKENS_CAP`] tokens.
+//!
+//! Logprobs: chat takes `logprobs: true` and `top_logprobs` (0..=20) and answers with
+//! `choices[].logprobs.content[] = {token, logprob, bytes, top_logprobs}`; completions take
+//! `logprobs: k` (0..=5) and answer with `{tokens, token_logprobs, top_logprobs, text_offset}`
+//! (with `echo`, the prompt's tokens come first, the first one with a null logprob). Streamed
+//! chunks carry the logprobs of the tokens whose text they carry. `n` samples of a prompt
+//! share its KV: the prompt is computed once before they start.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -13,16 +20,21 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde_json::{Map, Value, json};
 
-use super::generation::{Output, Step, finish_all, merge, submit_all};
+use super::generation::{Output, Step, finish_all, merge, prefill_shared_prompts, submit_all};
 use super::validate::{
-    Dialect, Limits, MaxTokensDefault, OPENAI_DEFAULT_MAX_TOKENS_CAP, Obj, SamplingInput,
-    build_request, check_model, describe, new_rid, parse_sampling, token_id_list,
+    Dialect, Limits, LogprobInput, MaxTokensDefault, OPENAI_DEFAULT_MAX_TOKENS_CAP, Obj,
+    SamplingInput, build_request, check_model, describe, new_rid, parse_sampling, token_id_list,
 };
 use super::{JsonObject, run_blocking, sse};
 use crate::engine::EngineHandle;
 use crate::error::{EngineError, Result};
-use crate::request::{FinishReason, GenerateRequest, Usage};
+use crate::request::{FinishReason, GenerateRequest, TokenLogprob, Usage};
 use crate::tokenizer::Tokenizer;
+
+/// Most alternatives per token on chat (`top_logprobs`), as OpenAI allows.
+pub const MAX_CHAT_TOP_LOGPROBS: usize = 20;
+/// Most alternatives per token on completions (`logprobs`), as OpenAI allows.
+pub const MAX_COMPLETION_LOGPROBS: usize = 5;
 
 fn unix_now() -> u64 {
     SystemTime::now()
@@ -58,6 +70,10 @@ struct Parsed {
     n: usize,
     /// Text put before each choice's output (`echo` on completions), per prompt.
     echo: Vec<String>,
+    /// Alternatives per token when logprobs are returned (`None`: no logprobs).
+    logprobs: Option<usize>,
+    /// Decodes the tokens of logprob entries.
+    tokenizer: Option<std::sync::Arc<Tokenizer>>,
 }
 
 fn no_tokenizer(what: &str) -> EngineError {
@@ -105,14 +121,11 @@ fn build(
             } else {
                 format!("{base}-{}", i * n + j)
             };
-            reqs.push(build_request(
-                rid,
-                ids.clone(),
-                prompt_field,
-                &sampling,
-                default,
-                &limits,
-            )?);
+            let mut req =
+                build_request(rid, ids.clone(), prompt_field, &sampling, default, &limits)?;
+            // Parallel samples with a seed get seed, seed + 1, ... so that they differ.
+            req.sampling.seed = sampling.params.seed.map(|s| s.wrapping_add(j as u64));
+            reqs.push(req);
         }
     }
     let id = match kind {
@@ -128,7 +141,138 @@ fn build(
         include_usage,
         n,
         echo,
+        logprobs: sampling.logprobs.map(|l| l.top_k),
+        tokenizer: engine.tokenizer().cloned(),
     })
+}
+
+/// Chat's `logprobs` (a boolean) and `top_logprobs` (0..=20).
+fn chat_logprobs(obj: &Obj<'_>) -> Result<Option<LogprobInput>> {
+    let want = obj.bool("logprobs")?.unwrap_or(false);
+    let top = obj.usize("top_logprobs").map_err(|_| {
+        obj.err(
+            "top_logprobs",
+            format!(
+                "must be an integer in [0, {MAX_CHAT_TOP_LOGPROBS}], got {}",
+                obj.get("top_logprobs").map(describe).unwrap_or_default()
+            ),
+        )
+    })?;
+    if let Some(k) = top {
+        if k > MAX_CHAT_TOP_LOGPROBS {
+            return Err(obj.err(
+                "top_logprobs",
+                format!("must be an integer in [0, {MAX_CHAT_TOP_LOGPROBS}], got {k}"),
+            ));
+        }
+        if k > 0 && !want {
+            return Err(obj.err("top_logprobs", "needs `logprobs: true`"));
+        }
+    }
+    Ok(want.then_some(LogprobInput {
+        start_len: -1,
+        top_k: top.unwrap_or(0),
+        start_field: "logprobs",
+    }))
+}
+
+/// Completions' `logprobs` (0..=5 alternatives per token); with `echo` the prompt's tokens
+/// get logprobs too.
+fn completion_logprobs(obj: &Obj<'_>, echo: bool) -> Result<Option<LogprobInput>> {
+    let bad = || {
+        obj.err(
+            "logprobs",
+            format!(
+                "must be an integer in [0, {MAX_COMPLETION_LOGPROBS}], got {}",
+                obj.get("logprobs").map(describe).unwrap_or_default()
+            ),
+        )
+    };
+    let k = match obj.usize("logprobs") {
+        Ok(None) => return Ok(None),
+        Ok(Some(k)) if k <= MAX_COMPLETION_LOGPROBS => k,
+        _ => return Err(bad()),
+    };
+    Ok(Some(LogprobInput {
+        start_len: if echo { 0 } else { -1 },
+        top_k: k,
+        start_field: "logprobs",
+    }))
+}
+
+/// A token as logprob entries show it: its text (token ids without a tokenizer).
+fn token_text(tok: Option<&Tokenizer>, id: u32) -> String {
+    match tok {
+        Some(t) => t.decode(&[id], false).unwrap_or_default(),
+        None => format!("token_id:{id}"),
+    }
+}
+
+/// Chat's `logprobs.content` entries.
+fn chat_logprob_content(entries: &[TokenLogprob], tok: Option<&Tokenizer>) -> Value {
+    let item = |id: u32, logprob: Option<f32>| {
+        let token = token_text(tok, id);
+        json!({ "token": token, "logprob": logprob, "bytes": token.as_bytes() })
+    };
+    entries
+        .iter()
+        .map(|e| {
+            let mut v = item(e.id, e.logprob);
+            v["top_logprobs"] = e
+                .top
+                .iter()
+                .flatten()
+                .map(|&(id, lp)| item(id, Some(lp)))
+                .collect();
+            v
+        })
+        .collect()
+}
+
+/// Completions' logprobs object; `offset` is the character offset of the first entry's text
+/// in the choice's text, advanced past the entries.
+fn completion_logprob_object(
+    entries: &[TokenLogprob],
+    tok: Option<&Tokenizer>,
+    offset: &mut usize,
+) -> Value {
+    let mut tokens = Vec::with_capacity(entries.len());
+    let mut offsets = Vec::with_capacity(entries.len());
+    for e in entries {
+        let t = token_text(tok, e.id);
+        offsets.push(*offset);
+        *offset += t.chars().count();
+        tokens.push(t);
+    }
+    let top: Vec<Value> = entries
+        .iter()
+        .map(|e| match &e.top {
+            Some(top) => Value::Object(
+                top.iter()
+                    .map(|&(id, lp)| (token_text(tok, id), json!(lp)))
+                    .collect(),
+            ),
+            None => Value::Null,
+        })
+        .collect();
+    json!({
+        "tokens": tokens,
+        "token_logprobs": entries.iter().map(|e| e.logprob).collect::<Vec<_>>(),
+        "top_logprobs": top,
+        "text_offset": offsets,
+    })
+}
+
+/// The `logprobs` value of a choice (or chunk) for `entries`; null when none were asked for.
+fn logprobs_json(p: &Parsed, entries: &[TokenLogprob], offset: &mut usize) -> Value {
+    if p.logprobs.is_none() {
+        return Value::Null;
+    }
+    let tok = p.tokenizer.as_deref();
+    match p.kind {
+        Kind::Chat => json!({ "content": chat_logprob_content(entries, tok) }),
+        Kind::Completion => completion_logprob_object(entries, tok, offset),
+    }
 }
 
 /// Check the shape of `messages` (the template gets them as they are).
@@ -211,7 +355,8 @@ fn check_messages(obj: &Obj<'_>) -> Result<Vec<Value>> {
 fn parse_chat(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Parsed> {
     let obj = Obj::new(body);
     let messages = check_messages(&obj)?;
-    let sampling = parse_sampling(&obj, Dialect::OpenAi)?;
+    let mut sampling = parse_sampling(&obj, Dialect::OpenAi)?;
+    sampling.logprobs = chat_logprobs(&obj)?;
     let tok = engine
         .tokenizer()
         .ok_or_else(|| no_tokenizer("/v1/chat/completions"))?;
@@ -341,8 +486,16 @@ fn parse_completion(engine: &EngineHandle, body: &Map<String, Value>) -> Result<
     let obj = Obj::new(body);
     let tok = engine.tokenizer().map(|t| t.as_ref());
     let (prompts, texts) = completion_prompts(&obj, tok)?;
-    let sampling = parse_sampling(&obj, Dialect::OpenAi)?;
-    let echo = if obj.bool("echo")?.unwrap_or(false) {
+    let mut sampling = parse_sampling(&obj, Dialect::OpenAi)?;
+    let echo_on = obj.bool("echo")?.unwrap_or(false);
+    sampling.logprobs = completion_logprobs(&obj, echo_on)?;
+    if echo_on && sampling.logprobs.is_some() && obj.bool("stream")?.unwrap_or(false) {
+        return Err(obj.err(
+            "echo",
+            "with `logprobs` is not supported by this server when streaming",
+        ));
+    }
+    let echo = if echo_on {
         texts
     } else {
         vec![String::new(); prompts.len()]
@@ -379,12 +532,14 @@ struct UsageSum {
 }
 
 impl UsageSum {
+    /// Prompt and cached tokens count once per prompt (from its first sample), completion
+    /// tokens for every sample.
     fn add(&mut self, index: usize, n: usize, u: &Usage) {
         if index.is_multiple_of(n) {
             self.prompt += u.prompt_tokens;
+            self.cached += u.cached_tokens;
         }
         self.completion += u.completion_tokens;
-        self.cached += u.cached_tokens;
     }
 }
 
@@ -395,9 +550,11 @@ fn respond(engine: &EngineHandle, p: &Parsed, outs: Vec<Output>) -> Response {
         .enumerate()
         .map(|(index, o)| {
             sum.add(index, p.n, &o.usage);
+            let mut entries = o.input_logprobs.clone().unwrap_or_default();
+            entries.extend_from_slice(&o.output_logprobs);
             let mut c = json!({
                 "index": index,
-                "logprobs": null,
+                "logprobs": logprobs_json(p, &entries, &mut 0),
                 "finish_reason": o.reason.openai_str(),
                 "matched_stop": matched_stop(&o.reason),
             });
@@ -434,10 +591,11 @@ fn chunk(
     index: usize,
     piece: Option<&str>,
     finish: Option<&FinishReason>,
+    logprobs: Value,
 ) -> Value {
     let mut choice = json!({
         "index": index,
-        "logprobs": null,
+        "logprobs": logprobs,
         "finish_reason": finish.map(FinishReason::openai_str),
         "matched_stop": finish.map(matched_stop).unwrap_or(Value::Null),
     });
@@ -475,30 +633,37 @@ fn stream_response(
         for index in 0..choices {
             match p.kind {
                 Kind::Chat => {
-                    let mut c = chunk(&p, created, index, Some(""), None);
+                    let mut c = chunk(&p, created, index, Some(""), None, Value::Null);
                     c["choices"][0]["delta"]["role"] = json!("assistant");
                     yield sse::json(&c);
                 }
                 Kind::Completion => {
                     if let Some(echo) = p.echo.get(index / p.n).filter(|e| !e.is_empty()) {
-                        yield sse::json(&chunk(&p, created, index, Some(echo), None));
+                        yield sse::json(&chunk(&p, created, index, Some(echo), None, Value::Null));
                     }
                 }
             }
         }
         let mut sum = UsageSum::default();
+        // Logprobs of tokens whose text is still held back, and text offsets, per choice.
+        let mut pending: Vec<Vec<TokenLogprob>> = vec![Vec::new(); choices];
+        let mut offsets = vec![0usize; choices];
         let mut steps = merge(gens, false);
         while let Some(t) = steps.next().await {
+            let i = t.index;
             match t.step {
-                Ok(Step::Delta { text, .. }) => {
+                Ok(Step::Delta { text, logprobs }) => {
+                    pending[i].extend(logprobs);
                     if !text.is_empty() {
-                        yield sse::json(&chunk(&p, created, t.index, Some(&text), None));
+                        let lp = logprobs_json(&p, &std::mem::take(&mut pending[i]), &mut offsets[i]);
+                        yield sse::json(&chunk(&p, created, i, Some(&text), None, lp));
                     }
                 }
                 Ok(Step::Done { reason, usage, text }) => {
-                    sum.add(t.index, p.n, &usage);
+                    sum.add(i, p.n, &usage);
                     let piece = (!text.is_empty()).then_some(text.as_str());
-                    yield sse::json(&chunk(&p, created, t.index, piece, Some(&reason)));
+                    let lp = logprobs_json(&p, &std::mem::take(&mut pending[i]), &mut offsets[i]);
+                    yield sse::json(&chunk(&p, created, i, piece, Some(&reason), lp));
                 }
                 Err(e) => {
                     yield sse::error(&e);
@@ -523,6 +688,9 @@ fn stream_response(
 }
 
 async fn run(engine: EngineHandle, mut p: Parsed) -> Result<Response> {
+    if p.n > 1 {
+        prefill_shared_prompts(&engine, &p.reqs).await?;
+    }
     let gens = submit_all(&engine, std::mem::take(&mut p.reqs))?;
     if p.stream {
         return Ok(stream_response(engine, p, gens));

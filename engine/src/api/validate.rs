@@ -3,14 +3,21 @@
 //! Bodies arrive as JSON objects. Fields are read one by one through [`Obj`], so that every
 //! error names the field at fault (`sampling_params[1].top_p`) and says what would be accepted.
 //! Unknown fields are ignored, as SGLang and OpenAI do; fields this engine cannot honour yet
-//! (penalties, logprobs, structured outputs) are refused unless they carry their neutral value,
-//! so that a client never gets output that silently ignores what it asked for.
+//! (structured outputs, custom logit processors, `best_of`) are refused unless they carry their
+//! neutral value, so that a client never gets output that silently ignores what it asked for.
+//!
+//! Sampling fields take SGLang's names and ranges: `frequency_penalty` and `presence_penalty`
+//! in [-2, 2], `repetition_penalty` in (0, 2], `min_new_tokens` (OpenAI routes: `min_tokens`)
+//! at most the output budget, `logit_bias` as `{"token id": bias in [-100, 100]}`,
+//! `no_stop_trim`, `spaces_between_special_tokens`, `seed`, `stop`, `stop_token_ids`, and `n`
+//! in 1..=[`MAX_N`]. Logprob options ([`LogprobInput`]) are read by each route in its own
+//! names and checked against the prompt here.
 
 use serde_json::{Map, Value};
 
 use crate::engine::EngineHandle;
 use crate::error::{EngineError, Result};
-use crate::request::{GenerateRequest, SamplingParams};
+use crate::request::{GenerateRequest, LogprobRequest, SamplingParams};
 
 /// `/generate` default for `max_new_tokens` (SGLang's).
 pub const NATIVE_DEFAULT_MAX_NEW_TOKENS: usize = 128;
@@ -18,6 +25,12 @@ pub const NATIVE_DEFAULT_MAX_NEW_TOKENS: usize = 128;
 pub const OPENAI_DEFAULT_MAX_TOKENS_CAP: usize = 4096;
 /// Most generations one HTTP request may start (prompts × `n`).
 pub const MAX_FAN_OUT: usize = 1024;
+/// Most samples per prompt (`n`).
+pub const MAX_N: usize = 16;
+/// Range of `frequency_penalty` and `presence_penalty`.
+pub const PENALTY_RANGE: f32 = 2.0;
+/// Range of a `logit_bias` value.
+pub const LOGIT_BIAS_RANGE: f32 = 100.0;
 
 /// A JSON object being read field by field. `prefix` is prepended to field names in errors.
 pub struct Obj<'a> {
@@ -242,10 +255,58 @@ pub struct SamplingInput {
     pub max_tokens_field: String,
     /// Samples per prompt.
     pub n: usize,
+    /// The field `min_new_tokens` came from, for error messages.
+    pub min_tokens_field: String,
+    /// Logprobs to return (set by the route that reads its own logprob fields).
+    pub logprobs: Option<LogprobInput>,
 }
 
-fn zero() -> Value {
-    Value::from(0)
+/// Logprob options as a route read them, before they meet a prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogprobInput {
+    /// SGLang's `logprob_start_len`: -1 for output logprobs only, otherwise the first prompt
+    /// position to report.
+    pub start_len: i64,
+    /// Alternatives per position.
+    pub top_k: usize,
+    /// The field `start_len` came from, for error messages.
+    pub start_field: &'static str,
+}
+
+/// `logit_bias`: `{"<token id>": bias}` with biases in [-100, 100], sorted by id.
+fn parse_logit_bias(obj: &Obj<'_>) -> Result<Vec<(u32, f32)>> {
+    let key = "logit_bias";
+    let map = match obj.get(key) {
+        None => return Ok(Vec::new()),
+        Some(Value::Object(m)) => m,
+        Some(v) => return Err(obj.wrong(key, "an object mapping token ids to biases", v)),
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (k, v) in map {
+        let id: u32 = k.trim().parse().map_err(|_| {
+            obj.err(
+                key,
+                format!("keys must be token ids (integers >= 0, as strings), got key {k:?}"),
+            )
+        })?;
+        let bias = v
+            .as_f64()
+            .map(|x| x as f32)
+            .filter(|x| x.is_finite() && x.abs() <= LOGIT_BIAS_RANGE)
+            .ok_or_else(|| {
+                obj.err(
+                    key,
+                    format!(
+                        "values must be numbers in [-{LOGIT_BIAS_RANGE}, {LOGIT_BIAS_RANGE}], got {} for token {id}",
+                        describe(v)
+                    ),
+                )
+            })?;
+        out.push((id, bias));
+    }
+    out.sort_by_key(|e| e.0);
+    out.dedup_by_key(|e| e.0);
+    Ok(out)
 }
 
 /// Read the sampling fields of `obj` in the given dialect.
@@ -287,7 +348,8 @@ pub fn parse_sampling(obj: &Obj<'_>, dialect: Dialect) -> Result<SamplingInput> 
     let mut max_tokens_field = obj.name(max_keys[max_keys.len() - 1]);
     for key in max_keys {
         if let Some(m) = obj.usize(key)? {
-            if m == 0 {
+            // /generate takes 0 (prefill only, e.g. to score a prompt); OpenAI routes do not.
+            if m == 0 && dialect == Dialect::OpenAi {
                 return Err(obj.err(key, "must be at least 1"));
             }
             max_tokens = Some(m);
@@ -315,32 +377,56 @@ pub fn parse_sampling(obj: &Obj<'_>, dialect: Dialect) -> Result<SamplingInput> 
         }
     }
     let n = obj.usize("n")?.unwrap_or(1);
-    if n == 0 || n > MAX_FAN_OUT {
-        return Err(obj.err("n", format!("must be between 1 and {MAX_FAN_OUT}, got {n}")));
+    if n == 0 || n > MAX_N {
+        return Err(obj.err("n", format!("must be between 1 and {MAX_N}, got {n}")));
     }
+    for key in ["frequency_penalty", "presence_penalty"] {
+        if let Some(x) = obj.f32(key)? {
+            if x.abs() > PENALTY_RANGE {
+                return Err(obj.err(
+                    key,
+                    format!(
+                        "must be in [-{PENALTY_RANGE}, {PENALTY_RANGE}] (0 means off), got {x}"
+                    ),
+                ));
+            }
+            if key == "frequency_penalty" {
+                p.frequency_penalty = x;
+            } else {
+                p.presence_penalty = x;
+            }
+        }
+    }
+    if let Some(x) = obj.f32("repetition_penalty")? {
+        if !(x > 0.0 && x <= 2.0) {
+            return Err(obj.err(
+                "repetition_penalty",
+                format!("must be in (0, 2] (1 means off), got {x}"),
+            ));
+        }
+        p.repetition_penalty = x;
+    }
+    let min_key = match dialect {
+        Dialect::OpenAi => "min_tokens",
+        Dialect::Native => "min_new_tokens",
+    };
+    if let Some(m) = obj.usize(min_key)? {
+        p.min_new_tokens = m;
+    }
+    if let Some(b) = obj.bool("no_stop_trim")? {
+        p.no_stop_trim = b;
+    }
+    if let Some(b) = obj.bool("spaces_between_special_tokens")? {
+        p.spaces_between_special_tokens = b;
+    }
+    p.logit_bias = parse_logit_bias(obj)?;
 
     // Features the scheduler does not implement yet: accept only their neutral values.
-    obj.unsupported(
-        "frequency_penalty",
-        &[zero(), Value::from(0.0)],
-        "penalties",
-    )?;
-    obj.unsupported("presence_penalty", &[zero(), Value::from(0.0)], "penalties")?;
-    obj.unsupported(
-        "repetition_penalty",
-        &[Value::from(1), Value::from(1.0)],
-        "penalties",
-    )?;
-    obj.unsupported("min_tokens", &[zero()], "min_tokens")?;
-    obj.unsupported("min_new_tokens", &[zero()], "min_new_tokens")?;
     obj.unsupported("regex", &[], "structured outputs")?;
     obj.unsupported("json_schema", &[], "structured outputs")?;
     obj.unsupported("ebnf", &[], "structured outputs")?;
-    obj.unsupported("logit_bias", &[Value::Object(Map::new())], "logit_bias")?;
     obj.unsupported("custom_params", &[], "custom logit processors")?;
     if dialect == Dialect::OpenAi {
-        obj.unsupported("logprobs", &[Value::Bool(false), zero()], "logprobs")?;
-        obj.unsupported("top_logprobs", &[zero()], "logprobs")?;
         obj.unsupported("best_of", &[Value::from(1)], "best_of")?;
         obj.unsupported("suffix", &[Value::from("")], "suffix")?;
         if let Some(rf) = obj.object("response_format")? {
@@ -362,6 +448,8 @@ pub fn parse_sampling(obj: &Obj<'_>, dialect: Dialect) -> Result<SamplingInput> 
         max_tokens,
         max_tokens_field,
         n,
+        min_tokens_field: obj.name(min_key),
+        logprobs: None,
     })
 }
 
@@ -448,6 +536,49 @@ pub fn build_request(
         (Some(m), _) => m,
         (None, MaxTokensDefault::Fixed(d)) => d.min(room),
     };
+    if params.min_new_tokens > params.max_new_tokens {
+        let field = &sampling.min_tokens_field;
+        return Err(EngineError::bad_param(
+            field,
+            format!(
+                "`{field}` is {}, more than the output budget of {} tokens; it must be in [0, {}]",
+                params.min_new_tokens, params.max_new_tokens, params.max_new_tokens
+            ),
+        ));
+    }
+    if let Some((id, _)) = params
+        .logit_bias
+        .iter()
+        .find(|(id, _)| *id as usize >= limits.vocab_size)
+    {
+        return Err(EngineError::bad_param(
+            "logit_bias",
+            format!(
+                "`logit_bias` token id {id} is out of range: the vocabulary has {} tokens",
+                limits.vocab_size
+            ),
+        ));
+    }
+    let logprobs = match sampling.logprobs {
+        None => None,
+        Some(lp) => {
+            // -1 (SGLang's default) reports output logprobs only.
+            let start = usize::try_from(lp.start_len).unwrap_or(n - 1);
+            if start >= n {
+                let field = lp.start_field;
+                return Err(EngineError::bad_param(
+                    field,
+                    format!(
+                        "`{field}` is {start} but the prompt has {n} tokens: it must be less than the prompt length, or -1 for output logprobs only"
+                    ),
+                ));
+            }
+            Some(LogprobRequest {
+                start_len: start,
+                top_k: lp.top_k,
+            })
+        }
+    };
     if !params.stop.is_empty() && !limits.detokenize {
         return Err(EngineError::bad_param(
             "stop",
@@ -472,6 +603,7 @@ pub fn build_request(
         input_ids,
         sampling: params,
         detokenize: limits.detokenize,
+        logprobs,
     })
 }
 
@@ -560,9 +692,18 @@ mod tests {
             (json!({"max_tokens": -5}), "max_tokens"),
             (json!({"stop": 3}), "stop"),
             (json!({"stop": ["a", 1]}), "stop[1]"),
-            (json!({"presence_penalty": 1.0}), "presence_penalty"),
-            (json!({"logprobs": true}), "logprobs"),
+            (json!({"presence_penalty": 3.0}), "presence_penalty"),
+            (json!({"frequency_penalty": -2.5}), "frequency_penalty"),
+            (json!({"repetition_penalty": 0}), "repetition_penalty"),
+            (json!({"repetition_penalty": 2.5}), "repetition_penalty"),
+            (json!({"min_tokens": -1}), "min_tokens"),
+            (json!({"logit_bias": {"abc": 1}}), "logit_bias"),
+            (json!({"logit_bias": {"1.5": 1}}), "logit_bias"),
+            (json!({"logit_bias": {"5": 101}}), "logit_bias"),
+            (json!({"logit_bias": [1]}), "logit_bias"),
+            (json!({"no_stop_trim": "yes"}), "no_stop_trim"),
             (json!({"n": 0}), "n"),
+            (json!({"n": 17}), "n"),
             (
                 json!({"response_format": {"type": "json_object"}}),
                 "response_format.type",
@@ -575,6 +716,92 @@ mod tests {
         }
         let e = sampling(json!({"max_new_tokens": "x"}), Dialect::Native).unwrap_err();
         assert!(msg(e).contains("max_new_tokens"));
+    }
+
+    #[test]
+    fn penalties_bias_and_min_tokens() {
+        let s = sampling(
+            json!({"frequency_penalty": 0.5, "presence_penalty": -1, "repetition_penalty": 1.2,
+                   "min_tokens": 3, "logit_bias": {"7": -100, " 2": 5.5}, "no_stop_trim": true,
+                   "spaces_between_special_tokens": false}),
+            Dialect::OpenAi,
+        )
+        .unwrap();
+        let p = &s.params;
+        assert_eq!(
+            (
+                p.frequency_penalty,
+                p.presence_penalty,
+                p.repetition_penalty
+            ),
+            (0.5, -1.0, 1.2)
+        );
+        assert_eq!(p.min_new_tokens, 3);
+        assert_eq!(p.logit_bias, vec![(2, 5.5), (7, -100.0)]);
+        assert!(p.no_stop_trim && !p.spaces_between_special_tokens);
+        // The native name of min_tokens, and max_new_tokens 0 (prefill only) on /generate.
+        let s = sampling(
+            json!({"min_new_tokens": 2, "max_new_tokens": 0}),
+            Dialect::Native,
+        )
+        .unwrap();
+        assert_eq!(s.params.min_new_tokens, 2);
+        assert_eq!(s.max_tokens, Some(0));
+        let e = build_request(
+            "r".into(),
+            vec![1],
+            "input_ids",
+            &s,
+            MaxTokensDefault::Fixed(1),
+            &LIMITS,
+        )
+        .unwrap_err();
+        assert!(msg(e).contains("`min_new_tokens`"));
+        let s = sampling(json!({"logit_bias": {"1000": 1}}), Dialect::OpenAi).unwrap();
+        let e = build_request(
+            "r".into(),
+            vec![1],
+            "prompt",
+            &s,
+            MaxTokensDefault::Fixed(1),
+            &LIMITS,
+        )
+        .unwrap_err();
+        let m = msg(e);
+        assert!(m.contains("logit_bias") && m.contains("1000"), "{m}");
+    }
+
+    #[test]
+    fn logprob_start_is_resolved_against_the_prompt() {
+        let mut s = sampling(json!({}), Dialect::Native).unwrap();
+        let build = |s: &SamplingInput| {
+            build_request(
+                "r".into(),
+                vec![1, 2, 3],
+                "input_ids",
+                s,
+                MaxTokensDefault::Fixed(1),
+                &LIMITS,
+            )
+        };
+        assert_eq!(build(&s).unwrap().logprobs, None);
+        let lp = |start_len| LogprobInput {
+            start_len,
+            top_k: 4,
+            start_field: "logprob_start_len",
+        };
+        s.logprobs = Some(lp(-1));
+        assert_eq!(
+            build(&s).unwrap().logprobs,
+            Some(LogprobRequest {
+                start_len: 2,
+                top_k: 4
+            })
+        );
+        s.logprobs = Some(lp(0));
+        assert_eq!(build(&s).unwrap().logprobs.unwrap().start_len, 0);
+        s.logprobs = Some(lp(3));
+        assert!(msg(build(&s).unwrap_err()).contains("`logprob_start_len` is 3"));
     }
 
     #[test]

@@ -1,4 +1,10 @@
-//! Turning logits into the next token: temperature, top-k, top-p, min-p, greedy.
+//! Turning logits into the next token: temperature, top-k, top-p, min-p, greedy; the logit
+//! adjustments applied before that ([`LogitProcessor`]: penalties, `logit_bias`,
+//! `min_new_tokens`); and logprobs (log-softmax of the raw logits, with top-k alternatives).
+
+mod penalties;
+
+pub use penalties::LogitProcessor;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -37,6 +43,54 @@ pub fn argmax(logits: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// Log-softmax normalizer of a logits row: `logprob(i) = logits[i] - log_sum_exp(logits)`.
+/// Non-finite logits (masked tokens) contribute nothing.
+pub fn log_sum_exp(logits: &[f32]) -> f32 {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|v| v.is_finite())
+        .fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() {
+        return f32::NEG_INFINITY;
+    }
+    let sum: f64 = logits
+        .iter()
+        .filter(|v| v.is_finite())
+        .map(|&v| f64::from(v - max).exp())
+        .sum();
+    max + sum.ln() as f32
+}
+
+/// The logprob of `id` in a row whose normalizer is `lse` (`-inf` for an id outside the row).
+pub fn token_logprob(logits: &[f32], id: u32, lse: f32) -> f32 {
+    logits
+        .get(id as usize)
+        .map_or(f32::NEG_INFINITY, |&v| v - lse)
+}
+
+/// The `k` most likely ids of a row with their logprobs, best first (ties: lower id first).
+pub fn top_logprobs(logits: &[f32], k: usize, lse: f32) -> Vec<(u32, f32)> {
+    let k = k.min(logits.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    let by_logit = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, by_logit);
+        idx.truncate(k);
+    }
+    idx.sort_unstable_by(by_logit);
+    idx.into_iter()
+        .map(|i| (i, logits[i as usize] - lse))
+        .collect()
 }
 
 /// Sample with a given uniform draw `u` in [0, 1): deterministic for a given draw.
@@ -156,6 +210,27 @@ mod tests {
         let ones = (0..n).filter(|_| s.sample(&mut l.clone(), &p) == 1).count();
         let frac = ones as f64 / n as f64;
         assert!((frac - 0.75).abs() < 0.02, "frac {frac}");
+    }
+
+    #[test]
+    fn logprobs_are_a_log_softmax() {
+        let l = vec![1.0f32, 3.0, 2.0, f32::NEG_INFINITY];
+        let lse = log_sum_exp(&l);
+        let want = (1.0f64.exp() + 3.0f64.exp() + 2.0f64.exp()).ln() as f32;
+        assert!((lse - want).abs() < 1e-6);
+        let total: f32 = (0..3).map(|i| token_logprob(&l, i, lse).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-6);
+        assert_eq!(token_logprob(&l, 3, lse), f32::NEG_INFINITY);
+        assert_eq!(token_logprob(&l, 9, lse), f32::NEG_INFINITY);
+        let top = top_logprobs(&l, 2, lse);
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(top[0].1, token_logprob(&l, 1, lse));
+        // The greedy token is the first of the top list, ties going to the lower id.
+        let tied = vec![2.0f32, 5.0, 5.0];
+        let lse = log_sum_exp(&tied);
+        assert_eq!(top_logprobs(&tied, 3, lse)[0].0, argmax(&tied));
+        assert_eq!(top_logprobs(&tied, 10, lse).len(), 3);
+        assert!(top_logprobs(&tied, 0, lse).is_empty());
     }
 
     #[test]

@@ -8,6 +8,11 @@
 //! requests, handing their KV to the radix cache. When a decoding request finds no free slot,
 //! the newest running request is retracted: its KV goes to the radix cache and it waits again
 //! (it is never dropped).
+//!
+//! A sequence asks the backend for one logits row when its pass reaches its end, plus the rows
+//! of the prompt positions its prompt logprobs still need (see [`req`]). A request with
+//! `max_new_tokens` 0 finishes as soon as its prompt is computed (and cached), without
+//! sampling: this is how prompts are scored and how parallel samples share one prefill.
 
 mod launch;
 mod req;
@@ -177,7 +182,9 @@ impl Scheduler {
             p.req.rid,
             p.req.input_ids,
             p.req.sampling,
+            p.req.logprobs,
             seed,
+            &self.cfg.eos_token_ids,
             p.events,
             p.arrival,
             if p.req.detokenize {
@@ -196,6 +203,16 @@ impl Scheduler {
                 "the prompt has {} tokens; the context length is {}",
                 req.prompt.len(),
                 self.cfg.context_length
+            ));
+            return;
+        }
+        if let Some(lp) = req.logprobs
+            && lp.start_len >= req.prompt.len()
+        {
+            req.fail(format!(
+                "logprob_start_len ({}) must be less than the number of prompt tokens ({})",
+                lp.start_len,
+                req.prompt.len()
             ));
             return;
         }
@@ -291,7 +308,7 @@ impl Scheduler {
                 .drain(..)
                 .map(|r| {
                     let toks = r.all_tokens();
-                    (self.cache.peek_prefix_len(&toks[..toks.len() - 1]), r)
+                    (self.cache.peek_prefix_len(&toks[..r.match_key_len()]), r)
                 })
                 .collect();
             v.sort_by_key(|e| std::cmp::Reverse(e.0));
@@ -314,10 +331,11 @@ impl Scheduler {
         true
     }
 
-    /// Admit a waiting request: match its prefix in the radix cache and lock it.
+    /// Admit a waiting request: match its prefix in the radix cache and lock it. The match is
+    /// cut short where the request needs logits rows of its prompt (prompt logprobs).
     fn admit(&mut self, mut r: Req) -> Req {
         let toks = r.all_tokens();
-        let m = self.cache.match_prefix(&toks[..toks.len() - 1]);
+        let m = self.cache.match_prefix(&toks[..r.match_key_len()]);
         self.cache.inc_lock_ref(m.last_node);
         if r.output.is_empty() {
             r.cached_tokens = m.slots.len();
@@ -381,7 +399,7 @@ impl Scheduler {
             // Cheap check before touching the tree: the uncached part must fit, unless it is
             // longer than one chunk anyway (then it starts now and continues as room frees up).
             let toks = front.all_tokens();
-            let need = toks.len() - self.cache.peek_prefix_len(&toks[..toks.len() - 1]);
+            let need = toks.len() - self.cache.peek_prefix_len(&toks[..front.match_key_len()]);
             let room = avail.saturating_sub(1);
             if room == 0 || (need > room && need <= budget) {
                 break;
@@ -454,13 +472,17 @@ impl Scheduler {
             .iter()
             .zip(&tokens)
             .zip(&starts)
-            .map(|((p, t), &start)| SeqInput {
-                tokens: t,
-                start_pos: start,
-                kv_slots: &self.running[p.idx].slots,
-                num_logits: usize::from(p.completes),
+            .map(|((p, t), &start)| {
+                let r = &self.running[p.idx];
+                SeqInput {
+                    tokens: t,
+                    start_pos: start,
+                    kv_slots: &r.slots,
+                    num_logits: r.logit_rows(start, p.n, p.completes),
+                }
             })
             .collect();
+        let rows: Vec<usize> = inputs.iter().map(|i| i.num_logits).collect();
         let started = Instant::now();
         let mut logits = self.backend.forward(&inputs)?;
         drop(inputs);
@@ -471,7 +493,7 @@ impl Scheduler {
         let mut row = 0;
         let mut generated = 0u64;
         let (mut new_seqs, mut new_tokens, mut cached) = (0usize, 0usize, 0usize);
-        for p in &plan {
+        for ((p, &start), &nrows) in plan.iter().zip(&starts).zip(&rows) {
             if p.prefill {
                 let r = &self.running[p.idx];
                 new_tokens += p.n;
@@ -498,17 +520,41 @@ impl Scheduler {
                     Err(e) => tracing::error!("caching request {}: {e}", r.id),
                 }
             }
+            // This sequence's rows are those of positions `end - nrows .. end`; all but a
+            // completing pass's last row are prompt rows (prompt logprobs).
+            let first_row = row;
+            row += nrows;
+            let end = start + p.n;
+            let r = &mut self.running[p.idx];
+            let prompt_rows = if p.completes {
+                nrows.saturating_sub(1)
+            } else {
+                nrows
+            };
+            for k in 0..prompt_rows {
+                let at = (first_row + k) * vocab;
+                match logits.get(at..at + vocab) {
+                    Some(l) => {
+                        r.take_prompt_row(end - nrows + k, l);
+                    }
+                    None => tracing::error!("backend returned too few logits"),
+                }
+            }
             if !p.completes {
                 continue;
             }
-            let slice = logits.get_mut(row * vocab..(row + 1) * vocab);
-            row += 1;
-            let Some(l) = slice else {
+            r.send_prompt_logprobs();
+            if r.output.is_empty() && r.params.max_new_tokens == 0 {
+                // Prefill only: the prompt is now computed (and cached) and nothing is sampled.
+                finished.push((p.idx, FinishReason::Length { length: 0 }));
+                continue;
+            }
+            let at = (first_row + nrows.saturating_sub(1)) * vocab;
+            let Some(l) = logits.get_mut(at..at + vocab) else {
                 tracing::error!("backend returned too few logits");
                 continue;
             };
-            let r = &mut self.running[p.idx];
-            let token = r.sampler.sample(l, &r.params);
+            let (token, logprob) = r.sample(l);
             let now = Instant::now();
             if r.first_token_at.is_none() {
                 r.first_token_at = Some(now);
@@ -518,9 +564,12 @@ impl Scheduler {
                     .observe(now.duration_since(r.arrival).as_secs_f64());
             }
             generated += 1;
-            if let Some(reason) =
-                r.push_token(token, &self.cfg.eos_token_ids, self.cfg.context_length)
-            {
+            if let Some(reason) = r.push_token(
+                token,
+                logprob,
+                &self.cfg.eos_token_ids,
+                self.cfg.context_length,
+            ) {
                 finished.push((p.idx, reason));
             }
         }

@@ -1,6 +1,12 @@
 //! One request inside the scheduler: its tokens, KV slots, sampler, and the output processing
 //! that turns sampled tokens into text deltas and finish decisions (EOS, stop ids, stop
 //! strings across token boundaries, length).
+//!
+//! Logprobs: a request that wants prompt logprobs from position `s` needs the logits rows of
+//! prompt positions `s..` (row `i` predicts token `i + 1`), so its radix prefix match is cut to
+//! at most `s` tokens ([`Req::match_key_len`]) and each prefill chunk asks the backend for the
+//! rows it covers ([`Req::logit_rows`]). The entries are gathered chunk by chunk and sent in
+//! one `PromptLogprobs` event once the prompt is done.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,8 +14,10 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::cache::NodeId;
-use crate::request::{FinishReason, SamplingParams, StreamEvent, Usage};
-use crate::sampling::Sampler;
+use crate::request::{
+    FinishReason, LogprobRequest, SamplingParams, StreamEvent, TokenLogprob, Usage,
+};
+use crate::sampling::{LogitProcessor, Sampler, log_sum_exp, token_logprob, top_logprobs};
 use crate::tokenizer::{DecodeStream, Tokenizer};
 
 pub struct Req {
@@ -19,6 +27,11 @@ pub struct Req {
     pub output: Vec<u32>,
     pub params: SamplingParams,
     pub sampler: Sampler,
+    /// Penalties, `logit_bias`, `min_new_tokens` (`None` when the request has none).
+    logit_proc: Option<LogitProcessor>,
+    pub logprobs: Option<LogprobRequest>,
+    /// Prompt logprobs still being gathered (`None` when not asked for or already sent).
+    prompt_lp: Option<PromptLogprobs>,
     pub events: UnboundedSender<StreamEvent>,
     pub arrival: Instant,
     pub first_token_at: Option<Instant>,
@@ -31,6 +44,23 @@ pub struct Req {
     out: OutputText,
 }
 
+/// Prompt logprobs gathered so far.
+struct PromptLogprobs {
+    /// Next prompt position whose logits row is still needed.
+    next: usize,
+    entries: Vec<TokenLogprob>,
+}
+
+/// The logprob entry of token `id` predicted by logits row `row`.
+fn row_logprob(row: &[f32], id: u32, top_k: usize) -> TokenLogprob {
+    let lse = log_sum_exp(row);
+    TokenLogprob {
+        id,
+        logprob: Some(token_logprob(row, id, lse)),
+        top: Some(top_logprobs(row, top_k, lse)),
+    }
+}
+
 impl Req {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -38,7 +68,9 @@ impl Req {
         rid: String,
         prompt: Vec<u32>,
         params: SamplingParams,
+        logprobs: Option<LogprobRequest>,
         seed: u64,
+        eos_ids: &[u32],
         events: UnboundedSender<StreamEvent>,
         arrival: Instant,
         tokenizer: Option<Arc<Tokenizer>>,
@@ -48,9 +80,29 @@ impl Req {
             tokenizer.map(|t| DecodeStream::new(t, params.skip_special_tokens)),
             &params,
         );
+        let prompt_lp = logprobs.map(|lp| {
+            let mut entries = Vec::new();
+            // The first prompt token has nothing to be predicted from.
+            if lp.start_len == 0
+                && let Some(&first) = prompt.first()
+            {
+                entries.push(TokenLogprob {
+                    id: first,
+                    logprob: None,
+                    top: None,
+                });
+            }
+            PromptLogprobs {
+                next: lp.start_len,
+                entries,
+            }
+        });
         Req {
             id,
             rid,
+            logit_proc: LogitProcessor::new(&params, &prompt, eos_ids),
+            logprobs,
+            prompt_lp,
             prompt,
             output: Vec::new(),
             sampler: Sampler::new(params.seed.unwrap_or(seed)),
@@ -99,14 +151,89 @@ impl Req {
         }
     }
 
+    /// Length of the token prefix that may be looked up in the radix cache at admission: all
+    /// but the last token (whose logits are needed), and no further than the first position
+    /// whose logits row the prompt logprobs still need.
+    pub fn match_key_len(&self) -> usize {
+        let all = self.total_len().saturating_sub(1);
+        match &self.prompt_lp {
+            Some(lp) => all.min(lp.next),
+            None => all,
+        }
+    }
+
+    /// Logits rows needed from a forward pass over positions `start..start + n`: the rows of
+    /// the prompt positions the prompt logprobs still need, and the last row when the pass
+    /// reaches the end of the sequence (`completes`).
+    pub fn logit_rows(&self, start: usize, n: usize, completes: bool) -> usize {
+        let end = start + n;
+        match &self.prompt_lp {
+            Some(lp) if lp.next < end => end - lp.next.max(start),
+            _ => usize::from(completes),
+        }
+    }
+
+    /// Take logits row `row`, computed at position `pos`. Rows of prompt positions before the
+    /// last feed the prompt logprobs; the last position's row is for sampling and is not
+    /// handled here. Returns false for a row that is not a prompt row.
+    pub fn take_prompt_row(&mut self, pos: usize, row: &[f32]) -> bool {
+        let Some(next_id) = self.prompt.get(pos + 1).copied() else {
+            return false;
+        };
+        let top_k = self.logprobs.map_or(0, |l| l.top_k);
+        if let Some(lp) = self.prompt_lp.as_mut() {
+            lp.entries.push(row_logprob(row, next_id, top_k));
+            lp.next = pos + 1;
+        }
+        true
+    }
+
+    /// The prompt is computed: send the prompt logprobs gathered (once).
+    pub fn send_prompt_logprobs(&mut self) {
+        if let Some(lp) = self.prompt_lp.take() {
+            let _ = self.events.send(StreamEvent::PromptLogprobs {
+                logprobs: lp.entries,
+            });
+        }
+    }
+
+    /// Pick the next token from the last position's logits row (modified in place by the
+    /// request's penalties). The logprob, when asked for, is taken from the raw row.
+    pub fn sample(&mut self, row: &mut [f32]) -> (u32, Option<TokenLogprob>) {
+        let Some(want) = self.logprobs else {
+            if let Some(proc) = &self.logit_proc {
+                proc.apply(row);
+            }
+            return (self.sampler.sample(row, &self.params), None);
+        };
+        let lse = log_sum_exp(row);
+        let top = top_logprobs(row, want.top_k, lse);
+        // Sample from a copy: the raw row must survive for the sampled token's logprob.
+        let mut work = row.to_vec();
+        if let Some(proc) = &self.logit_proc {
+            proc.apply(&mut work);
+        }
+        let token = self.sampler.sample(&mut work, &self.params);
+        let logprob = TokenLogprob {
+            id: token,
+            logprob: Some(token_logprob(row, token, lse)),
+            top: Some(top),
+        };
+        (token, Some(logprob))
+    }
+
     /// Record a sampled token, stream its text, and decide whether the request is done.
     pub fn push_token(
         &mut self,
         token: u32,
+        logprob: Option<TokenLogprob>,
         eos_ids: &[u32],
         context_length: usize,
     ) -> Option<FinishReason> {
         self.output.push(token);
+        if let Some(proc) = self.logit_proc.as_mut() {
+            proc.observe(token);
+        }
         let p = &self.params;
         let mut finish = None;
         let is_stop_id =
@@ -116,9 +243,13 @@ impl Req {
                 matched: serde_json::json!(token),
             });
         }
-        // Text of a stop token is not part of the output.
+        // Text of a stop token is not part of the output, unless `no_stop_trim`.
         let (delta, stop_hit) = if is_stop_id {
-            (String::new(), None)
+            if p.no_stop_trim {
+                (self.out.push(token).0, None)
+            } else {
+                (String::new(), None)
+            }
         } else {
             self.out.push(token)
         };
@@ -139,6 +270,7 @@ impl Req {
         let _ = self.events.send(StreamEvent::Tokens {
             ids: vec![token],
             text: delta,
+            logprobs: logprob.into_iter().collect(),
         });
         finish
     }
@@ -146,7 +278,11 @@ impl Req {
     /// Send the final event (with any held-back text when no stop string matched).
     pub fn finish(&mut self, reason: FinishReason) {
         let text = match reason {
-            FinishReason::Stop { ref matched } if matched.is_string() => String::new(),
+            FinishReason::Stop { ref matched }
+                if matched.is_string() && !self.params.no_stop_trim =>
+            {
+                String::new()
+            }
             _ => self.out.flush(),
         };
         let _ = self.events.send(StreamEvent::Finished {
@@ -170,6 +306,8 @@ impl Req {
 struct OutputText {
     decoder: Option<DecodeStream>,
     stops: Vec<String>,
+    /// Keep the matched stop string (and anything after it in the same piece).
+    no_stop_trim: bool,
     text: String,
     /// Bytes of `text` already sent.
     sent: usize,
@@ -181,6 +319,7 @@ impl OutputText {
         OutputText {
             decoder,
             stops,
+            no_stop_trim: p.no_stop_trim,
             text: String::new(),
             sent: 0,
         }
@@ -218,7 +357,9 @@ impl OutputText {
             }
         }
         if let Some((pos, s)) = best {
-            let out = if pos > self.sent {
+            let out = if self.no_stop_trim {
+                self.text[self.sent..].to_string()
+            } else if pos > self.sent {
                 self.text[self.sent..pos].to_string()
             } else {
                 String::new()
@@ -253,6 +394,7 @@ impl OutputText {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -262,6 +404,115 @@ mod tests {
             ..Default::default()
         };
         OutputText::new(None, &p)
+    }
+
+    #[test]
+    fn no_stop_trim_keeps_the_stop_string() {
+        let p = SamplingParams {
+            stop: vec!["END".into()],
+            no_stop_trim: true,
+            ..Default::default()
+        };
+        let mut o = OutputText::new(None, &p);
+        assert_eq!(o.append("Hello E"), ("Hello ".to_string(), None));
+        assert_eq!(
+            o.append("ND!"),
+            ("END!".to_string(), Some("END".to_string()))
+        );
+    }
+
+    fn req(prompt: Vec<u32>, logprobs: Option<LogprobRequest>) -> Req {
+        req_with(prompt, SamplingParams::default(), logprobs)
+    }
+
+    fn req_with(prompt: Vec<u32>, params: SamplingParams, logprobs: Option<LogprobRequest>) -> Req {
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        Req::new(
+            1,
+            "r".into(),
+            prompt,
+            params,
+            logprobs,
+            7,
+            &[],
+            tx,
+            Instant::now(),
+            None,
+            crate::cache::RadixCache::new(false).root(),
+        )
+    }
+
+    #[test]
+    fn logprobs_come_from_the_raw_logits() {
+        // The bias makes token 0 the greedy pick; its logprob is still the unbiased one.
+        let params = SamplingParams {
+            temperature: 0.0,
+            logit_bias: vec![(0, 100.0)],
+            ..Default::default()
+        };
+        let lp = Some(LogprobRequest {
+            start_len: 0,
+            top_k: 1,
+        });
+        let mut r = req_with(vec![5], params, lp);
+        let mut row = vec![1.0f32, 2.0];
+        let (token, logprob) = r.sample(&mut row);
+        assert_eq!(token, 0);
+        let logprob = logprob.unwrap();
+        let want = 1.0 - (1.0f32.exp() + 2.0f32.exp()).ln();
+        assert!((logprob.logprob.unwrap() - want).abs() < 1e-6);
+        assert_eq!(logprob.top.unwrap()[0].0, 1, "top lists are unbiased too");
+        // Penalties follow the output: after observing token 0 a repetition penalty applies.
+        let params = SamplingParams {
+            temperature: 0.0,
+            repetition_penalty: 2.0,
+            ..Default::default()
+        };
+        let mut r = req_with(vec![9], params, None);
+        assert_eq!(r.push_token(0, None, &[], 100), None);
+        // Token 0 (3.0 / 2 = 1.5) now loses to token 1 (2.0).
+        let mut row = vec![3.0f32, 2.0];
+        assert_eq!(r.sample(&mut row).0, 1);
+    }
+
+    #[test]
+    fn prompt_logprobs_limit_the_prefix_and_ask_for_rows() {
+        // No logprobs: match all but the last token; one row when the prompt completes.
+        let r = req(vec![5, 6, 7, 8, 9], None);
+        assert_eq!(r.match_key_len(), 4);
+        assert_eq!(r.logit_rows(0, 3, false), 0);
+        assert_eq!(r.logit_rows(3, 2, true), 1);
+        // Output logprobs only (start = len - 1): the same.
+        let lp = |s| {
+            Some(LogprobRequest {
+                start_len: s,
+                top_k: 2,
+            })
+        };
+        let r = req(vec![5, 6, 7, 8, 9], lp(4));
+        assert_eq!(r.match_key_len(), 4);
+        assert_eq!(r.logit_rows(3, 2, true), 1);
+        // From position 2: rows of positions 2.. in every chunk that covers them.
+        let mut r = req(vec![5, 6, 7, 8, 9], lp(2));
+        assert_eq!(r.match_key_len(), 2);
+        assert_eq!(r.logit_rows(0, 2, false), 0);
+        assert_eq!(r.logit_rows(2, 2, false), 2);
+        assert!(r.take_prompt_row(2, &[0.0; 10]));
+        assert!(r.take_prompt_row(3, &[0.0; 10]));
+        // The last position's row is the sampling row, not a prompt row.
+        assert!(!r.take_prompt_row(4, &[0.0; 10]));
+        assert_eq!(r.logit_rows(4, 1, true), 1);
+        let entries = &r.prompt_lp.as_ref().unwrap().entries;
+        assert_eq!(entries.iter().map(|e| e.id).collect::<Vec<_>>(), vec![8, 9]);
+        let l = entries[0].logprob.unwrap();
+        assert!((l - (0.1f32).ln()).abs() < 1e-6, "{l}");
+        assert_eq!(entries[0].top.as_ref().unwrap().len(), 2);
+        // From 0: the first token has a null entry, and nothing may be matched.
+        let r = req(vec![5, 6, 7], lp(0));
+        assert_eq!(r.match_key_len(), 0);
+        let e = &r.prompt_lp.as_ref().unwrap().entries;
+        assert_eq!(e.len(), 1);
+        assert_eq!((e[0].id, e[0].logprob), (5, None));
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod errors;
 mod lifecycle;
 mod native;
 mod openai;
+mod sampling;
 
 use std::sync::OnceLock;
 

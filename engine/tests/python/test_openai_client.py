@@ -124,6 +124,89 @@ def test_stop():
     assert streamed == want
 
 
+def test_chat_logprobs():
+    kwargs = dict(
+        model=model_name(),
+        messages=[{"role": "user", "content": "Name three colors."}],
+        temperature=0,
+        max_tokens=6,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
+    r = client().chat.completions.create(**kwargs)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens == 6
+    assert "".join(t.token for t in content) == r.choices[0].message.content
+    for t in content:
+        assert t.logprob <= 0
+        assert bytes(t.bytes) == t.token.encode("utf-8")
+        assert len(t.top_logprobs) == 2
+        # Greedy decoding picks the most likely token.
+        assert t.top_logprobs[0].token == t.token
+        assert t.top_logprobs[0].logprob == t.logprob
+        assert t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob
+    streamed = [
+        t
+        for chunk in client().chat.completions.create(stream=True, **kwargs)
+        if chunk.choices and chunk.choices[0].logprobs
+        for t in chunk.choices[0].logprobs.content
+    ]
+    assert [t.token for t in streamed] == [t.token for t in content]
+    assert all(abs(a.logprob - b.logprob) < 1e-4 for a, b in zip(streamed, content))
+
+
+def test_completion_logprobs():
+    r = client().completions.create(
+        model=model_name(),
+        prompt="The quick brown fox",
+        temperature=0,
+        max_tokens=5,
+        logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
+    choice = r.choices[0]
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 5
+    assert "".join(lp.tokens) == choice.text
+    for token, logprob, top, offset in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset):
+        assert choice.text[offset:].startswith(token)
+        assert len(top) == 3
+        assert max(top.values()) == logprob
+    echoed = client().completions.create(
+        model=model_name(), prompt="The quick brown fox", temperature=0, max_tokens=2, logprobs=1, echo=True
+    )
+    lp = echoed.choices[0].logprobs
+    assert echoed.choices[0].text.startswith("The quick brown fox")
+    assert lp.token_logprobs[0] is None
+    assert len(lp.tokens) == echoed.usage.prompt_tokens + echoed.usage.completion_tokens
+
+
+def test_parallel_samples():
+    kwargs = dict(
+        model=model_name(),
+        messages=[{"role": "user", "content": "Write a word about the sea."}],
+        temperature=1.0,
+        seed=7,
+        max_tokens=6,
+        n=3,
+        extra_body={"ignore_eos": True},
+    )
+    r = client().chat.completions.create(**kwargs)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert r.usage.completion_tokens == 18
+    again = client().chat.completions.create(**kwargs)
+    assert [c.message.content for c in again.choices] == [c.message.content for c in r.choices]
+    finished = {}
+    for chunk in client().completions.create(
+        model=model_name(), prompt="Hello", temperature=0, max_tokens=4, n=2, stream=True
+    ):
+        for c in chunk.choices:
+            if c.finish_reason:
+                finished[c.index] = c.finish_reason
+    assert sorted(finished) == [0, 1]
+
+
 def expect_bad_request(param_fragment, **kwargs):
     try:
         client().chat.completions.create(**kwargs)
@@ -142,6 +225,10 @@ def test_errors():
     expect_bad_request("max_tokens", model=name, messages=msgs, max_tokens=0)
     expect_bad_request("messages", model=name, messages=[])
     expect_bad_request("top_k", model=name, messages=msgs, extra_body={"top_k": 0})
+    expect_bad_request("top_logprobs", model=name, messages=msgs, logprobs=True, top_logprobs=50)
+    expect_bad_request("frequency_penalty", model=name, messages=msgs, frequency_penalty=3)
+    expect_bad_request("logit_bias", model=name, messages=msgs, logit_bias={"not-a-token": 1})
+    expect_bad_request("n", model=name, messages=msgs, n=0)
     try:
         client().chat.completions.create(model="no-such-model", messages=msgs)
         raise AssertionError("expected a 404 for an unknown model")
