@@ -123,6 +123,10 @@ pub struct ServerArgs {
     /// Structured-output backend.
     #[arg(long, default_value = "llguidance")]
     pub grammar_backend: String,
+    /// Format of tool calls in the model's output, for OpenAI `tools` and /function_call:
+    /// llama3, mistral or qwen25 (as SGLang names them). Without it, tool calls stay text.
+    #[arg(long, value_enum)]
+    pub tool_call_parser: Option<crate::tool_parser::ToolParserKind>,
     /// Largest decode batch captured in a CUDA graph.
     #[arg(long, default_value_t = 160)]
     pub cuda_graph_max_bs: usize,

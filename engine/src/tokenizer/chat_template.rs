@@ -187,10 +187,16 @@ impl ChatTemplate {
                 if let Some(function) = call.get_mut("function")
                     && let Some(arguments) = function.get_mut("arguments")
                     && let Some(text) = arguments.as_str()
-                    && let Ok(parsed @ serde_json::Value::Object(_)) =
-                        serde_json::from_str::<serde_json::Value>(text)
                 {
-                    *arguments = parsed;
+                    // An empty string (sent by some clients for functions without
+                    // arguments) is the empty object.
+                    if text.trim().is_empty() {
+                        *arguments = serde_json::Value::Object(serde_json::Map::new());
+                    } else if let Ok(parsed @ serde_json::Value::Object(_)) =
+                        serde_json::from_str::<serde_json::Value>(text)
+                    {
+                        *arguments = parsed;
+                    }
                 }
             }
         }
@@ -670,6 +676,206 @@ mod tests {
         assert_eq!(
             out,
             "{\"a\": {}, \"b\": [1, 2.5, null, true]}|{\n  \"a\": {},\n  \"b\": [\n    1,\n    2.5,\n    null,\n    true\n  ]\n}|\"é<\\\"\\n\"|\"\\u00e9<\\\"\\n\"|1.0"
+        );
+    }
+
+    /// Messages of a tool-using conversation as an OpenAI client sends them: tools from
+    /// the request, an assistant turn with `tool_calls` (arguments as a JSON string, as
+    /// OpenAI returns them), and the `tool` answer with its `tool_call_id`.
+    fn tool_conversation() -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
+        let tools = crate::tool_parser::ToolSpec::parse_list(&serde_json::json!([{
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}
+            }
+        }]))
+        .expect("valid tools");
+        let tools = tools.iter().map(|t| t.to_json()).collect();
+        let messages = vec![
+            serde_json::json!({"role": "user", "content": "Weather in Paris?"}),
+            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [{
+                "id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}
+            }]}),
+            serde_json::json!({"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"}),
+        ];
+        (messages, tools)
+    }
+
+    #[test]
+    fn qwen25_style_template_with_tools() {
+        // Modelled on Qwen2.5's layout: tools as JSON lines in the system turn, calls as
+        // <tool_call> blocks, tool results as <tool_response> in a user turn.
+        let source = r#"{%- if tools %}
+{{- "<|im_start|>system\n# Tools\n\n<tools>" }}
+{%- for tool in tools %}
+{{- "\n" }}{{- tool | tojson }}
+{%- endfor %}
+{{- "\n</tools><|im_end|>\n" }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role == "assistant" %}
+{{- "<|im_start|>assistant" }}
+{%- if message.content %}{{- "\n" + message.content }}{%- endif %}
+{%- for tool_call in message.tool_calls %}
+{%- set call = tool_call.function if tool_call.function is defined else tool_call %}
+{{- "\n<tool_call>\n{\"name\": \"" + call.name + "\", \"arguments\": " }}
+{{- call.arguments | tojson }}
+{{- "}\n</tool_call>" }}
+{%- endfor %}
+{{- "<|im_end|>\n" }}
+{%- elif message.role == "tool" %}
+{{- "<|im_start|>user\n<tool_response id=\"" + message.tool_call_id + "\">\n" }}
+{{- message.content + "\n</tool_response><|im_end|>\n" }}
+{%- else %}
+{{- "<|im_start|>" + message.role + "\n" + message.content + "<|im_end|>\n" }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- "<|im_start|>assistant\n" }}
+{%- endif %}"#;
+        let (messages, tools) = tool_conversation();
+        let t = ChatTemplate::new(source, None, None).expect("compiles");
+        let out = t.render(&messages, true, Some(&tools)).expect("renders");
+        let expected = concat!(
+            "<|im_start|>system\n# Tools\n\n<tools>\n",
+            r#"{"function": {"description": "Weather in a city", "name": "get_weather", "parameters": {"properties": {"city": {"type": "string"}}, "type": "object"}}, "type": "function"}"#,
+            "\n</tools><|im_end|>\n",
+            "<|im_start|>user\nWeather in Paris?<|im_end|>\n",
+            "<|im_start|>assistant\n<tool_call>\n",
+            r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#,
+            "\n</tool_call><|im_end|>\n",
+            "<|im_start|>user\n<tool_response id=\"call_1\">\n{\"temp\": 21}\n</tool_response><|im_end|>\n",
+            "<|im_start|>assistant\n",
+        );
+        // serde_json may keep object keys in request order or sort them, depending on its
+        // features; compare the key-order-free parts exactly and the tools line as JSON.
+        let line = out.lines().nth(4).expect("tools line");
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(line).expect("tools line is JSON"),
+            tools[0]
+        );
+        let expected_line = expected.lines().nth(4).expect("tools line");
+        assert_eq!(out.replace(line, ""), expected.replace(expected_line, ""));
+
+        // The call block the template shows is what the qwen25 parser reads back.
+        let shown = &out[out.find("<tool_call>").expect("call")..];
+        let shown = &shown[..shown.find("<|im_end|>").expect("end")];
+        let specs =
+            crate::tool_parser::ToolSpec::parse_list(&serde_json::Value::from(tools.clone()))
+                .expect("tools");
+        let parsed = crate::tool_parser::parser_for("qwen25")
+            .expect("parser")
+            .parse_complete(shown, &specs);
+        assert_eq!(parsed.calls.len(), 1);
+        assert_eq!(parsed.calls[0].arguments, r#"{"city": "Paris"}"#);
+
+        // An empty arguments string is the empty object.
+        let mut empty = messages.clone();
+        empty[1]["tool_calls"][0]["function"]["arguments"] = serde_json::json!("");
+        assert!(
+            t.render(&empty, true, Some(&tools))
+                .expect("renders")
+                .contains(r#"{"name": "get_weather", "arguments": {}}"#)
+        );
+
+        // Arguments given as an object render the same.
+        let mut as_object = messages.clone();
+        as_object[1]["tool_calls"][0]["function"]["arguments"] =
+            serde_json::json!({"city": "Paris"});
+        assert_eq!(
+            t.render(&as_object, true, Some(&tools)).expect("renders"),
+            out
+        );
+    }
+
+    #[test]
+    fn llama31_style_template_with_tools() {
+        // Modelled on Llama 3.1's layout for custom tools: the tool list in the first user
+        // turn, a call as one JSON object with "parameters", results in an ipython turn.
+        let source = r#"{{- bos_token }}
+{%- for message in messages %}
+{%- if loop.first and tools %}
+<|start_header_id|>user<|end_header_id|>
+
+Answer with a JSON function call {"name": ..., "parameters": {...}}.
+
+{% for t in tools %}
+{{ t | tojson(indent=2) }}
+
+{% endfor %}
+{{ message.content | trim }}<|eot_id|>
+{%- elif message.role == "assistant" and message.tool_calls %}
+{%- if message.tool_calls | length != 1 %}
+{{- raise_exception("one tool call per turn") }}
+{%- endif %}
+{%- set call = message.tool_calls[0].function %}
+<|start_header_id|>assistant<|end_header_id|>
+
+{"name": "{{ call.name }}", "parameters": {{ call.arguments | tojson }}}<|eot_id|>
+{%- elif message.role == "tool" %}
+<|start_header_id|>ipython<|end_header_id|>
+
+{{ message.content | tojson if message.content is mapping else message.content }}<|eot_id|>
+{%- else %}
+<|start_header_id|>{{ message.role }}<|end_header_id|>
+
+{{ message.content | trim }}<|eot_id|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+<|start_header_id|>assistant<|end_header_id|>
+
+{% endif %}"#;
+        let (messages, tools) = tool_conversation();
+        let t =
+            ChatTemplate::new(source, Some("<|begin_of_text|>".into()), None).expect("compiles");
+        let out = t.render(&messages, true, Some(&tools)).expect("renders");
+        assert!(out.starts_with(
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nAnswer with a JSON function call"
+        ));
+        let listed = out
+            .find("{\n  \"")
+            .and_then(|start| {
+                out[start..]
+                    .find("\n\n")
+                    .map(|len| &out[start..start + len])
+            })
+            .expect("tool listed with indent");
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(listed).expect("tool JSON"),
+            tools[0]
+        );
+        assert!(out.ends_with(concat!(
+            "Weather in Paris?<|eot_id|>",
+            "<|start_header_id|>assistant<|end_header_id|>\n\n",
+            r#"{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>"#,
+            "<|start_header_id|>ipython<|end_header_id|>\n\n{\"temp\": 21}<|eot_id|>",
+            "<|start_header_id|>assistant<|end_header_id|>\n\n",
+        )));
+
+        // The call the template shows is what the llama3 parser reads back.
+        let specs =
+            crate::tool_parser::ToolSpec::parse_list(&serde_json::Value::from(tools.clone()))
+                .expect("tools");
+        let parsed = crate::tool_parser::parser_for("llama3")
+            .expect("parser")
+            .parse_complete(
+                r#"{"name": "get_weather", "parameters": {"city": "Paris"}}"#,
+                &specs,
+            );
+        assert_eq!(parsed.calls.len(), 1);
+
+        // The template's own errors reach the caller.
+        let mut two = messages.clone();
+        let call = two[1]["tool_calls"][0].clone();
+        two[1]["tool_calls"] = serde_json::json!([call.clone(), call]);
+        let err = t.render(&two, true, Some(&tools)).expect_err("raises");
+        assert_eq!(
+            err.to_string(),
+            TokenizerError::Template("one tool call per turn".into()).to_string()
         );
     }
 
