@@ -10,31 +10,50 @@
 //! `scripts/fetch-model.sh` fetches; `--synthetic`: random weights of the same shapes and
 //! formats). `SGL_BENCH_SECONDS` sets the time per measurement (default 1.5),
 //! `SGL_BENCH_THREADS` the thread counts to try (default `1,2`).
+//!
+//! `bench_kernels --decode [path/to/model.gguf]`: the whole forward pass instead (the CPU
+//! backend as the server runs it): one decode step at batch 1 and at batch 16, with every
+//! sequence's context at 128 and at 384 tokens (filled by a real prefill of distinct prompts),
+//! printing ms per step (wall clock and CPU time), tokens/s and the batch-16 / batch-1 ratio.
+//! `SGL_BENCH_BATCH` changes the batch (default 16), `SGL_BENCH_CONTEXTS` the contexts
+//! (default `128,384`).
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use candle_core::Device;
 use candle_core::quantized::{GgmlDType, gguf_file};
+use sgl_engine::backend::cpu::CpuBackend;
 use sgl_engine::backend::cpu::kernels::{
     Isa, Weight, WeightFormat, matmul_multi, matmul_with_isa, parallel_for, set_num_threads,
 };
+use sgl_engine::backend::{Backend, SeqInput};
 
 const LLAMA_CPP_DECODE_MS: f64 = 1000.0 / 69.0;
 const LLAMA_CPP_PREFILL_TOK_S: f64 = 160.0;
 
+const DEFAULT_MODEL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../.cache/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+);
+
 fn main() -> anyhow::Result<()> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../.cache/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-        )
-        .to_string()
-    });
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let decode = args.first().is_some_and(|a| a == "--decode");
+    if decode {
+        args.remove(0);
+    }
+    let path = args
+        .first()
+        .cloned()
+        .unwrap_or_else(|| DEFAULT_MODEL.to_string());
     let seconds: f64 = std::env::var("SGL_BENCH_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1.5);
+    if decode {
+        return decode_bench(&path, seconds);
+    }
     let (layers, output) = if path == "--synthetic" {
         synthetic()?
     } else {
@@ -91,18 +110,19 @@ fn main() -> anyhow::Result<()> {
                     step_bytes as f64 / tf / 1e9
                 );
             }
-            let n = 64;
-            let tl = time_step(isa, &layers, &output, n, false, budget);
-            let to = time_step(isa, &layers, &output, n, true, budget);
-            println!(
-                "  {isa:?} n={n} (batch): layers {:7.2} ms ({:6.0} tok/s, {:.1}x llama.cpp prefill), \
-                 with output at n={n}: {:7.2} ms ({:6.0} tok/s)",
-                tl * 1e3,
-                n as f64 / tl,
-                n as f64 / tl / LLAMA_CPP_PREFILL_TOK_S,
-                to * 1e3,
-                n as f64 / to
-            );
+            for n in [16, 64] {
+                let tl = time_step(isa, &layers, &output, n, false, budget);
+                let to = time_step(isa, &layers, &output, n, true, budget);
+                println!(
+                    "  {isa:?} n={n} (batch): layers {:7.2} ms ({:6.0} tok/s, {:.1}x llama.cpp prefill), \
+                     with output at n={n}: {:7.2} ms ({:6.0} tok/s)",
+                    tl * 1e3,
+                    n as f64 / tl,
+                    n as f64 / tl / LLAMA_CPP_PREFILL_TOK_S,
+                    to * 1e3,
+                    n as f64 / to
+                );
+            }
         }
     }
     Ok(())
@@ -354,4 +374,149 @@ fn call_overhead() -> String {
     let mm = time(&mut || matmul_with_isa(Isa::detect(), &w, &x, 1, &mut out));
     std::thread::sleep(Duration::from_millis(1));
     format!("parallel_for(2 tasks) {pf:.2} us, matmul 64x64 Q4_1 n=1 {mm:.2} us")
+}
+
+/// Seconds of CPU time (user + system, all threads) this process has used so far, from
+/// `/proc/self/stat` (clock ticks of 10 ms); `None` where that file is missing.
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// The decode benchmark of the whole model (see the module documentation).
+fn decode_bench(path: &str, seconds: f64) -> anyhow::Result<()> {
+    let env_list = |name: &str, default: &str| -> Vec<usize> {
+        std::env::var(name)
+            .unwrap_or_else(|_| default.into())
+            .split(',')
+            .filter_map(|t| t.trim().parse().ok())
+            .collect()
+    };
+    let threads = env_list("SGL_BENCH_THREADS", "2")
+        .first()
+        .copied()
+        .unwrap_or(2);
+    let batch = env_list("SGL_BENCH_BATCH", "16")
+        .first()
+        .copied()
+        .unwrap_or(16);
+    let contexts = env_list("SGL_BENCH_CONTEXTS", "128,384");
+    let max_ctx = contexts.iter().copied().max().unwrap_or(1).max(1);
+    set_num_threads(threads);
+
+    let loaded = sgl_engine::model::load(std::path::Path::new(path))
+        .with_context(|| format!("load {path} (run scripts/fetch-model.sh)"))?;
+    let cfg = loaded.config.clone();
+    let vocab = cfg.vocab_size as u64;
+    let mut backend = CpuBackend::new(cfg, loaded.weights, batch * max_ctx, max_ctx)?;
+    println!(
+        "model: {path}\n  {}; {threads} thread(s), batch {batch}, contexts {contexts:?}",
+        backend.describe()
+    );
+
+    // Distinct pseudo-random prompts, one contiguous run of slots per sequence.
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let tokens: Vec<Vec<u32>> = (0..batch)
+        .map(|_| {
+            (0..max_ctx)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    (seed % vocab) as u32
+                })
+                .collect()
+        })
+        .collect();
+    let slots: Vec<Vec<u32>> = (0..batch)
+        .map(|b| ((b * max_ctx) as u32..((b + 1) * max_ctx) as u32).collect())
+        .collect();
+
+    let mut filled = 0;
+    let mut results = Vec::new();
+    for &ctx in &contexts {
+        // Prefill positions `filled..ctx - 1` of every sequence (the step under test then
+        // writes position `ctx - 1` and attends over `ctx` keys).
+        let upto = ctx - 1;
+        if upto > filled {
+            let inputs: Vec<SeqInput<'_>> = (0..batch)
+                .map(|b| SeqInput {
+                    tokens: &tokens[b][filled..upto],
+                    start_pos: filled,
+                    kv_slots: &slots[b][..upto],
+                    num_logits: 0,
+                })
+                .collect();
+            let t = Instant::now();
+            backend.forward(&inputs)?;
+            let dt = t.elapsed().as_secs_f64();
+            println!(
+                "  prefill {} tokens ({batch} x {}): {:.2} s, {:.0} tok/s",
+                batch * (upto - filled),
+                upto - filled,
+                dt,
+                (batch * (upto - filled)) as f64 / dt
+            );
+        }
+        filled = upto;
+        for bs in [1, batch] {
+            let inputs: Vec<SeqInput<'_>> = (0..bs)
+                .map(|b| SeqInput {
+                    tokens: &tokens[b][upto..ctx],
+                    start_pos: upto,
+                    kv_slots: &slots[b][..ctx],
+                    num_logits: 1,
+                })
+                .collect();
+            for _ in 0..2 {
+                backend.forward(&inputs)?;
+            }
+            let mut times = Vec::new();
+            let cpu0 = cpu_seconds();
+            let started = Instant::now();
+            while times.len() < 5
+                || (started.elapsed().as_secs_f64() < seconds && times.len() < 500)
+            {
+                let t = Instant::now();
+                std::hint::black_box(backend.forward(&inputs)?);
+                times.push(t.elapsed().as_secs_f64());
+            }
+            let cpu = cpu_seconds()
+                .zip(cpu0)
+                .map(|(b, a)| (b - a) / times.len() as f64);
+            times.sort_by(f64::total_cmp);
+            let median = times[times.len() / 2];
+            let best = times[0];
+            println!(
+                "  context {ctx:4}, batch {bs:2}: median {:7.2} ms/step (best {:7.2}, CPU {} ms/step), \
+                 {:6.1} tok/s",
+                median * 1e3,
+                best * 1e3,
+                cpu.map_or("?".into(), |c| format!("{:.2}", c * 1e3)),
+                bs as f64 / median
+            );
+            results.push((ctx, bs, median, best));
+        }
+    }
+    println!("  batch {batch} / batch 1 decode throughput (median; best):");
+    for &ctx in &contexts {
+        let find = |bs: usize| {
+            results
+                .iter()
+                .find(|r| r.0 == ctx && r.1 == bs)
+                .map(|r| (r.2, r.3))
+        };
+        if let (Some(one), Some(many)) = (find(1), find(batch)) {
+            println!(
+                "    context {ctx:4}: {:.2}x; {:.2}x",
+                batch as f64 * one.0 / many.0,
+                batch as f64 * one.1 / many.1
+            );
+        }
+    }
+    Ok(())
 }

@@ -1,6 +1,7 @@
 //! The CPU backend: the Llama forward pass over our own quantized kernels, with the KV cache
-//! held as one f32 row per slot and layer.
+//! held as one f16 row per slot and layer.
 
+mod attention;
 pub mod kernels;
 mod ops;
 
@@ -11,14 +12,15 @@ use crate::error::{EngineError, Result};
 use crate::model::config::ModelConfig;
 use crate::model::llama::LlamaWeights;
 
-use kernels::matmul;
+use half::f16;
+use kernels::{matmul, matmul_multi};
 
 pub struct CpuBackend {
     cfg: ModelConfig,
     weights: LlamaWeights,
-    /// Per layer: `capacity × kv_dim` keys, then values.
-    k_cache: Vec<Vec<f32>>,
-    v_cache: Vec<Vec<f32>>,
+    /// Per layer: `capacity × kv_dim` keys, then values, as f16.
+    k_cache: Vec<Vec<f16>>,
+    v_cache: Vec<Vec<f16>>,
     capacity: usize,
     rope: ops::RopeTable,
 }
@@ -35,7 +37,7 @@ impl CpuBackend {
         let per_layer = kv_capacity
             .checked_mul(kv_dim)
             .ok_or_else(|| EngineError::Load("KV cache size overflows".into()))?;
-        let bytes = per_layer as u128 * 4 * 2 * cfg.num_layers as u128;
+        let bytes = per_layer as u128 * 2 * 2 * cfg.num_layers as u128;
         tracing::info!(
             "KV cache: {kv_capacity} tokens, {:.1} MiB ({} layers, {} KV heads × {})",
             bytes as f64 / (1024.0 * 1024.0),
@@ -43,8 +45,12 @@ impl CpuBackend {
             cfg.num_kv_heads,
             cfg.head_dim
         );
-        let k_cache = (0..cfg.num_layers).map(|_| vec![0f32; per_layer]).collect();
-        let v_cache = (0..cfg.num_layers).map(|_| vec![0f32; per_layer]).collect();
+        let k_cache = (0..cfg.num_layers)
+            .map(|_| vec![f16::ZERO; per_layer])
+            .collect();
+        let v_cache = (0..cfg.num_layers)
+            .map(|_| vec![f16::ZERO; per_layer])
+            .collect();
         let rope = ops::RopeTable::new(&cfg.rope_inv_freq(), max_positions);
         Ok(CpuBackend {
             cfg,
@@ -136,9 +142,12 @@ impl Backend for CpuBackend {
 
         for (l, lw) in self.weights.layers.iter().enumerate() {
             ops::rms_norm(&x, &lw.attn_norm, cfg.rms_norm_eps, h, &mut hbuf);
-            matmul(&lw.wq, &hbuf, t_total, &mut q);
-            matmul(&lw.wk, &hbuf, t_total, &mut k);
-            matmul(&lw.wv, &hbuf, t_total, &mut v);
+            matmul_multi(
+                &[&lw.wq, &lw.wk, &lw.wv],
+                &hbuf,
+                t_total,
+                &mut [&mut q, &mut k, &mut v],
+            );
             if let (Some(bq), Some(bk), Some(bv)) = (&lw.bq, &lw.bk, &lw.bv) {
                 ops::add_bias(&mut q, bq);
                 ops::add_bias(&mut k, bk);
@@ -156,10 +165,16 @@ impl Backend for CpuBackend {
             let kc = &mut self.k_cache[l];
             let vc = &mut self.v_cache[l];
             for (i, &slot) in slots.iter().enumerate() {
-                kc[slot * kvd..(slot + 1) * kvd].copy_from_slice(&k[i * kvd..(i + 1) * kvd]);
-                vc[slot * kvd..(slot + 1) * kvd].copy_from_slice(&v[i * kvd..(i + 1) * kvd]);
+                attention::f32_to_f16(
+                    &k[i * kvd..(i + 1) * kvd],
+                    &mut kc[slot * kvd..(slot + 1) * kvd],
+                );
+                attention::f32_to_f16(
+                    &v[i * kvd..(i + 1) * kvd],
+                    &mut vc[slot * kvd..(slot + 1) * kvd],
+                );
             }
-            ops::attention(
+            attention::attention(
                 &q,
                 &self.k_cache[l],
                 &self.v_cache[l],
@@ -172,8 +187,12 @@ impl Backend for CpuBackend {
             matmul(&lw.wo, &attn, t_total, &mut o);
             ops::add_in_place(&mut x, &o);
             ops::rms_norm(&x, &lw.ffn_norm, cfg.rms_norm_eps, h, &mut hbuf);
-            matmul(&lw.w_gate, &hbuf, t_total, &mut gate);
-            matmul(&lw.w_up, &hbuf, t_total, &mut up);
+            matmul_multi(
+                &[&lw.w_gate, &lw.w_up],
+                &hbuf,
+                t_total,
+                &mut [&mut gate, &mut up],
+            );
             ops::silu_mul(&mut gate, &up);
             matmul(&lw.w_down, &gate, t_total, &mut o);
             ops::add_in_place(&mut x, &o);
