@@ -4,11 +4,13 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
 use half::bf16;
 
 use crate::source::{KERNEL_NAMES, cached_ptx};
-use crate::{Dptr, KernelError, Result};
+use crate::{Dptr, KernelError, Result, dptr};
 
 /// Most sequence splits of one decode attention launch.
 pub const MAX_DECODE_SPLITS: u32 = 32;
@@ -17,6 +19,41 @@ pub const MAX_DECODE_SPLITS: u32 = 32;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeAttnPlan {
     pub splits: u32,
+}
+
+/// Most token rows of one GEMV launch (the MMA's 8 columns).
+pub const GEMV_MAX_TOKENS: usize = 8;
+/// Most blocks along k for one GEMV row tile.
+pub const GEMV_MAX_SPLITS: usize = 8;
+/// Warps per GEMV block (`GV_WARPS` in gemv.cu).
+const GEMV_WARPS: usize = 8;
+
+/// What a GEMV does with `x · wᵀ`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemvEpilogue {
+    /// `y = x · wᵀ`, y: tokens x n.
+    Store,
+    /// `y += x · wᵀ` (sum in f32, rounded once), y: tokens x n.
+    Accumulate,
+    /// w is `[gate; up]` with n = 2 inter rows; `y = bf16(silu(gate)) * up`, y: tokens x inter,
+    /// rounded as the unfused GEMM followed by `silu_mul` rounds.
+    SwiGlu,
+}
+
+/// How a GEMV launch divides the work: row tiles of 16 or 32 rows, and blocks along k per tile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemvPlan {
+    pub rows_per_block: u32,
+    pub tiles: u32,
+    pub splits: u32,
+}
+
+/// Split-k partial sums and per-tile arrival counters of the GEMV (one per stream: launches
+/// on one stream run one after another, so they share it). Counters start at zero and every
+/// split launch leaves them at zero.
+pub struct GemvWorkspace {
+    partials: CudaSlice<f32>,
+    counters: CudaSlice<u32>,
 }
 
 /// Attention geometry shared by the attention launchers.
@@ -39,6 +76,8 @@ pub struct Kernels {
     /// [head_dim 64, 128]
     prefill: [CudaFunction; 2],
     sample: CudaFunction,
+    /// [16 rows per block, 32 rows per block]
+    gemv: [CudaFunction; 2],
     num_sms: u32,
 }
 
@@ -113,6 +152,7 @@ impl Kernels {
             merge: f("attn_merge_splits")?,
             prefill: [f("prefill_attn_d64")?, f("prefill_attn_d128")?],
             sample: f("sample_bf16")?,
+            gemv: [f("gemv_bf16_r16")?, f("gemv_bf16_r32")?],
             num_sms,
         })
     }
@@ -448,6 +488,133 @@ impl Kernels {
         b.arg(&o).arg(&l).arg(&v).arg(&p);
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
         unsafe { b.launch(cfg((rows as u32, 1, 1), 1024)) }?;
+        Ok(())
+    }
+
+    /// Partial-sum buffers for every [`Kernels::gemv_plan`] on this device.
+    pub fn gemv_workspace(&self, s: &Arc<CudaStream>) -> Result<GemvWorkspace> {
+        let sms = self.num_sms as usize;
+        // split plans only arise with fewer tiles than multiprocessors (see gemv_plan)
+        Ok(GemvWorkspace {
+            partials: s.alloc_zeros::<f32>(sms * GEMV_MAX_SPLITS * 2 * 128)?,
+            counters: s.alloc_zeros::<u32>(sms)?,
+        })
+    }
+
+    /// Row tiling and k splits for `x · wᵀ` with w of `n` rows of `k`. Independent of the
+    /// token count, so every token row gets the same result whatever the batch.
+    ///
+    /// A kernel's weight stream runs at full rate while enough blocks are resident; a last,
+    /// partial wave of blocks leaves the memory system under-used. So: 16-row tiles when they
+    /// all fit in one wave (two blocks per multiprocessor), else 32-row tiles when those do,
+    /// else 32-row tiles when there are many waves anyway, else 16-row tiles (finer waves).
+    /// SwiGLU tiles hold 8 (16-row kernel) or 16 (32-row kernel) output features.
+    pub fn gemv_plan(&self, k: usize, n: usize, epilogue: GemvEpilogue) -> GemvPlan {
+        let sms = self.num_sms.max(1) as usize;
+        let wave = 2 * sms;
+        let units = if epilogue == GemvEpilogue::SwiGlu {
+            n / 2
+        } else {
+            n
+        };
+        let per16 = if epilogue == GemvEpilogue::SwiGlu {
+            8
+        } else {
+            16
+        };
+        let (t16, t32) = (units.div_ceil(per16), units.div_ceil(2 * per16));
+        let (rows, tiles) = if t16 <= wave || (t32 > wave && t32 < 8 * wave) {
+            (16, t16)
+        } else {
+            (32, t32)
+        };
+        let mut splits = 1;
+        if tiles < sms {
+            // aim at two blocks per multiprocessor, keeping two steps per warp's k slice
+            let chunks_per_step = if rows == 32 { 8 } else { 16 };
+            let steps = (k / 8).div_ceil(chunks_per_step);
+            let by_k = (steps / (2 * GEMV_WARPS)).max(1);
+            splits = wave.div_ceil(tiles).min(by_k).min(GEMV_MAX_SPLITS);
+        }
+        GemvPlan {
+            rows_per_block: rows,
+            tiles: tiles as u32,
+            splits: splits as u32,
+        }
+    }
+
+    /// `x · wᵀ` for at most [`GEMV_MAX_TOKENS`] token rows (see [`GemvEpilogue`]); bf16,
+    /// f32 sums. Needs k % 8 == 0 and 16-byte aligned x and w; `Unsupported` (before any
+    /// launch) otherwise, so the caller can take the GEMM instead. No host synchronisation:
+    /// graph capture records one launch.
+    ///
+    /// # Safety
+    /// x: tokens x k; w: n x k; y: tokens x n (tokens x n / 2 for SwiGlu), not overlapping x
+    /// or w; `ws` made by this device's [`Kernels::gemv_workspace`], used by no other stream.
+    pub unsafe fn gemv(
+        &self,
+        s: &CudaStream,
+        y: Dptr<bf16>,
+        x: Dptr<bf16>,
+        w: Dptr<bf16>,
+        tokens: usize,
+        k: usize,
+        n: usize,
+        epilogue: GemvEpilogue,
+        ws: &GemvWorkspace,
+    ) -> Result<()> {
+        if tokens == 0 {
+            return Ok(());
+        }
+        if tokens > GEMV_MAX_TOKENS
+            || k == 0
+            || !k.is_multiple_of(8)
+            || n == 0
+            || k > i32::MAX as usize
+            || n > i32::MAX as usize
+            || (epilogue == GemvEpilogue::SwiGlu && !n.is_multiple_of(2))
+            || !x.addr().is_multiple_of(16)
+            || !w.addr().is_multiple_of(16)
+        {
+            return Err(KernelError::Unsupported(format!(
+                "GEMV of {tokens} tokens, k {k}, n {n} ({epilogue:?}) at x {x:?}, w {w:?}"
+            )));
+        }
+        let plan = self.gemv_plan(k, n, epilogue);
+        let per_block = plan.rows_per_block as usize / 16 * 128;
+        let (tiles, splits) = (plan.tiles as usize, plan.splits as usize);
+        if splits > 1
+            && (tiles * splits * per_block > ws.partials.len() || tiles > ws.counters.len())
+        {
+            return Err(KernelError::Unsupported(format!(
+                "GEMV workspace too small for {tiles} tiles x {splits} splits"
+            )));
+        }
+        let f = &self.gemv[usize::from(plan.rows_per_block == 32)];
+        let (ya, xa, wa) = (y.addr(), x.addr(), w.addr());
+        let (pa, ca) = (dptr(&ws.partials, s).addr(), dptr(&ws.counters, s).addr());
+        let (m, ki, ni) = (tokens as i32, k as i32, n as i32);
+        let mode: i32 = match epilogue {
+            GemvEpilogue::Store => 0,
+            GemvEpilogue::Accumulate => 1,
+            GemvEpilogue::SwiGlu => 2,
+        };
+        let sp = plan.splits as i32;
+        let mut b = s.launch_builder(f);
+        b.arg(&ya)
+            .arg(&xa)
+            .arg(&wa)
+            .arg(&m)
+            .arg(&ki)
+            .arg(&ni)
+            .arg(&mode)
+            .arg(&sp)
+            .arg(&pa)
+            .arg(&ca);
+        let grid = (plan.tiles, plan.splits, 1);
+        // SAFETY: argument types match the kernel; the caller guarantees the extents; the plan
+        // fits the workspace (checked above).
+        unsafe { b.launch(cfg(grid, (GEMV_WARPS * 32) as u32)) }?;
         Ok(())
     }
 }

@@ -11,7 +11,10 @@ mod launch;
 mod source;
 
 pub use gemm::Gemm;
-pub use launch::{AttnShape, DecodeAttnPlan, Kernels, MAX_DECODE_SPLITS, prefill_tiles};
+pub use launch::{
+    AttnShape, DecodeAttnPlan, GEMV_MAX_SPLITS, GEMV_MAX_TOKENS, GemvEpilogue, GemvPlan,
+    GemvWorkspace, Kernels, MAX_DECODE_SPLITS, prefill_tiles,
+};
 pub use source::{KERNEL_NAMES, SOURCE, compile_ptx, nvrtc_available};
 
 use std::marker::PhantomData;

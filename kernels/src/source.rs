@@ -12,6 +12,7 @@ pub const SOURCE: &str = concat!(
     include_str!("cu/decode_attn.cu"),
     include_str!("cu/prefill_attn.cu"),
     include_str!("cu/sampling.cu"),
+    include_str!("cu/gemv.cu"),
 );
 
 /// Every `extern "C"` entry point in [`SOURCE`].
@@ -33,6 +34,8 @@ pub const KERNEL_NAMES: &[&str] = &[
     "prefill_attn_d64",
     "prefill_attn_d128",
     "sample_bf16",
+    "gemv_bf16_r16",
+    "gemv_bf16_r32",
 ];
 
 /// Whether libnvrtc can be loaded on this machine.

@@ -1,12 +1,15 @@
 //! Checks every kernel against a CPU reference on fresh random inputs (seeded from the clock,
 //! printed), with outputs poisoned (NaN) before each launch. Needs a GPU. Exit code 1 on any
-//! failure. Usage: `kernel-check` (prints one line per check and a summary table).
+//! failure. Usage: `kernel-check` (prints one line per check and a summary table), or
+//! `kernel-check bench-gemv` (decode GEMV vs cuBLASLt vs copy bandwidth on Llama-3.1-8B shapes).
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use half::bf16;
-use sgl_kernels::{AttnShape, Dptr, Gemm, Kernels, dptr, prefill_tiles};
+use sgl_kernels::{
+    AttnShape, Dptr, Gemm, GemvEpilogue, GemvWorkspace, Kernels, dptr, prefill_tiles,
+};
 
 type R<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -64,6 +67,7 @@ struct Ctx {
     s: Arc<CudaStream>,
     k: Kernels,
     gemm: Gemm,
+    gemv_ws: GemvWorkspace,
     rng: Rng,
     results: Vec<(String, f64, f64, bool)>,
 }
@@ -499,6 +503,248 @@ fn check_gemm(c: &mut Ctx) -> R<()> {
     Ok(())
 }
 
+/// `x · wᵀ` in f64 for tokens x k activations and n x k weights (threads over rows of w).
+fn matmul_ref(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f64> {
+    let threads = std::thread::available_parallelism()
+        .map_or(4, |t| t.get())
+        .min(32);
+    let rows_per = n.div_ceil(threads);
+    let mut out = vec![0.0f64; m * n];
+    let parts: Vec<Vec<f64>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..threads)
+            .map(|ti| {
+                sc.spawn(move || {
+                    let (r0, r1) = ((ti * rows_per).min(n), ((ti + 1) * rows_per).min(n));
+                    let mut v = vec![0.0f64; m * (r1 - r0)];
+                    for r in r0..r1 {
+                        let wr = &w[r * k..][..k];
+                        for t in 0..m {
+                            let xr = &x[t * k..][..k];
+                            v[(r - r0) * m + t] =
+                                xr.iter().zip(wr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                        }
+                    }
+                    v
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    for (ti, v) in parts.iter().enumerate() {
+        let r0 = ti * rows_per;
+        for (i, &val) in v.iter().enumerate() {
+            let (r, t) = (r0 + i / m, i % m);
+            out[t * n + r] = val;
+        }
+    }
+    out
+}
+
+/// The decode GEMV against an f64 reference: Llama-3.1-8B shapes, odd n, a k that is not a
+/// multiple of the kernel's step, the k-split path (few row tiles), the accumulate and SwiGLU
+/// epilogues. Each case runs twice (the second run also proves the split counters were reset)
+/// and both runs must agree bit for bit.
+fn check_gemv(c: &mut Ctx) -> R<()> {
+    use GemvEpilogue::*;
+    let cases = [
+        (1usize, 4096usize, 6144usize, Store),
+        (3, 4096, 6144, Store),
+        (8, 4096, 6144, Store),
+        (1, 14336, 4096, Store),
+        (3, 14336, 4096, Store),
+        (8, 14336, 4096, Store),
+        (5, 4104, 1001, Store),
+        (2, 4096, 70001, Store),
+        (4, 1032, 777, Accumulate),
+        (8, 4096, 8192, Accumulate),
+        (3, 4096, 28672, SwiGlu),
+        (7, 4096, 2000, SwiGlu),
+    ];
+    for (m, k, n, epi) in cases {
+        let x = bf(&(0..m * k).map(|_| c.rng.sym()).collect::<Vec<_>>());
+        let w = bf(&(0..n * k).map(|_| c.rng.sym()).collect::<Vec<_>>());
+        let out_w = if epi == SwiGlu { n / 2 } else { n };
+        let y0 = bf(&(0..m * out_w)
+            .map(|_| 4.0 * c.rng.sym())
+            .collect::<Vec<_>>());
+        let (dx, dw) = (c.up(&x)?, c.up(&w)?);
+        let acc = matmul_ref(&unbf(&x), &unbf(&w), m, k, n);
+        let want: Vec<f32> = match epi {
+            Store => acc.iter().map(|&v| v as f32).collect(),
+            Accumulate => acc
+                .iter()
+                .zip(&y0)
+                .map(|(&v, &o)| (v + o.to_f32() as f64) as f32)
+                .collect(),
+            SwiGlu => (0..m * out_w)
+                .map(|i| {
+                    let (t, r) = (i / out_w, i % out_w);
+                    let g = rbf(acc[t * n + r] as f32);
+                    let u = rbf(acc[t * n + out_w + r] as f32);
+                    rbf(rbf(g / (1.0 + (-g).exp())) * u)
+                })
+                .collect(),
+        };
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            let y = if epi == Accumulate {
+                c.up(&y0)?
+            } else {
+                c.poisoned(m * out_w)?
+            };
+            // SAFETY: shapes as allocated; the workspace belongs to this device and stream.
+            unsafe {
+                c.k.gemv(&c.s, c.p(&y), c.p(&dx), c.p(&dw), m, k, n, epi, &c.gemv_ws)?
+            };
+            runs.push(c.down(&y)?);
+        }
+        let same = runs[0]
+            .iter()
+            .zip(&runs[1])
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        let plan = c.k.gemv_plan(k, n, epi);
+        let err = rel_err(&runs[0], &want).max(rel_err(&runs[1], &want));
+        let name = format!(
+            "gemv {m}x{k} -> {n} {epi:?} ({} rows/block, {} tiles x {} splits){}",
+            plan.rows_per_block,
+            plan.tiles,
+            plan.splits,
+            if same { "" } else { " RUNS DIFFER" }
+        );
+        c.record(&name, if same { err } else { f64::INFINITY }, 1e-2);
+    }
+    Ok(())
+}
+
+/// Median time in µs of `f` over `iters` launches after a warm-up (CUDA events).
+fn time_us(c: &Ctx, iters: usize, mut f: impl FnMut(usize) -> R<()>) -> R<f64> {
+    use cudarc::driver::sys::CUevent_flags;
+    for i in 0..3 {
+        f(i)?;
+    }
+    let ctx = c.s.context();
+    let mut per = Vec::new();
+    for rep in 0..5 {
+        let e0 = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let e1 = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        e0.record(&c.s)?;
+        for i in 0..iters {
+            f(rep * iters + i)?;
+        }
+        e1.record(&c.s)?;
+        per.push(e0.elapsed_ms(&e1)? as f64 * 1e3 / iters as f64);
+    }
+    per.sort_by(f64::total_cmp);
+    Ok(per[per.len() / 2])
+}
+
+/// GEMV vs cuBLASLt on the decode GEMMs of Llama-3.1-8B (weights cycled through enough copies
+/// that none is still in L2), against device-to-device copy bandwidth (read + write).
+fn bench_gemv(c: &mut Ctx) -> R<()> {
+    use GemvEpilogue::*;
+    let s = c.s.clone();
+    let n_copy = 1usize << 30;
+    let (src, dst) = (s.alloc_zeros::<u8>(n_copy)?, s.alloc_zeros::<u8>(n_copy)?);
+    let (sa, da) = (dptr(&src, &s).addr(), dptr(&dst, &s).addr());
+    let copy_us = time_us(c, 5, |_| {
+        // SAFETY: both buffers hold n_copy bytes.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(da, sa, n_copy, s.cu_stream())? };
+        Ok(())
+    });
+    drop((src, dst));
+    let copy_us = copy_us?;
+    let copy_bw = 2.0 * n_copy as f64 / (copy_us * 1e-6);
+    println!(
+        "device copy bandwidth (read + write): {:.0} GB/s",
+        copy_bw / 1e9
+    );
+    // (name, k, n, epilogue, per decode step: 32 layers or once)
+    let shapes = [
+        ("qkv", 4096usize, 6144usize, Store, 32usize),
+        ("o", 4096, 4096, Store, 32),
+        ("gate_up", 4096, 28672, SwiGlu, 32),
+        ("down", 14336, 4096, Store, 32),
+        ("lm_head", 4096, 128256, Store, 1),
+    ];
+    println!(
+        "\n| shape | k | n | tokens | plan | GEMV µs | GEMV GB/s | cuBLASLt µs | cuBLASLt GB/s | GEMV / copy | cuBLASLt / copy |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut step = std::collections::BTreeMap::<usize, (f64, f64, f64)>::new();
+    for (name, k, n, epi, per_step) in shapes {
+        let bytes = n * k * 2;
+        let copies = (256usize << 20).div_ceil(bytes).max(1);
+        // non-zero weights (a pattern: cheap to make for 1 GB)
+        let host = bf(&(0..n * k)
+            .map(|i| ((i % 251) as f32 - 125.0) * 1e-3)
+            .collect::<Vec<_>>());
+        let ws: Vec<CudaSlice<bf16>> = (0..copies)
+            .map(|_| s.clone_htod(&host))
+            .collect::<Result<_, _>>()?;
+        drop(host);
+        let xh = bf(&(0..8 * k).map(|_| c.rng.sym()).collect::<Vec<_>>());
+        let x = c.up(&xh)?;
+        let y = s.alloc_zeros::<bf16>(8 * n)?;
+        let iters = (4usize << 30).div_ceil(bytes).clamp(10, 200);
+        for m in [1usize, 4, 8] {
+            let plan = c.k.gemv_plan(k, n, epi);
+            let gemv = time_us(c, iters, |i| {
+                let w = dptr(&ws[i % copies], &s);
+                // SAFETY: shapes as allocated.
+                unsafe {
+                    c.k.gemv(&s, dptr(&y, &s), dptr(&x, &s), w, m, k, n, epi, &c.gemv_ws)?
+                };
+                Ok(())
+            })?;
+            let blas = time_us(c, iters, |i| {
+                let w = dptr(&ws[i % copies], &s);
+                // SAFETY: shapes as allocated.
+                unsafe {
+                    c.gemm
+                        .linear(dptr(&x, &s), w, dptr(&y, &s), m, k, n, false)?
+                };
+                Ok(())
+            })?;
+            let (gbw, bbw) = (bytes as f64 / (gemv * 1e-6), bytes as f64 / (blas * 1e-6));
+            println!(
+                "| {name} | {k} | {n} | {m} | {}r x {} x {} | {gemv:.1} | {:.0} | {blas:.1} | {:.0} | {:.1}% | {:.1}% |",
+                plan.rows_per_block,
+                plan.tiles,
+                plan.splits,
+                gbw / 1e9,
+                bbw / 1e9,
+                100.0 * gbw / copy_bw,
+                100.0 * bbw / copy_bw
+            );
+            let e = step.entry(m).or_default();
+            e.0 += gemv * per_step as f64;
+            e.1 += blas * per_step as f64;
+            e.2 += (bytes * per_step) as f64;
+        }
+    }
+    println!(
+        "\nGEMMs of one decode step (32 layers + LM head; cuBLASLt runs gate_up without the fused SwiGLU):"
+    );
+    println!(
+        "| tokens | weight GB | GEMV ms | cuBLASLt ms | copy-rate floor ms | GEMV of floor | cuBLASLt of floor |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (m, (g, b, bytes)) in step {
+        let floor = bytes / copy_bw * 1e3;
+        println!(
+            "| {m} | {:.2} | {:.3} | {:.3} | {floor:.3} | {:.1}% | {:.1}% |",
+            bytes / 1e9,
+            g / 1e3,
+            b / 1e3,
+            100.0 * floor / (g / 1e3),
+            100.0 * floor / (b / 1e3)
+        );
+    }
+    Ok(())
+}
+
 fn check_sampling(c: &mut Ctx) -> R<()> {
     let (rows, vocab) = (64, 32000);
     let logits: Vec<f32> = (0..rows * vocab).map(|_| rbf(c.rng.sym() * 8.0)).collect();
@@ -616,10 +862,12 @@ fn main() -> R<()> {
         ctx.name()?
     );
     let gemm = Gemm::new(s.clone())?;
+    let gemv_ws = k.gemv_workspace(&s)?;
     let mut c = Ctx {
         s,
         k,
         gemm,
+        gemv_ws,
         rng: Rng(seed),
         results: Vec::new(),
     };
@@ -633,7 +881,11 @@ fn main() -> R<()> {
     check_decode(&mut c, 128, 16, 8)?;
     check_prefill(&mut c, 128, 32, 8)?;
     check_prefill(&mut c, 64, 8, 4)?;
+    if std::env::args().nth(1).as_deref() == Some("bench-gemv") {
+        return bench_gemv(&mut c);
+    }
     check_gemm(&mut c)?;
+    check_gemv(&mut c)?;
     check_sampling(&mut c)?;
     println!("\n| kernel check | rel err | tol | result |\n|---|---|---|---|");
     for (n, e, t, ok) in &c.results {

@@ -1,15 +1,22 @@
 //! GPU benchmarks and the end-to-end check driver, run as
 //! `bench_main(["one-batch", ...])` (the CLI wires `bench-one-batch --device cuda` here).
 //!
-//! - `one-batch --model DIR [--batch B] [--input I] [--output O] [--disable-cuda-graph]`:
-//!   static batch, prints TTFT, decode tok/s, and the memory roofline (weight bytes per step
-//!   ÷ device copy bandwidth measured in the same run) and compute floor of the prefill
-//!   (FLOPs ÷ bf16 GEMM rate measured in the same run), as JSON and a table.
+//! - `one-batch --model DIR [--batch B] [--input I] [--output O] [--disable-cuda-graph]
+//!   [--gemv on|off|both] [--ttft-input N]`: static batch, prints TTFT, decode tok/s, and the
+//!   memory roofline (weight bytes per step ÷ device copy bandwidth measured in the same run)
+//!   and compute floor of the prefill (FLOPs ÷ bf16 GEMM rate measured in the same run), as
+//!   JSON and a table. `--gemv both` runs the batch with the decode GEMV and again with
+//!   cuBLASLt only (as `SGL_DISABLE_GEMV=1` would); `--ttft-input N` adds a batch-1 TTFT of an
+//!   N-token prompt (median of 3) to the report.
 //! - `check --model DIR --prompts FILE --out DIR`: runs the prompts of FILE greedily (the
 //!   transformers comparison script writes FILE and reads what this writes).
-//! - `offline --model DIR --num-prompts N --max-input I --max-output O [--seed S]`:
-//!   random-length prompts served with continuous batching (decode batches plus chunked
-//!   prefill), printing output tok/s.
+//! - `offline --model DIR ...`: SGLang's bench_offline_throughput through the real engine
+//!   (`scheduler::launch`, every request submitted at once, streams read to the end); see
+//!   [`offline_engine`] for the dataset flags. Prints JSON and a table (output and total tok/s,
+//!   the radix cache hit rate from the engine's counters, wall time).
+//! - `offline --backend-loop --model DIR --num-prompts N --max-input I --max-output O`: the
+//!   benchmark's own continuous-batching loop straight on the backend (no scheduler, no radix
+//!   cache, sampling on the GPU): the engine's upper bound without host-side overheads.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -76,8 +83,49 @@ pub fn bench_main(args: &[String]) -> Result<()> {
                 input_len: arg_usize(args, "--input", 128)?,
                 output_len: arg_usize(args, "--output", 256)?,
             };
-            let r = bench_one_batch(&mut b, &a)?;
-            println!("{}", serde_json::to_string(&r).unwrap_or_default());
+            let modes: &[bool] = match arg(args, "--gemv").unwrap_or("on") {
+                "on" => &[true],
+                "off" => &[false],
+                "both" => &[true, false],
+                other => {
+                    return Err(EngineError::InvalidArgument(format!(
+                        "--gemv expects on, off or both, got {other}"
+                    )));
+                }
+            };
+            let mut reports = Vec::new();
+            for &on in modes {
+                b.set_gemv(on)?;
+                let r = bench_one_batch(&mut b, &a)?;
+                println!("{}", serde_json::to_string(&r).unwrap_or_default());
+                reports.push(r);
+            }
+            if let [with, without] = &reports[..] {
+                let e = gemv_consistency(&mut b)?;
+                println!(
+                    "GEMV vs cuBLASLt: decode logits of 3 sequences (graph bucket 4) differ by rel err {e:.2e} ({})",
+                    if e < 0.15 {
+                        "ok: rounding level, as amplified over the layers of a random checkpoint"
+                    } else {
+                        "TOO LARGE: check the GEMV path"
+                    }
+                );
+                println!(
+                    "| GEMV on vs off | {:.3} vs {:.3} ms/step | {:.1}% vs {:.1}% of roofline | speed-up {:.3}x |",
+                    with.decode_ms_per_step,
+                    without.decode_ms_per_step,
+                    100.0 * with.roofline_fraction,
+                    100.0 * without.roofline_fraction,
+                    without.decode_ms_per_step / with.decode_ms_per_step
+                );
+            }
+            if let Some(n) = arg(args, "--ttft-input") {
+                let n: usize = n.parse().map_err(|_| {
+                    EngineError::InvalidArgument(format!("--ttft-input expects a number, got {n}"))
+                })?;
+                b.set_gemv(modes[0])?;
+                ttft_only(&mut b, n)?;
+            }
             Ok(())
         }
         "check" => {
@@ -87,6 +135,9 @@ pub fn bench_main(args: &[String]) -> Result<()> {
             let out = arg(args, "--out")
                 .ok_or_else(|| EngineError::InvalidArgument("--out DIR is required".into()))?;
             check(&mut b, Path::new(prompts), Path::new(out))
+        }
+        "offline" if !args.iter().any(|a| a == "--backend-loop") => {
+            offline_engine(&args[1..]).map(|_| ())
         }
         "offline" => {
             let mut b = open(args)?;
@@ -133,6 +184,8 @@ pub struct OneBatchReport {
     pub input_len: usize,
     pub output_len: usize,
     pub cuda_graph: bool,
+    /// Decode-sized GEMMs on the GEMV kernel (else cuBLASLt).
+    pub gemv: bool,
     pub ttft_ms: f64,
     pub prefill_tok_s: f64,
     pub decode_ms_per_step: f64,
@@ -285,6 +338,7 @@ pub fn bench_one_batch(b: &mut CudaBackend, a: &BenchOneBatchArgs) -> Result<One
         input_len: a.input_len,
         output_len: a.output_len,
         cuda_graph: !b.opts.disable_cuda_graph && a.batch_size <= b.opts.cuda_graph_max_bs,
+        gemv: b.gemv_enabled(),
         ttft_ms: ttft * 1e3,
         prefill_tok_s: (a.batch_size * a.input_len) as f64 / ttft,
         decode_ms_per_step: step * 1e3,
@@ -298,16 +352,17 @@ pub fn bench_one_batch(b: &mut CudaBackend, a: &BenchOneBatchArgs) -> Result<One
         ttft_over_floor: ttft / floor,
     };
     println!(
-        "| device | batch | in | out | graph | TTFT ms | floor ms | TTFT/floor | decode tok/s | ms/step | roofline ms | of roofline | copy GB/s | GEMM TFLOP/s |"
+        "| device | batch | in | out | graph | GEMV | TTFT ms | floor ms | TTFT/floor | decode tok/s | ms/step | roofline ms | of roofline | copy GB/s | GEMM TFLOP/s |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     println!(
-        "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} | {:.2} | {:.1}% | {:.0} | {:.0} |",
+        "| {} | {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} | {:.2} | {:.1}% | {:.0} | {:.0} |",
         r.device,
         r.batch_size,
         r.input_len,
         r.output_len,
         r.cuda_graph,
+        r.gemv,
         r.ttft_ms,
         r.prefill_floor_ms,
         r.ttft_over_floor,
@@ -319,6 +374,111 @@ pub fn bench_one_batch(b: &mut CudaBackend, a: &BenchOneBatchArgs) -> Result<One
         r.gemm_tflops
     );
     Ok(r)
+}
+
+/// Logits of one decode step of 3 sequences with the GEMV and with cuBLASLt: ‖a − b‖ / ‖b‖.
+/// The two differ only in summation order (GEMM outputs ~2e-3 apart, bf16 rounding); a random
+/// 32-layer checkpoint amplifies that by the logits (results/gpu/README.md: two bf16 forwards
+/// end 5e-2 apart), so a few 1e-2 is expected, while a wiring error (wrong rows, layout or
+/// epilogue) gives order 1.
+fn gemv_consistency(b: &mut CudaBackend) -> Result<f64> {
+    let v = b.vocab_size();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let prompts: Vec<Vec<u32>> = (0..3).map(|_| random_tokens(&mut rng, 64, v)).collect();
+    let slots: Vec<Vec<u32>> = (0..3u32)
+        .map(|i| (i * 65..(i + 1) * 65).collect())
+        .collect();
+    let mut logits = Vec::new();
+    for on in [true, false] {
+        b.set_gemv(on)?;
+        let pre: Vec<SeqInput> = prompts
+            .iter()
+            .zip(&slots)
+            .map(|(p, s)| SeqInput {
+                tokens: p,
+                start_pos: 0,
+                kv_slots: &s[..64],
+                num_logits: 1,
+            })
+            .collect();
+        b.forward(&pre)?;
+        let next: Vec<[u32; 1]> = (0..3u32).map(|i| [7 + i]).collect();
+        let dec: Vec<SeqInput> = next
+            .iter()
+            .zip(&slots)
+            .map(|(t, s)| SeqInput {
+                tokens: t,
+                start_pos: 64,
+                kv_slots: s,
+                num_logits: 1,
+            })
+            .collect();
+        logits.push(b.forward(&dec)?);
+    }
+    let (num, den) = logits[0]
+        .iter()
+        .zip(&logits[1])
+        .fold((0.0f64, 0.0f64), |(n, d), (&x, &y)| {
+            (n + ((x - y) as f64).powi(2), d + (y as f64).powi(2))
+        });
+    Ok(if num.is_finite() {
+        (num / den.max(1e-30)).sqrt()
+    } else {
+        f64::INFINITY
+    })
+}
+
+/// Batch-1 time to first token of an `n`-token prompt, median of 3 (after one warm-up), against
+/// the prefill's compute floor; prints JSON and a table row.
+fn ttft_only(b: &mut CudaBackend, n: usize) -> Result<()> {
+    let cfg = b.config().clone();
+    let gemm = gemm_rate(b)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let slots: Vec<u32> = (0..n as u32).collect();
+    if n > b.kv_capacity() {
+        return Err(EngineError::InvalidArgument(format!(
+            "--ttft-input {n} exceeds the KV pool"
+        )));
+    }
+    let mut times = Vec::new();
+    for i in 0..4 {
+        let prompt = random_tokens(&mut rng, n, cfg.vocab_size);
+        let t0 = Instant::now();
+        b.forward_sample(
+            &[SeqInput {
+                tokens: &prompt,
+                start_pos: 0,
+                kv_slots: &slots,
+                num_logits: 1,
+            }],
+            0.0,
+        )?;
+        if i > 0 {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let ttft = times[times.len() / 2];
+    let floor = prefill_flops(&cfg, n) / gemm;
+    println!(
+        "{}",
+        serde_json::json!({
+            "ttft_input": n,
+            "ttft_ms": ttft * 1e3,
+            "prefill_floor_ms": floor * 1e3,
+            "ttft_over_floor": ttft / floor,
+            "gemm_tflops": gemm / 1e12,
+        })
+    );
+    println!("| TTFT prompt | TTFT ms (median of 3) | floor ms | TTFT/floor |");
+    println!("|---|---|---|---|");
+    println!(
+        "| {n} | {:.1} | {:.1} | {:.2} |",
+        ttft * 1e3,
+        floor * 1e3,
+        ttft / floor
+    );
+    Ok(())
 }
 
 #[derive(Deserialize)]
@@ -584,6 +744,370 @@ fn offline(
         r.seconds,
         r.output_tok_s,
         r.total_tok_s
+    );
+    Ok(r)
+}
+
+/// Bench flags of `offline` (through the engine) that take a value; every other flag goes to
+/// the engine as a `serve` flag (`--disable-radix-cache`, `--max-running-requests`, ...).
+const ENGINE_BENCH_FLAGS: &[&str] = &[
+    "--model",
+    "--dataset-name",
+    "--num-prompts",
+    "--random-input-len",
+    "--random-output-len",
+    "--random-range-ratio",
+    "--gsp-num-groups",
+    "--gsp-prompts-per-group",
+    "--gsp-system-prompt-len",
+    "--gsp-question-len",
+    "--gsp-output-len",
+    "--seed",
+    "--warmup-requests",
+];
+
+#[derive(clap::Parser)]
+struct ServeFlags {
+    #[command(flatten)]
+    server: crate::config::ServerArgs,
+}
+
+/// One benchmark request: prompt token ids and output length.
+struct BenchReq {
+    prompt: Vec<u32>,
+    out_len: usize,
+}
+
+/// SGLang's `random` dataset on token ids: lengths uniform in
+/// [max(1, len * range_ratio), len], ids uniform over the vocabulary.
+fn dataset_random(
+    rng: &mut rand::rngs::StdRng,
+    n: usize,
+    in_len: usize,
+    out_len: usize,
+    ratio: f64,
+    vocab: usize,
+) -> Vec<BenchReq> {
+    let lo = |len: usize| ((len as f64 * ratio) as usize).clamp(1, len.max(1));
+    (0..n)
+        .map(|_| {
+            let il = rng.random_range(lo(in_len)..=in_len.max(1));
+            let ol = rng.random_range(lo(out_len)..=out_len.max(1));
+            BenchReq {
+                prompt: random_tokens(rng, il, vocab),
+                out_len: ol,
+            }
+        })
+        .collect()
+}
+
+/// SGLang's `generated-shared-prefix` dataset: `groups` random system prompts, each followed
+/// by `per_group` random questions; fixed output length; requests shuffled.
+fn dataset_gsp(
+    rng: &mut rand::rngs::StdRng,
+    groups: usize,
+    per_group: usize,
+    system_len: usize,
+    question_len: usize,
+    out_len: usize,
+    vocab: usize,
+) -> Vec<BenchReq> {
+    let mut v = Vec::with_capacity(groups * per_group);
+    for _ in 0..groups {
+        let system = random_tokens(rng, system_len, vocab);
+        for _ in 0..per_group {
+            let mut prompt = system.clone();
+            prompt.extend(random_tokens(rng, question_len, vocab));
+            v.push(BenchReq { prompt, out_len });
+        }
+    }
+    for i in (1..v.len()).rev() {
+        v.swap(i, rng.random_range(0..=i));
+    }
+    v
+}
+
+#[derive(Debug, Serialize)]
+pub struct EngineOfflineReport {
+    pub backend: String,
+    pub dataset: String,
+    pub num_prompts: usize,
+    pub radix_cache: bool,
+    pub max_running_requests: usize,
+    pub chunked_prefill_size: i64,
+    pub input_tokens: usize,
+    pub output_tokens: usize,
+    pub seconds: f64,
+    pub request_throughput: f64,
+    pub output_tok_s: f64,
+    pub total_tok_s: f64,
+    /// Cached prompt tokens / prompt tokens over the run, from the engine's counters.
+    pub cache_hit_rate: f64,
+    pub mean_ttft_ms: f64,
+    pub median_ttft_ms: f64,
+    pub failed: usize,
+}
+
+/// What one request's stream delivered.
+struct Outcome {
+    tokens: usize,
+    ttft: Option<f64>,
+    error: Option<String>,
+}
+
+/// Submit every request at once and read all streams to the end.
+fn run_requests(
+    rt: &tokio::runtime::Runtime,
+    engine: &crate::engine::EngineHandle,
+    reqs: &[BenchReq],
+    tag: &str,
+) -> Result<(Vec<Outcome>, f64)> {
+    use crate::request::{GenerateRequest, SamplingParams, StreamEvent};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let t0 = Instant::now();
+    let mut tasks = Vec::with_capacity(reqs.len());
+    for (i, r) in reqs.iter().enumerate() {
+        let req = GenerateRequest {
+            rid: format!("{tag}-{i}"),
+            input_ids: r.prompt.clone(),
+            sampling: SamplingParams {
+                temperature: 0.0,
+                max_new_tokens: r.out_len,
+                ignore_eos: true,
+                ..SamplingParams::default()
+            },
+            detokenize: false,
+            logprobs: None,
+        };
+        let mut stream = engine.submit(req)?;
+        tasks.push(rt.spawn(async move {
+            let mut o = Outcome {
+                tokens: 0,
+                ttft: None,
+                error: None,
+            };
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    StreamEvent::Tokens { ids, .. } => {
+                        if o.ttft.is_none() && !ids.is_empty() {
+                            o.ttft = Some(t0.elapsed().as_secs_f64());
+                        }
+                        o.tokens += ids.len();
+                    }
+                    StreamEvent::Error { message } => o.error = Some(message),
+                    StreamEvent::Finished { .. } | StreamEvent::PromptLogprobs { .. } => {}
+                }
+            }
+            o
+        }));
+    }
+    let total = tasks.len();
+    let done = Arc::new(AtomicUsize::new(0));
+    let progress = {
+        let done = done.clone();
+        rt.spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_secs(20)).await;
+                eprintln!(
+                    "progress: {:.0}s, {} of {total} requests finished (counted in submission order)",
+                    t0.elapsed().as_secs_f64(),
+                    done.load(Ordering::Relaxed)
+                );
+            }
+        })
+    };
+    let outcomes = rt.block_on(async {
+        let mut v = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            v.push(t.await.unwrap_or(Outcome {
+                tokens: 0,
+                ttft: None,
+                error: Some("reader task failed".into()),
+            }));
+            done.fetch_add(1, Ordering::Relaxed);
+        }
+        v
+    });
+    progress.abort();
+    Ok((outcomes, t0.elapsed().as_secs_f64()))
+}
+
+/// `offline` through the real engine, in process (SGLang's bench_offline_throughput flags):
+///
+/// - `--dataset-name random` (default): `--num-prompts N` (1000), `--random-input-len` (1024),
+///   `--random-output-len` (1024), `--random-range-ratio` (0.0: lengths uniform in 1..=len).
+/// - `--dataset-name generated-shared-prefix`: `--gsp-num-groups` (64),
+///   `--gsp-prompts-per-group` (16), `--gsp-system-prompt-len` (2048), `--gsp-question-len`
+///   (128), `--gsp-output-len` (256).
+/// - `--seed S` (1), `--warmup-requests N` (16: short requests run first, then the radix cache
+///   is flushed and the counters read as the baseline).
+///
+/// Any other flag is a `serve` flag (`--disable-radix-cache`, `--max-running-requests`,
+/// `--chunked-prefill-size`, `--cuda-graph-max-bs`, `--mem-fraction-static`, ...). The engine
+/// runs on `--device cuda` with `--skip-tokenizer-init` (token ids in, token ids out); unless
+/// given, `--max-running-requests 256` and `--chunked-prefill-size 8192`. Greedy, ignore_eos,
+/// like SGLang's benchmark.
+pub fn offline_engine(args: &[String]) -> Result<EngineOfflineReport> {
+    use clap::Parser;
+    use std::sync::atomic::Ordering;
+    let model = arg(args, "--model")
+        .ok_or_else(|| EngineError::InvalidArgument("--model DIR is required".into()))?;
+    let seed = arg_usize(args, "--seed", 1)? as u64;
+    let mut serve: Vec<String> = vec![
+        "bench".into(),
+        "--model-path".into(),
+        model.into(),
+        "--device".into(),
+        "cuda".into(),
+        "--skip-tokenizer-init".into(),
+    ];
+    let mut i = 0;
+    while i < args.len() {
+        if ENGINE_BENCH_FLAGS.contains(&args[i].as_str()) {
+            i += 2;
+        } else {
+            serve.push(args[i].clone());
+            i += 1;
+        }
+    }
+    fn has(v: &[String], f: &str) -> bool {
+        v.iter().any(|a| a == f)
+    }
+    for (flag, default) in [
+        ("--max-running-requests", "256"),
+        ("--chunked-prefill-size", "8192"),
+    ] {
+        if !has(&serve, flag) {
+            serve.extend([flag.to_string(), default.to_string()]);
+        }
+    }
+    if !has(&serve, "--random-seed") {
+        serve.extend(["--random-seed".to_string(), seed.to_string()]);
+    }
+    let dataset = arg(args, "--dataset-name").unwrap_or("random").to_string();
+    let cfg = ModelConfig::from_hf_config(&PathBuf::from(model).join("config.json"))?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let v = cfg.vocab_size;
+    let reqs = match dataset.as_str() {
+        "random" => {
+            let ratio: f64 = arg(args, "--random-range-ratio")
+                .map(|r| r.parse())
+                .transpose()
+                .map_err(|_| {
+                    EngineError::InvalidArgument("--random-range-ratio expects a number".into())
+                })?
+                .unwrap_or(0.0);
+            dataset_random(
+                &mut rng,
+                arg_usize(args, "--num-prompts", 1000)?,
+                arg_usize(args, "--random-input-len", 1024)?,
+                arg_usize(args, "--random-output-len", 1024)?,
+                ratio,
+                v,
+            )
+        }
+        "generated-shared-prefix" => dataset_gsp(
+            &mut rng,
+            arg_usize(args, "--gsp-num-groups", 64)?,
+            arg_usize(args, "--gsp-prompts-per-group", 16)?,
+            arg_usize(args, "--gsp-system-prompt-len", 2048)?,
+            arg_usize(args, "--gsp-question-len", 128)?,
+            arg_usize(args, "--gsp-output-len", 256)?,
+            v,
+        ),
+        other => {
+            return Err(EngineError::InvalidArgument(format!(
+                "--dataset-name {other}: random or generated-shared-prefix"
+            )));
+        }
+    };
+    if reqs.len() >= 4096 && !has(&serve, "--max-queued-requests") {
+        serve.extend([
+            "--max-queued-requests".to_string(),
+            (reqs.len() + 64).to_string(),
+        ]);
+    }
+    let flags = ServeFlags::try_parse_from(&serve)
+        .map_err(|e| EngineError::InvalidArgument(format!("engine flags: {e}")))?
+        .server;
+    let radix = !flags.disable_radix_cache;
+    let chunk = flags.chunked_prefill_size;
+    let engine = crate::scheduler::launch(flags)?;
+    let max_running = engine.info().max_running_requests;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| EngineError::Internal(format!("tokio runtime: {e}")))?;
+
+    let warm = arg_usize(args, "--warmup-requests", 16)?;
+    if warm > 0 {
+        let w = dataset_random(&mut rng, warm, 256, 32, 0.5, v);
+        let (o, secs) = run_requests(&rt, &engine, &w, "warmup")?;
+        if let Some(e) = o.iter().find_map(|o| o.error.clone()) {
+            return Err(EngineError::Internal(format!(
+                "warm-up request failed: {e}"
+            )));
+        }
+        eprintln!("warm-up: {warm} requests in {secs:.1}s");
+        if !rt.block_on(engine.flush_cache()) {
+            eprintln!("warning: the radix cache could not be flushed after the warm-up");
+        }
+    }
+    let stats = engine.stats();
+    let prompt0 = stats.total_prompt_tokens.load(Ordering::Relaxed);
+    let cached0 = stats.total_cached_tokens.load(Ordering::Relaxed);
+    let (outcomes, secs) = run_requests(&rt, &engine, &reqs, "bench")?;
+    let prompt = stats.total_prompt_tokens.load(Ordering::Relaxed) - prompt0;
+    let cached = stats.total_cached_tokens.load(Ordering::Relaxed) - cached0;
+    let failed = outcomes.iter().filter(|o| o.error.is_some()).count();
+    if let Some(e) = outcomes.iter().find_map(|o| o.error.as_ref()) {
+        eprintln!("{failed} requests failed; first error: {e}");
+    }
+    let input_tokens: usize = reqs.iter().map(|r| r.prompt.len()).sum();
+    let output_tokens: usize = outcomes.iter().map(|o| o.tokens).sum();
+    let mut ttfts: Vec<f64> = outcomes.iter().filter_map(|o| o.ttft).collect();
+    ttfts.sort_by(f64::total_cmp);
+    let mean_ttft = ttfts.iter().sum::<f64>() / ttfts.len().max(1) as f64;
+    let median_ttft = ttfts.get(ttfts.len() / 2).copied().unwrap_or(0.0);
+    let r = EngineOfflineReport {
+        backend: "engine".into(),
+        dataset,
+        num_prompts: reqs.len(),
+        radix_cache: radix,
+        max_running_requests: max_running,
+        chunked_prefill_size: chunk,
+        input_tokens,
+        output_tokens,
+        seconds: secs,
+        request_throughput: reqs.len() as f64 / secs,
+        output_tok_s: output_tokens as f64 / secs,
+        total_tok_s: (input_tokens + output_tokens) as f64 / secs,
+        cache_hit_rate: cached as f64 / (prompt as f64).max(1.0),
+        mean_ttft_ms: mean_ttft * 1e3,
+        median_ttft_ms: median_ttft * 1e3,
+        failed,
+    };
+    println!("{}", serde_json::to_string(&r).unwrap_or_default());
+    println!(
+        "| dataset | prompts | radix cache | input tok | output tok | s | req/s | output tok/s | total tok/s | cache hit | mean TTFT ms | failed |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| {} | {} | {} | {} | {} | {:.1} | {:.2} | {:.0} | {:.0} | {:.1}% | {:.0} | {} |",
+        r.dataset,
+        r.num_prompts,
+        if r.radix_cache { "on" } else { "off" },
+        r.input_tokens,
+        r.output_tokens,
+        r.seconds,
+        r.request_throughput,
+        r.output_tok_s,
+        r.total_tok_s,
+        100.0 * r.cache_hit_rate,
+        r.mean_ttft_ms,
+        r.failed
     );
     Ok(r)
 }

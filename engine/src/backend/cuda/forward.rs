@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, result as dres, sys};
 use half::bf16;
-use sgl_kernels::{AttnShape, DecodeAttnPlan, Dptr, dptr, prefill_tiles};
+use sgl_kernels::{
+    AttnShape, DecodeAttnPlan, Dptr, GEMV_MAX_TOKENS, GemvEpilogue, KernelError, dptr,
+    prefill_tiles,
+};
 
 use super::{CudaBackend, DECODE_SPLITS, cuda_err};
 use crate::backend::SeqInput;
@@ -111,6 +114,11 @@ impl Graphs {
             meta: zeros(s, 4 * max_bs + 1 + index_cap)?,
             index_cap,
         })
+    }
+
+    /// Drop every captured graph (they are captured again on next use).
+    pub fn clear(&mut self) {
+        self.graphs.clear();
     }
 
     fn bucket(&self, bs: usize) -> Option<usize> {
@@ -382,11 +390,82 @@ impl CudaBackend {
                     self.cfg.rms_norm_eps,
                 )
                 .map_err(cuda_err)?;
-            self.gemm
-                .linear(normed, self.w.lm_head_ptr(s), logits, rows, h, v, false)
-                .map_err(cuda_err)?;
         }
-        Ok(())
+        self.linear(normed, self.w.lm_head_ptr(s), logits, rows, h, v)
+    }
+
+    /// Whether a GEMM of `tokens` rows takes the GEMV kernel.
+    fn gemv_for(&self, tokens: usize) -> bool {
+        self.use_gemv && tokens <= GEMV_MAX_TOKENS
+    }
+
+    /// `y = x · wᵀ` (tokens x k times n x k): the GEMV for decode-sized batches, else cuBLASLt.
+    /// Launch parameters depend only on the shape, so either path can be graph-captured.
+    ///
+    /// Every address must cover its shape (x: tokens x k, w: n x k, y: tokens x n).
+    fn linear(
+        &self,
+        x: Dptr<bf16>,
+        w: Dptr<bf16>,
+        y: Dptr<bf16>,
+        tokens: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<()> {
+        let s = &self.stream;
+        if self.gemv_for(tokens) {
+            // SAFETY: the caller's buffers cover the shapes; the workspace is this stream's.
+            let r = unsafe {
+                self.kernels
+                    .gemv(s, y, x, w, tokens, k, n, GemvEpilogue::Store, &self.gemv_ws)
+            };
+            match r {
+                Err(KernelError::Unsupported(_)) => {} // nothing launched: take cuBLASLt
+                other => return other.map_err(cuda_err),
+            }
+        }
+        // SAFETY: as above.
+        unsafe { self.gemm.linear(x, w, y, tokens, k, n, false) }.map_err(cuda_err)
+    }
+
+    /// `act = silu(x · gateᵀ) * (x · upᵀ)` with `w_gate_up` = [gate; up] (2 inter x k): one
+    /// GEMV with the SwiGLU epilogue for decode-sized batches, else the GEMM into `gate_up`
+    /// (tokens x 2 inter) and `silu_mul`. Both round as the unfused bf16 ops do.
+    #[allow(clippy::too_many_arguments)]
+    fn gate_up_act(
+        &self,
+        x: Dptr<bf16>,
+        w_gate_up: Dptr<bf16>,
+        gate_up: Dptr<bf16>,
+        act: Dptr<bf16>,
+        tokens: usize,
+        k: usize,
+        inter: usize,
+    ) -> Result<()> {
+        let s = &self.stream;
+        if self.gemv_for(tokens) {
+            // SAFETY: x: tokens x k, w: 2 inter x k, act: tokens x inter (Scratch sizes).
+            let r = unsafe {
+                self.kernels.gemv(
+                    s,
+                    act,
+                    x,
+                    w_gate_up,
+                    tokens,
+                    k,
+                    2 * inter,
+                    GemvEpilogue::SwiGlu,
+                    &self.gemv_ws,
+                )
+            };
+            match r {
+                Err(KernelError::Unsupported(_)) => {}
+                other => return other.map_err(cuda_err),
+            }
+        }
+        self.linear(x, w_gate_up, gate_up, tokens, k, 2 * inter)?;
+        // SAFETY: gate_up: tokens x 2 inter; act: tokens x inter.
+        unsafe { self.kernels.silu_mul(s, act, gate_up, tokens, inter) }.map_err(cuda_err)
     }
 
     /// Every layer; on return `scratch.x` + `scratch.delta` is the last hidden state.
@@ -408,7 +487,6 @@ impl CudaBackend {
             dptr(&sc.act, s),
         );
         let k = &self.kernels;
-        let g = &self.gemm;
         let e = c.rms_norm_eps;
         let shape = self.shape();
         // SAFETY: every buffer was sized for at least `t` tokens (Scratch, Graphs); inputs were
@@ -420,8 +498,7 @@ impl CudaBackend {
                 let first = if l == 0 { None } else { Some(delta) };
                 k.add_rmsnorm(s, normed, x, first, dptr(&lw.input_norm, s), t, h, e)
                     .map_err(cuda_err)?;
-                g.linear(normed, dptr(&lw.qkv, s), qkv, t, h, qkv_w, false)
-                    .map_err(cuda_err)?;
+                self.linear(normed, dptr(&lw.qkv, s), qkv, t, h, qkv_w)?;
                 let (kc, vc) = self.kv_layer(l);
                 k.rope_kv_store(
                     s,
@@ -485,23 +562,11 @@ impl CudaBackend {
                         )
                         .map_err(cuda_err)?,
                 }
-                g.linear(attn, dptr(&lw.o, s), delta, t, q_w, h, false)
-                    .map_err(cuda_err)?;
+                self.linear(attn, dptr(&lw.o, s), delta, t, q_w, h)?;
                 k.add_rmsnorm(s, normed, x, Some(delta), dptr(&lw.post_norm, s), t, h, e)
                     .map_err(cuda_err)?;
-                g.linear(
-                    normed,
-                    dptr(&lw.gate_up, s),
-                    gate_up,
-                    t,
-                    h,
-                    2 * inter,
-                    false,
-                )
-                .map_err(cuda_err)?;
-                k.silu_mul(s, act, gate_up, t, inter).map_err(cuda_err)?;
-                g.linear(act, dptr(&lw.down, s), delta, t, inter, h, false)
-                    .map_err(cuda_err)?;
+                self.gate_up_act(normed, dptr(&lw.gate_up, s), gate_up, act, t, h, inter)?;
+                self.linear(act, dptr(&lw.down, s), delta, t, inter, h)?;
                 if let (Some(d), AttnInputs::Prefill { .. }) = (&self.dump, inp.attn) {
                     self.dump_layer(d, l, x, delta, t)?;
                 }

@@ -4,7 +4,9 @@
 //! the fused qkv GEMM, RoPE fused with the K/V store into the paged pool, attention (decode
 //! kernel when every sequence brings one token, tensor-core prefill kernel otherwise), o_proj,
 //! RMSNorm+add, the fused gate/up GEMM, SiLU-and-mul, down GEMM; at the end the final norm and
-//! the LM head only for rows whose logits are needed. GEMMs go through cuBLASLt.
+//! the LM head only for rows whose logits are needed. GEMMs of up to 8 token rows (decode) run
+//! the bandwidth-bound GEMV kernel, with SiLU-and-mul fused into the gate/up one; larger GEMMs
+//! go through cuBLASLt.
 //!
 //! Decode batches of up to `cuda_graph_max_bs` sequences replay a CUDA graph captured per
 //! padded batch size (inputs live at fixed device addresses; padding rows write a spare slot).
@@ -18,13 +20,15 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use half::bf16;
-use sgl_kernels::{Gemm, Kernels, MAX_DECODE_SPLITS};
+use sgl_kernels::{Gemm, GemvWorkspace, Kernels, MAX_DECODE_SPLITS};
 
 use super::{Backend, SeqInput};
 use crate::error::{EngineError, Result};
 use crate::model::config::ModelConfig;
 
-pub use bench::{BenchOneBatchArgs, bench_main, bench_one_batch};
+pub use bench::{
+    BenchOneBatchArgs, EngineOfflineReport, bench_main, bench_one_batch, offline_engine,
+};
 
 /// Start-up options of the CUDA backend (SGLang's flags of the same names).
 #[derive(Debug, Clone)]
@@ -83,6 +87,11 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     pub(crate) kernels: Kernels,
     pub(crate) gemm: Gemm,
+    /// Split-k partials of the decode GEMV.
+    gemv_ws: GemvWorkspace,
+    /// GEMMs of at most `GEMV_MAX_TOKENS` rows take the GEMV kernel (`SGL_DISABLE_GEMV=1`:
+    /// cuBLASLt for every GEMM, for A/B comparisons).
+    use_gemv: bool,
     cfg: ModelConfig,
     pub(crate) w: weights::Weights,
     /// [layer][k | v][slot][kv_heads * head_dim]; slot `capacity` is the padding rows' spare.
@@ -127,6 +136,10 @@ impl CudaBackend {
         let device_name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
         let kernels = Kernels::load(&ctx).map_err(|e| EngineError::Load(e.to_string()))?;
         let gemm = Gemm::new(stream.clone()).map_err(|e| EngineError::Load(e.to_string()))?;
+        let gemv_ws = kernels
+            .gemv_workspace(&stream)
+            .map_err(|e| EngineError::Load(e.to_string()))?;
+        let use_gemv = std::env::var("SGL_DISABLE_GEMV").as_deref() != Ok("1");
         let t0 = std::time::Instant::now();
         let w = weights::load(model_dir, cfg, &stream)?;
         tracing::info!(
@@ -175,6 +188,8 @@ impl CudaBackend {
             stream,
             kernels,
             gemm,
+            gemv_ws,
+            use_gemv,
             cfg: cfg.clone(),
             w,
             kv,
@@ -186,6 +201,21 @@ impl CudaBackend {
             device_name,
             dump: forward::Dump::from_env(),
         })
+    }
+
+    /// Whether decode-sized GEMMs take the GEMV kernel (the default unless
+    /// `SGL_DISABLE_GEMV=1`). Drops the captured decode graphs when it changes.
+    pub fn set_gemv(&mut self, on: bool) -> Result<()> {
+        if on != self.use_gemv {
+            self.stream.synchronize().map_err(cuda_err)?;
+            self.graphs.clear();
+            self.use_gemv = on;
+        }
+        Ok(())
+    }
+
+    pub fn gemv_enabled(&self) -> bool {
+        self.use_gemv
     }
 
     pub fn weight_bytes(&self) -> usize {
@@ -268,9 +298,10 @@ impl Backend for CudaBackend {
 
     fn describe(&self) -> String {
         format!(
-            "cuda ({}), bf16, {} KV slots, cuda graphs {}",
+            "cuda ({}), bf16, {} KV slots, decode GEMV {}, cuda graphs {}",
             self.device_name,
             self.capacity,
+            if self.use_gemv { "on" } else { "off" },
             if self.opts.disable_cuda_graph {
                 "off".to_string()
             } else {

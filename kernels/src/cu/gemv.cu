@@ -1,0 +1,245 @@
+// Skinny GEMM for decode: y[m, n] = sum_k x[m, k] * w[n, k] for M <= 8 token rows, bf16 in and
+// out, f32 accumulation, weights row-major [N, K] (the checkpoint layout, as cuBLASLt uses it).
+//
+// The tensor cores do the arithmetic (mma m16n8k16): 16 weight rows are the A operand and the
+// (up to 8) tokens the 8 columns of B, so one kernel serves every M and the weight stream alone
+// sets the pace. The sum over k does not care which k lands in which MMA slot as long as A and B
+// agree: lane (g, t) of the warp (g = lane / 4, t = lane % 4) owns the k-slots {2t, 2t+1, 2t+8,
+// 2t+9} of both operands, so it loads 8 consecutive weights of rows g and g + 8 (one 16-byte
+// load each) and the same 8 positions of token g's x row, and feeds elements 0-3 to one MMA and
+// 4-7 to the next. A warp step covers 4 * CH such 8-wide chunks of k for 16 * RT rows; the next
+// step's loads are issued before the current step's MMAs. The GV_WARPS warps of a block split k
+// and are summed through shared memory; with `splits` > 1, blocks along grid.y split k further,
+// and the last block of a tile to finish (counted in `counters`, reset by that block) sums the
+// partials in split order, so results never depend on timing.
+//
+// Epilogues (`mode`): 0 store, 1 add into y (y += x w^T), 2 SwiGLU of a fused [gate; up] weight
+// of N = 2 * inter rows: each 16-row MMA tile holds 8 gate rows (A rows 0-7) and the matching 8
+// up rows (A rows 8-15), and the block writes act[m, f] = bf16(bf16(silu(bf16(gate))) *
+// bf16(up)) for its features f, as silu_mul_bf16 does after an unfused GEMM.
+
+#define GV_WARPS 8
+#define GV_THREADS (GV_WARPS * 32)
+
+// Weights are read once per pass: no L1 allocation, so x stays resident there.
+__device__ __forceinline__ uint4 gv_ld_weights(const uint4* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// x rows are re-read by every block: read-only path, cached.
+__device__ __forceinline__ uint4 gv_ld_x(const uint4* p) {
+    uint4 v;
+    asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// Partials written by other blocks: read from L2, never from a stale L1 line.
+__device__ __forceinline__ float gv_ld_partial(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+template <int RT, int CH>
+struct GvFrag {
+    uint4 w[RT][2][CH];  // [sub-tile][row g, row g + 8][chunk]
+    uint4 x[CH];
+};
+
+template <int RT, int CH>
+__device__ __forceinline__ void gv_load(GvFrag<RT, CH>& f, const uint4* const (&wr)[RT][2],
+                                        const uint4* xr, bool has_x, int c0, int k8) {
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+        const int ch = c0 + 4 * c;
+        const bool ok = ch < k8;
+#pragma unroll
+        for (int j = 0; j < RT; ++j) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                f.w[j][h][c] = ok ? gv_ld_weights(wr[j][h] + ch) : make_uint4(0, 0, 0, 0);
+            }
+        }
+        f.x[c] = (ok && has_x) ? gv_ld_x(xr + ch) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+template <int RT, int CH>
+__device__ __forceinline__ void gv_mma(float (&acc)[RT][4], const GvFrag<RT, CH>& f) {
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+#pragma unroll
+        for (int j = 0; j < RT; ++j) {
+            const unsigned int a0[4] = {f.w[j][0][c].x, f.w[j][1][c].x, f.w[j][0][c].y,
+                                        f.w[j][1][c].y};
+            mma_bf16_16816(acc[j], a0, f.x[c].x, f.x[c].y);
+            const unsigned int a1[4] = {f.w[j][0][c].z, f.w[j][1][c].z, f.w[j][0][c].w,
+                                        f.w[j][1][c].w};
+            mma_bf16_16816(acc[j], a1, f.x[c].z, f.x[c].w);
+        }
+    }
+}
+
+// One block: rows base + 16 j + r (mode 0/1), or features f = base + 8 j + r' with gate row f
+// and up row inter + f (mode 2); r < 16, r' < 8, j < RT; tokens m < M; the k range of split
+// blockIdx.y.
+template <int RT, int CH>
+__device__ __forceinline__ void gemv_impl(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
+                                          const bf16_t* __restrict__ w, int M, int K, int N,
+                                          int mode, int splits, float* __restrict__ ws,
+                                          unsigned int* __restrict__ counters) {
+    __shared__ float red[GV_WARPS][RT * 128];
+    __shared__ int is_last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x, split = blockIdx.y;
+    const bool swiglu = mode == 2;
+    const int inter = N >> 1;
+    const int base = tile * (swiglu ? 8 : 16) * RT;
+
+    const uint4* wr[RT][2];
+#pragma unroll
+    for (int j = 0; j < RT; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            int r = swiglu ? base + 8 * j + g + h * inter : base + 16 * j + g + 8 * h;
+            r = min(r, N - 1);  // rows past the tile's valid ones: loaded, never stored
+            wr[j][h] = (const uint4*)(w + (size_t)r * K);
+        }
+    }
+    const bool has_x = g < M;
+    const uint4* xr = (const uint4*)(x + (size_t)min(g, M - 1) * K);
+
+    const int k8 = K >> 3;
+    const int cps = 4 * CH;  // chunks of 8 per warp step
+    const int steps = (k8 + cps - 1) / cps;
+    const int parts = splits * GV_WARPS;
+    const int p = split * GV_WARPS + warp;
+    const int s0 = (int)((long long)steps * p / parts);
+    const int s1 = (int)((long long)steps * (p + 1) / parts);
+
+    float acc[RT][4];
+#pragma unroll
+    for (int j = 0; j < RT; ++j) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
+    }
+    if (s0 < s1) {
+        GvFrag<RT, CH> cur, nxt;
+        gv_load<RT, CH>(cur, wr, xr, has_x, s0 * cps + t, k8);
+        for (int s = s0; s < s1; ++s) {
+            const bool more = s + 1 < s1;
+            if (more) gv_load<RT, CH>(nxt, wr, xr, has_x, (s + 1) * cps + t, k8);
+            gv_mma<RT, CH>(acc, cur);
+            if (more) cur = nxt;
+        }
+    }
+
+    // acc[j][q]: row g + 8 (q >> 1) of sub-tile j, token 2t + (q & 1)
+#pragma unroll
+    for (int j = 0; j < RT; ++j) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) red[warp][(j * 4 + q) * 32 + lane] = acc[j][q];
+    }
+    __syncthreads();
+    float v[RT];
+    const int tid = threadIdx.x;
+    if (tid < 128) {
+#pragma unroll
+        for (int j = 0; j < RT; ++j) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int wi = 0; wi < GV_WARPS; ++wi) sum += red[wi][j * 128 + tid];
+            v[j] = sum;
+        }
+    }
+    if (splits > 1) {
+        float* part = ws + (size_t)tile * splits * (RT * 128);
+        if (tid < 128) {
+#pragma unroll
+            for (int j = 0; j < RT; ++j) part[split * (RT * 128) + j * 128 + tid] = v[j];
+        }
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            const unsigned int prev = atomicAdd(&counters[tile], 1u);
+            is_last = prev == (unsigned int)(splits - 1);
+        }
+        __syncthreads();
+        if (!is_last) return;
+        __threadfence();
+        if (tid < 128) {
+#pragma unroll
+            for (int j = 0; j < RT; ++j) {
+                float sum = 0.0f;
+                for (int sp = 0; sp < splits; ++sp) {
+                    sum += gv_ld_partial(part + sp * (RT * 128) + j * 128 + tid);
+                }
+                v[j] = sum;
+            }
+        }
+        if (tid == 0) counters[tile] = 0u;  // ready for the next launch (graph replays too)
+    }
+
+    // v[j] of thread tid = q * 32 + lane' (lane' = 4 g' + t'): row g' + 8 (q >> 1) of sub-tile
+    // j, token 2 t' + (q & 1)
+    if (swiglu) {
+        __syncthreads();  // every warp is done reading red
+        if (tid < 128) {
+#pragma unroll
+            for (int j = 0; j < RT; ++j) red[0][j * 128 + tid] = v[j];
+        }
+        __syncthreads();
+        if (tid >= 64) return;
+        const int q = tid >> 5, l = tid & 31;  // gate at q, up at q + 2
+        const int m = 2 * (l & 3) + q;
+        if (m >= M) return;
+#pragma unroll
+        for (int j = 0; j < RT; ++j) {
+            const int f = base + 8 * j + (l >> 2);
+            if (f < inter) {
+                const float gt = rbf(red[0][j * 128 + q * 32 + l]);
+                const float up = rbf(red[0][j * 128 + (q + 2) * 32 + l]);
+                y[(size_t)m * inter + f] = f2bf(rbf(gt / (1.0f + expf(-gt))) * up);
+            }
+        }
+        return;
+    }
+    if (tid >= 128) return;
+    const int q = tid >> 5, l = tid & 31;
+    const int r = (l >> 2) + 8 * (q >> 1);
+    const int m = 2 * (l & 3) + (q & 1);
+    if (m >= M) return;
+#pragma unroll
+    for (int j = 0; j < RT; ++j) {
+        const int row = base + 16 * j + r;
+        if (row < N) {
+            bf16_t* dst = y + (size_t)m * N + row;
+            float o = v[j];
+            if (mode == 1) o += bf2f(*dst);
+            *dst = f2bf(o);
+        }
+    }
+}
+
+// 16 rows per block, 4 chunks (64 bytes of each row) per lane and step.
+extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
+    gemv_bf16_r16(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
+                  const bf16_t* __restrict__ w, int M, int K, int N, int mode, int splits,
+                  float* __restrict__ ws, unsigned int* __restrict__ counters) {
+    gemv_impl<1, 4>(y, x, w, M, K, N, mode, splits, ws, counters);
+}
+
+// 32 rows per block (x fetched half as often per weight byte), 2 chunks per lane and step.
+extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
+    gemv_bf16_r32(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
+                  const bf16_t* __restrict__ w, int M, int K, int N, int mode, int splits,
+                  float* __restrict__ ws, unsigned int* __restrict__ counters) {
+    gemv_impl<2, 2>(y, x, w, M, K, N, mode, splits, ws, counters);
+}
