@@ -47,4 +47,23 @@ pub trait Backend: Send {
 
     /// A short description for logs and /get_server_info (device, dtype).
     fn describe(&self) -> String;
+
+    /// Whether [`Backend::forward_sample`] samples on the backend's own device, so that the
+    /// scheduler can skip copying logits out for requests that need nothing but a token.
+    fn samples_on_device(&self) -> bool {
+        false
+    }
+
+    /// Run one forward pass and sample one token for every sequence with `num_logits` > 0
+    /// (each must have exactly 1), with `params[i]` for the i-th of them. Tokens in order.
+    fn forward_sample(
+        &mut self,
+        batch: &[SeqInput<'_>],
+        params: &[SampleInput],
+    ) -> Result<Vec<u32>> {
+        let _ = (batch, params);
+        Err(crate::error::EngineError::Internal(
+            "this backend does not sample on its device".into(),
+        ))
+    }
 }

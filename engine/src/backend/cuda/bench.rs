@@ -298,7 +298,7 @@ pub fn bench_one_batch(b: &mut CudaBackend, a: &BenchOneBatchArgs) -> Result<One
                 num_logits: 1,
             })
             .collect();
-        let mut next = b.forward_sample(&batch, 0.0)?;
+        let mut next = b.forward_sample_all(&batch, 0.0)?;
         let ttft = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         for step in 1..a.output_len {
@@ -314,7 +314,7 @@ pub fn bench_one_batch(b: &mut CudaBackend, a: &BenchOneBatchArgs) -> Result<One
                     num_logits: 1,
                 })
                 .collect();
-            next = b.forward_sample(&batch, 0.0)?;
+            next = b.forward_sample_all(&batch, 0.0)?;
         }
         let decode = t1.elapsed().as_secs_f64() / (a.output_len.max(2) - 1) as f64;
         Ok((ttft, decode))
@@ -444,7 +444,7 @@ fn ttft_only(b: &mut CudaBackend, n: usize) -> Result<()> {
     for i in 0..4 {
         let prompt = random_tokens(&mut rng, n, cfg.vocab_size);
         let t0 = Instant::now();
-        b.forward_sample(
+        b.forward_sample_all(
             &[SeqInput {
                 tokens: &prompt,
                 start_pos: 0,
@@ -677,7 +677,7 @@ fn offline(
                     num_logits: 1,
                 })
                 .collect();
-            let toks = b.forward_sample(&batch, 0.0)?;
+            let toks = b.forward_sample_all(&batch, 0.0)?;
             for (mut r, t) in admitted.into_iter().zip(toks) {
                 r.prefilled = r.prompt.len();
                 r.generated.push(t);
@@ -702,7 +702,7 @@ fn offline(
                     }
                 })
                 .collect();
-            let out = b.forward_sample(&batch, 0.0)?;
+            let out = b.forward_sample_all(&batch, 0.0)?;
             for (r, t) in running.iter_mut().zip(out) {
                 r.generated.push(t);
                 output_tokens += 1;

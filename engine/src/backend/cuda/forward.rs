@@ -14,7 +14,7 @@ use sgl_kernels::{
 };
 
 use super::{CudaBackend, DECODE_SPLITS, cuda_err};
-use crate::backend::SeqInput;
+use crate::backend::{SampleInput, SeqInput};
 use crate::error::{EngineError, Result};
 use crate::model::config::ModelConfig;
 
@@ -718,16 +718,26 @@ impl CudaBackend {
         Ok(out)
     }
 
-    pub(super) fn sample_device(&self, rows: Vec<usize>, temperature: f32) -> Result<Vec<u32>> {
+    /// Sample one token from each logits row in `rows` with `params[i]` for `rows[i]`.
+    pub(super) fn sample_device(&self, rows: &[usize], params: &[SampleInput]) -> Result<Vec<u32>> {
         let s = &self.stream;
         let v = self.cfg.vocab_size;
         let n = rows.iter().max().map_or(0, |m| m + 1);
         if n == 0 {
             return Ok(Vec::new());
         }
-        let params: Vec<f32> = (0..n)
-            .flat_map(|i| [temperature, 1.0, 0.0, 0.0, (i as f32 * 0.618).fract()])
-            .collect();
+        // Rows this pass computed but nobody samples from get greedy parameters.
+        let mut table = vec![[0.0f32, 1.0, 0.0, 0.0, 0.0]; n];
+        for (&r, p) in rows.iter().zip(params) {
+            table[r] = [
+                p.temperature.max(0.0),
+                p.top_p,
+                p.top_k.max(0) as f32,
+                p.min_p,
+                p.uniform,
+            ];
+        }
+        let params: Vec<f32> = table.into_iter().flatten().collect();
         let p = dptr(&self.scratch.params, s);
         // SAFETY: params holds 5 floats per logits row; n <= logit rows.
         unsafe { dres::memcpy_htod_async(p.addr(), &params, s.cu_stream()) }.map_err(cuda_err)?;

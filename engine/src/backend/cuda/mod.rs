@@ -22,7 +22,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use half::bf16;
 use sgl_kernels::{Gemm, GemvWorkspace, Kernels, MAX_DECODE_SPLITS};
 
-use super::{Backend, SeqInput};
+use super::{Backend, SampleInput, SeqInput};
 use crate::error::{EngineError, Result};
 use crate::model::config::ModelConfig;
 
@@ -272,12 +272,25 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Run the batch and sample on the GPU: greedy when `temperature` is 0. Returns one token
-    /// per sequence with `num_logits` > 0 (used by the benchmarks; avoids copying logits).
-    pub fn forward_sample(&mut self, batch: &[SeqInput<'_>], temperature: f32) -> Result<Vec<u32>> {
+    /// Run the batch and sample on the GPU with one temperature for every row (greedy when 0).
+    /// Returns one token per sequence with `num_logits` > 0 (used by the benchmarks).
+    pub fn forward_sample_all(
+        &mut self,
+        batch: &[SeqInput<'_>],
+        temperature: f32,
+    ) -> Result<Vec<u32>> {
         self.validate(batch)?;
-        let n = self.run(batch)?;
-        self.sample_device(n, temperature)
+        let rows = self.run(batch)?;
+        let params: Vec<SampleInput> = (0..rows.len())
+            .map(|i| SampleInput {
+                temperature,
+                top_p: 1.0,
+                top_k: -1,
+                min_p: 0.0,
+                uniform: (i as f32 * 0.618).fract(),
+            })
+            .collect();
+        self.sample_device(&rows, &params)
     }
 }
 
@@ -286,6 +299,33 @@ impl Backend for CudaBackend {
         self.validate(batch)?;
         let n = self.run(batch)?;
         self.logits_to_host(n)
+    }
+
+    fn samples_on_device(&self) -> bool {
+        true
+    }
+
+    fn forward_sample(
+        &mut self,
+        batch: &[SeqInput<'_>],
+        params: &[SampleInput],
+    ) -> Result<Vec<u32>> {
+        self.validate(batch)?;
+        if let Some(i) = batch.iter().position(|s| s.num_logits > 1) {
+            return Err(EngineError::Internal(format!(
+                "sequence {i} asks for {} logits rows; device sampling takes one per sequence",
+                batch[i].num_logits
+            )));
+        }
+        let rows = self.run(batch)?;
+        if rows.len() != params.len() {
+            return Err(EngineError::Internal(format!(
+                "{} sampling parameter sets for {} sequences with logits",
+                params.len(),
+                rows.len()
+            )));
+        }
+        self.sample_device(&rows, params)
     }
 
     fn vocab_size(&self) -> usize {
