@@ -10,6 +10,7 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::config::ServerArgs;
 use crate::error::{EngineError, Result};
+use crate::grammar::GrammarBackend;
 use crate::metrics::Metrics;
 use crate::request::{GenerateRequest, StreamEvent};
 use crate::tokenizer::Tokenizer;
@@ -65,6 +66,7 @@ struct Inner {
     tx: mpsc::Sender<SchedulerMsg>,
     info: ModelInfo,
     tokenizer: Option<Arc<Tokenizer>>,
+    grammar: GrammarAvailability,
     args: ServerArgs,
     metrics: Arc<Metrics>,
     stats: Arc<SchedulerStats>,
@@ -78,11 +80,21 @@ pub struct EngineHandle {
     inner: Arc<Inner>,
 }
 
+/// Whether structured output can be served, and if not, why.
+#[derive(Clone)]
+pub enum GrammarAvailability {
+    /// The backend that compiles the grammars of requests.
+    Ready(Arc<dyn GrammarBackend>),
+    /// Structured output is off; the message says why (shown in 400 answers).
+    Off(String),
+}
+
 /// The parts from which a handle is built (see `crate::scheduler::launch`).
 pub struct EngineParts {
     pub tx: mpsc::Sender<SchedulerMsg>,
     pub info: ModelInfo,
     pub tokenizer: Option<Arc<Tokenizer>>,
+    pub grammar: GrammarAvailability,
     pub args: ServerArgs,
     pub metrics: Arc<Metrics>,
     pub stats: Arc<SchedulerStats>,
@@ -95,6 +107,7 @@ impl EngineHandle {
                 tx: p.tx,
                 info: p.info,
                 tokenizer: p.tokenizer,
+                grammar: p.grammar,
                 args: p.args,
                 metrics: p.metrics,
                 stats: p.stats,
@@ -111,6 +124,15 @@ impl EngineHandle {
     /// `None` with `--skip-tokenizer-init`.
     pub fn tokenizer(&self) -> Option<&Arc<Tokenizer>> {
         self.inner.tokenizer.as_ref()
+    }
+
+    /// The structured-output backend, or a 400 saying why structured output is off
+    /// (`--grammar-backend none`, `--skip-tokenizer-init`, a vocabulary it cannot read).
+    pub fn grammar_backend(&self) -> Result<&Arc<dyn GrammarBackend>> {
+        match &self.inner.grammar {
+            GrammarAvailability::Ready(b) => Ok(b),
+            GrammarAvailability::Off(why) => Err(EngineError::bad_request(why.clone())),
+        }
     }
 
     pub fn args(&self) -> &ServerArgs {

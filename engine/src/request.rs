@@ -9,7 +9,11 @@
 //! every output token (with its top alternatives when `top_k` > 0) on each `Tokens` event, and
 //! its prompt logprobs once, in a `PromptLogprobs` event sent when the prompt is computed.
 
+use std::sync::Arc;
+
 use serde::Serialize;
+
+use crate::grammar::CompiledGrammar;
 
 /// Validated sampling parameters, in SGLang's names. Defaults match SGLang's.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,6 +52,10 @@ pub struct SamplingParams {
     pub no_stop_trim: bool,
     /// Added to the logits of the given token ids before sampling (OpenAI's `logit_bias`).
     pub logit_bias: Vec<(u32, f32)>,
+    /// The compiled grammar the output must follow (`json_schema`, `regex`, `ebnf`,
+    /// `response_format`, forced tool calls); `None` leaves the output free. Each request
+    /// (each of `n` samples) takes its own matcher from it in the scheduler.
+    pub grammar: Option<RequestGrammar>,
 }
 
 impl Default for SamplingParams {
@@ -70,6 +78,7 @@ impl Default for SamplingParams {
             spaces_between_special_tokens: true,
             no_stop_trim: false,
             logit_bias: Vec::new(),
+            grammar: None,
         }
     }
 }
@@ -125,13 +134,39 @@ pub struct GenerateRequest {
     pub logprobs: Option<LogprobRequest>,
 }
 
+/// A compiled grammar attached to a request, with the kind of spec it came from. Two are
+/// equal when they share the same compiled grammar.
+#[derive(Clone)]
+pub struct RequestGrammar {
+    /// `json_schema`, `json_object`, `regex`, `ebnf` or `lark`, for logs and messages.
+    pub kind: &'static str,
+    pub compiled: Arc<dyn CompiledGrammar>,
+}
+
+impl PartialEq for RequestGrammar {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind == other.kind
+            && std::ptr::addr_eq(Arc::as_ptr(&self.compiled), Arc::as_ptr(&other.compiled))
+    }
+}
+
+impl std::fmt::Debug for RequestGrammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestGrammar")
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Why a request stopped, shaped like SGLang's `meta_info.finish_reason`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum FinishReason {
     /// Hit max_new_tokens (or the context length); `length` 0 for a prefill-only request.
     Length { length: usize },
-    /// Hit an EOS / stop token id (`matched` is the token id) or a stop string (`matched` is it).
+    /// Hit an EOS / stop token id (`matched` is the token id) or a stop string (`matched` is
+    /// it), or completed its grammar (`matched` is null: the output is complete and only EOS
+    /// could follow, so generation ends without sampling it).
     Stop { matched: serde_json::Value },
     /// Aborted (client disconnect, flush, server shutdown).
     Abort { message: String },

@@ -28,7 +28,11 @@ fn openai_python_client() {
         python_has("openai"),
         "the `openai` Python package is missing: python3 -m pip install -r engine/tests/python/requirements.txt"
     );
-    let server = Server::start("openai-client", &["--api-key", API_KEY]).with_key(API_KEY);
+    let server = Server::start(
+        "openai-client",
+        &["--api-key", API_KEY, "--tool-call-parser", "qwen25"],
+    )
+    .with_key(API_KEY);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/test_openai_client.py");
     let mut cmd = Command::new("python3");
     if python_has("pytest") {

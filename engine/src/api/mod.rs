@@ -35,6 +35,8 @@ pub fn router(engine: EngineHandle) -> Router {
         .route("/v1/models", get(openai::list_models))
         .route("/v1/models/{model}", get(openai::retrieve_model))
         .route("/generate", post(native::generate).put(native::generate))
+        .route("/parse_function_call", post(native::parse_function_call))
+        .route("/function_call", post(native::parse_function_call))
         .route("/health", get(native::health))
         .route("/health_generate", get(native::health_generate))
         .route("/get_model_info", get(native::get_model_info))

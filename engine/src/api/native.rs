@@ -9,6 +9,10 @@
 //! list of such triples. Prompt entries cover the positions after `logprob_start_len`, plus
 //! position 0 (logprob null) when it is 0; the default -1 reports output logprobs only.
 //! `sampling_params.n` > 1 answers with a list of `n` results for one prompt.
+//! `sampling_params.json_schema` / `regex` / `ebnf` constrain the output (structured output).
+//!
+//! `POST /parse_function_call` (also served as `/function_call`) splits a model output into
+//! normal text and tool calls with a `--tool-call-parser` format.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -25,7 +29,8 @@ use super::generation::{
 };
 use super::validate::{
     Dialect, Limits, LogprobInput, MaxTokensDefault, NATIVE_DEFAULT_MAX_NEW_TOKENS, Obj,
-    SamplingInput, build_request, describe, new_rid, parse_sampling, token_id_list,
+    SamplingInput, build_request, compile_grammar, describe, new_rid, parse_sampling,
+    token_id_list,
 };
 use super::{JsonObject, run_blocking, sse};
 use crate::config::ServerArgs;
@@ -307,6 +312,9 @@ fn parse_generate(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Pa
             super::validate::MAX_FAN_OUT
         )));
     }
+    for s in sampling.iter_mut() {
+        compile_grammar(engine, s)?;
+    }
     let limits = Limits::of(engine);
     let field = if obj.has("text") { "text" } else { "input_ids" };
     let mut reqs = Vec::with_capacity(total);
@@ -497,6 +505,21 @@ pub async fn generate(
     Ok(Json(body).into_response())
 }
 
+/// `POST /parse_function_call` and `POST /function_call`: `{"text", "tool_call_parser",
+/// "tools"}` to `{"normal_text", "calls"}`; without `tool_call_parser` the server's
+/// `--tool-call-parser` is used.
+pub async fn parse_function_call(
+    State(engine): State<EngineHandle>,
+    JsonObject(body): JsonObject,
+) -> Result<Json<Value>> {
+    let default = engine.args().tool_call_parser;
+    run_blocking(move || {
+        crate::tool_parser::function_call_response_with_default(&Value::Object(body), default)
+    })
+    .await
+    .map(Json)
+}
+
 /// `GET /health`: 200 while the scheduler runs.
 pub async fn health(State(engine): State<EngineHandle>) -> Response {
     if engine.stats().alive.load(Ordering::Acquire) {
@@ -586,6 +609,7 @@ fn server_args_json(args: &ServerArgs) -> Map<String, Value> {
         "quantization": args.quantization,
         "kv_cache_dtype": args.kv_cache_dtype,
         "grammar_backend": args.grammar_backend,
+        "tool_call_parser": args.tool_call_parser.map(|k| k.name()),
         "cuda_graph_max_bs": args.cuda_graph_max_bs,
         "disable_cuda_graph": args.disable_cuda_graph,
     });

@@ -11,6 +11,18 @@
 //! (with `echo`, the prompt's tokens come first, the first one with a null logprob). Streamed
 //! chunks carry the logprobs of the tokens whose text they carry. `n` samples of a prompt
 //! share its KV: the prompt is computed once before they start.
+//!
+//! Structured output: `response_format` (`json_object`, `json_schema`) and the extra fields
+//! `regex` / `ebnf` constrain every choice (see [`super::validate`]).
+//!
+//! Tools (chat): `tools` are shown to the chat template unless `tool_choice` is `"none"`.
+//! With `--tool-call-parser`, the output of a request with tools is split into normal text
+//! and tool calls: `message.tool_calls` (with `content` the normal text, or null), or
+//! `delta.tool_calls` fragments when streaming, and `finish_reason` `"tool_calls"` when the
+//! choice made calls. The text the parser reads keeps special tokens (the format's markers
+//! may be special tokens). `tool_choice` `"required"` or a named function constrains the
+//! output with a grammar of the parser's format, so the calls always parse and their
+//! arguments follow the function's `parameters`; that needs `--tool-call-parser`.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -22,14 +34,20 @@ use serde_json::{Map, Value, json};
 
 use super::generation::{Output, Step, finish_all, merge, prefill_shared_prompts, submit_all};
 use super::validate::{
-    Dialect, Limits, LogprobInput, MaxTokensDefault, OPENAI_DEFAULT_MAX_TOKENS_CAP, Obj,
-    SamplingInput, build_request, check_model, describe, new_rid, parse_sampling, token_id_list,
+    Dialect, GrammarInput, Limits, LogprobInput, MaxTokensDefault, OPENAI_DEFAULT_MAX_TOKENS_CAP,
+    Obj, SamplingInput, build_request, check_model, compile_grammar, describe, new_rid,
+    parse_sampling, token_id_list,
 };
 use super::{JsonObject, run_blocking, sse};
 use crate::engine::EngineHandle;
 use crate::error::{EngineError, Result};
+use crate::grammar::GrammarSpec;
 use crate::request::{FinishReason, GenerateRequest, TokenLogprob, Usage};
 use crate::tokenizer::Tokenizer;
+use crate::tool_parser::{
+    StreamDelta, ToolCallDelta, ToolChoice, ToolParser, ToolParserKind, ToolSpec,
+    constraint_grammar,
+};
 
 /// Most alternatives per token on chat (`top_logprobs`), as OpenAI allows.
 pub const MAX_CHAT_TOP_LOGPROBS: usize = 20;
@@ -74,6 +92,11 @@ struct Parsed {
     logprobs: Option<usize>,
     /// Decodes the tokens of logprob entries.
     tokenizer: Option<std::sync::Arc<Tokenizer>>,
+    /// The request's tools (chat).
+    tools: Vec<ToolSpec>,
+    /// Set when the output is split into text and tool calls (chat with tools, server
+    /// started with `--tool-call-parser`, `tool_choice` not `"none"`).
+    tool_parser: Option<ToolParserKind>,
 }
 
 fn no_tokenizer(what: &str) -> EngineError {
@@ -90,7 +113,7 @@ fn build(
     prompts: Vec<Vec<u32>>,
     prompt_field: &str,
     echo: Vec<String>,
-    sampling: SamplingInput,
+    mut sampling: SamplingInput,
 ) -> Result<Parsed> {
     let model = check_model(engine, obj)?;
     let stream = obj.bool("stream")?.unwrap_or(false);
@@ -110,6 +133,7 @@ fn build(
             ),
         ));
     }
+    compile_grammar(engine, &mut sampling)?;
     let limits = Limits::of(engine);
     let base = new_rid();
     let default = MaxTokensDefault::Fixed(OPENAI_DEFAULT_MAX_TOKENS_CAP);
@@ -143,6 +167,8 @@ fn build(
         echo,
         logprobs: sampling.logprobs.map(|l| l.top_k),
         tokenizer: engine.tokenizer().cloned(),
+        tools: Vec::new(),
+        tool_parser: None,
     })
 }
 
@@ -275,7 +301,9 @@ fn logprobs_json(p: &Parsed, entries: &[TokenLogprob], offset: &mut usize) -> Va
     }
 }
 
-/// Check the shape of `messages` (the template gets them as they are).
+/// Check the shape of `messages`. The template gets them as they are, except that a missing
+/// or null `content` (an assistant turn that only made tool calls) becomes `""`, as SGLang
+/// passes it, so that templates without tool support can still concatenate it.
 fn check_messages(obj: &Obj<'_>) -> Result<Vec<Value>> {
     let Some(v) = obj.get("messages") else {
         return Err(EngineError::bad_param(
@@ -309,6 +337,15 @@ fn check_messages(obj: &Obj<'_>) -> Result<Vec<Value>> {
                 "role",
                 "is required (\"system\", \"user\", \"assistant\" or \"tool\")",
             ));
+        }
+        match msg.get("tool_calls") {
+            None | Some(Value::Array(_)) => {}
+            Some(v) => {
+                return Err(msg.err(
+                    "tool_calls",
+                    format!("must be a list of tool calls, got {}", describe(v)),
+                ));
+            }
         }
         match msg.get("content") {
             None | Some(Value::String(_)) => {}
@@ -349,7 +386,18 @@ fn check_messages(obj: &Obj<'_>) -> Result<Vec<Value>> {
             }
         }
     }
-    Ok(messages.clone())
+    Ok(messages
+        .iter()
+        .map(|m| {
+            let mut m = m.clone();
+            if let Value::Object(map) = &mut m
+                && map.get("content").is_none_or(Value::is_null)
+            {
+                map.insert("content".into(), Value::from(""));
+            }
+            m
+        })
+        .collect())
 }
 
 fn parse_chat(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Parsed> {
@@ -365,22 +413,44 @@ fn parse_chat(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Parsed
             "this model has no chat template: start the server with --chat-template FILE, or use /v1/completions",
         )
     })?;
-    let tools = match obj.get("tools") {
-        None => None,
-        Some(Value::Array(t)) => Some(t.as_slice()),
-        Some(v) => {
-            return Err(obj.err(
-                "tools",
-                format!("must be a list of tool objects, got {}", describe(v)),
+    let tools = ToolSpec::parse_list(obj.get("tools").unwrap_or(&Value::Null))?;
+    let choice = ToolChoice::parse(obj.get("tool_choice"), &tools)?;
+    let parser = engine.args().tool_call_parser;
+    let tool_parser = parser.filter(|_| !tools.is_empty() && choice.shows_tools());
+    if choice.forces_call() {
+        let Some(parser) = parser else {
+            return Err(EngineError::bad_param(
+                "tool_choice",
+                format!(
+                    "`tool_choice` {} needs tool calls to be parsed from the output: start the server with --tool-call-parser ({})",
+                    choice.to_json(),
+                    ToolParserKind::ALL.map(ToolParserKind::name).join(", ")
+                ),
+            ));
+        };
+        if let Some(other) = &sampling.grammar {
+            return Err(EngineError::bad_param(
+                "tool_choice",
+                format!(
+                    "`tool_choice` {} cannot be combined with `{}`: a forced tool call already constrains the output",
+                    choice.to_json(),
+                    other.field
+                ),
             ));
         }
-    };
-    // `tool_choice` may also be an object naming one function; only "none" hides the tools.
-    let tools = if obj.get("tool_choice") == Some(&Value::from("none")) {
-        None
-    } else {
-        tools
-    };
+        if let Some(lark) = constraint_grammar(parser.name(), &tools, &choice) {
+            sampling.grammar = Some(GrammarInput {
+                spec: GrammarSpec::Lark(lark),
+                field: "tool_choice".into(),
+            });
+        }
+    }
+    if tool_parser.is_some() {
+        // The parser reads the format's markers, which may be special tokens.
+        sampling.params.skip_special_tokens = false;
+    }
+    let template_tools: Option<Vec<Value>> = (choice.shows_tools() && !tools.is_empty())
+        .then(|| tools.iter().map(ToolSpec::to_json).collect());
     let extra = match obj.get("chat_template_kwargs") {
         None => Map::new(),
         Some(Value::Object(m)) => m.clone(),
@@ -392,7 +462,7 @@ fn parse_chat(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Parsed
         }
     };
     let prompt = template
-        .render_with(&messages, true, tools, &extra)
+        .render_with(&messages, true, template_tools.as_deref(), &extra)
         .map_err(|e| {
             EngineError::bad_param(
                 "messages",
@@ -403,7 +473,7 @@ fn parse_chat(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Parsed
     let ids = tok
         .encode(&prompt, false)
         .map_err(|e| EngineError::bad_param("messages", e.to_string()))?;
-    build(
+    let mut parsed = build(
         engine,
         &obj,
         Kind::Chat,
@@ -411,7 +481,10 @@ fn parse_chat(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Parsed
         "messages",
         Vec::new(),
         sampling,
-    )
+    )?;
+    parsed.tools = tools;
+    parsed.tool_parser = tool_parser;
+    Ok(parsed)
 }
 
 /// `prompt`: a string, a list of strings, a list of token ids, or a list of such lists.
@@ -559,7 +632,23 @@ fn respond(engine: &EngineHandle, p: &Parsed, outs: Vec<Output>) -> Response {
                 "matched_stop": matched_stop(&o.reason),
             });
             match p.kind {
-                Kind::Chat => c["message"] = json!({ "role": "assistant", "content": o.text }),
+                Kind::Chat => match p.tool_parser {
+                    Some(kind) => {
+                        let parsed = kind.parser().parse_complete(&o.text, &p.tools);
+                        let mut message =
+                            json!({ "role": "assistant", "content": parsed.normal_text });
+                        if !parsed.calls.is_empty() {
+                            if parsed.normal_text.is_empty() {
+                                message["content"] = Value::Null;
+                            }
+                            message["tool_calls"] =
+                                parsed.calls.iter().map(|c| c.to_openai_json()).collect();
+                            c["finish_reason"] = json!("tool_calls");
+                        }
+                        c["message"] = message;
+                    }
+                    None => c["message"] = json!({ "role": "assistant", "content": o.text }),
+                },
                 Kind::Completion => {
                     let echo = p.echo.get(index / p.n).map(String::as_str).unwrap_or("");
                     c["text"] = Value::String(format!("{echo}{}", o.text));
@@ -621,6 +710,35 @@ fn chunk(
     })
 }
 
+/// A chat chunk for what a tool parser let through: normal text as `delta.content`, calls as
+/// `delta.tool_calls`. `None` when there is nothing to send and no `finish`.
+fn tool_chunk(
+    p: &Parsed,
+    created: u64,
+    index: usize,
+    delta: &StreamDelta,
+    finish: Option<&FinishReason>,
+    made_calls: bool,
+    logprobs: Value,
+) -> Option<Value> {
+    if delta.is_empty() && finish.is_none() {
+        return None;
+    }
+    let piece = (!delta.normal_text.is_empty()).then_some(delta.normal_text.as_str());
+    let mut c = chunk(p, created, index, piece, finish, logprobs);
+    if !delta.calls.is_empty() {
+        c["choices"][0]["delta"]["tool_calls"] = delta
+            .calls
+            .iter()
+            .map(ToolCallDelta::to_openai_json)
+            .collect();
+    }
+    if finish.is_some() && made_calls {
+        c["choices"][0]["finish_reason"] = json!("tool_calls");
+    }
+    Some(c)
+}
+
 fn stream_response(
     engine: EngineHandle,
     p: Parsed,
@@ -648,9 +766,46 @@ fn stream_response(
         // Logprobs of tokens whose text is still held back, and text offsets, per choice.
         let mut pending: Vec<Vec<TokenLogprob>> = vec![Vec::new(); choices];
         let mut offsets = vec![0usize; choices];
+        // One tool parser per choice, and whether the choice has made calls.
+        let mut parsers: Vec<Option<Box<dyn ToolParser>>> =
+            (0..choices).map(|_| p.tool_parser.map(ToolParserKind::parser)).collect();
+        let mut made_calls = vec![false; choices];
         let mut steps = merge(gens, false);
         while let Some(t) = steps.next().await {
             let i = t.index;
+            if let Some(parser) = parsers.get_mut(i).and_then(Option::as_mut) {
+                match t.step {
+                    Ok(Step::Delta { text, logprobs }) => {
+                        pending[i].extend(logprobs);
+                        let delta = parser.parse_increment(&text, &p.tools);
+                        made_calls[i] |= !delta.calls.is_empty();
+                        if !delta.is_empty() {
+                            let lp = logprobs_json(&p, &std::mem::take(&mut pending[i]), &mut offsets[i]);
+                            if let Some(c) = tool_chunk(&p, created, i, &delta, None, false, lp) {
+                                yield sse::json(&c);
+                            }
+                        }
+                    }
+                    Ok(Step::Done { reason, usage, text }) => {
+                        sum.add(i, p.n, &usage);
+                        let mut delta = parser.parse_increment(&text, &p.tools);
+                        let rest = parser.finish(&p.tools);
+                        delta.normal_text.push_str(&rest.normal_text);
+                        delta.calls.extend(rest.calls);
+                        made_calls[i] |= !delta.calls.is_empty();
+                        let lp = logprobs_json(&p, &std::mem::take(&mut pending[i]), &mut offsets[i]);
+                        if let Some(c) = tool_chunk(&p, created, i, &delta, Some(&reason), made_calls[i], lp) {
+                            yield sse::json(&c);
+                        }
+                    }
+                    Err(e) => {
+                        yield sse::error(&e);
+                        yield sse::done();
+                        return;
+                    }
+                }
+                continue;
+            }
             match t.step {
                 Ok(Step::Delta { text, logprobs }) => {
                     pending[i].extend(logprobs);

@@ -3,8 +3,15 @@
 //! Bodies arrive as JSON objects. Fields are read one by one through [`Obj`], so that every
 //! error names the field at fault (`sampling_params[1].top_p`) and says what would be accepted.
 //! Unknown fields are ignored, as SGLang and OpenAI do; fields this engine cannot honour yet
-//! (structured outputs, custom logit processors, `best_of`) are refused unless they carry their
-//! neutral value, so that a client never gets output that silently ignores what it asked for.
+//! (custom logit processors, `best_of`) are refused unless they carry their neutral value, so
+//! that a client never gets output that silently ignores what it asked for.
+//!
+//! Structured output ([`GrammarInput`]): `/generate` takes SGLang's `json_schema` (a string,
+//! or the schema object itself), `regex` and `ebnf` in `sampling_params`; the OpenAI routes
+//! take `response_format` (`text`, `json_object`, `json_schema`) and the extra body fields
+//! `regex` and `ebnf`. At most one may be given. [`compile_grammar`] compiles it with the
+//! server's grammar backend (an invalid spec is a 400 with the compiler's message) and
+//! attaches it to the sampling parameters.
 //!
 //! Sampling fields take SGLang's names and ranges: `frequency_penalty` and `presence_penalty`
 //! in [-2, 2], `repetition_penalty` in (0, 2], `min_new_tokens` (OpenAI routes: `min_tokens`)
@@ -17,7 +24,8 @@ use serde_json::{Map, Value};
 
 use crate::engine::EngineHandle;
 use crate::error::{EngineError, Result};
-use crate::request::{GenerateRequest, LogprobRequest, SamplingParams};
+use crate::grammar::GrammarSpec;
+use crate::request::{GenerateRequest, LogprobRequest, RequestGrammar, SamplingParams};
 
 /// `/generate` default for `max_new_tokens` (SGLang's).
 pub const NATIVE_DEFAULT_MAX_NEW_TOKENS: usize = 128;
@@ -259,6 +267,17 @@ pub struct SamplingInput {
     pub min_tokens_field: String,
     /// Logprobs to return (set by the route that reads its own logprob fields).
     pub logprobs: Option<LogprobInput>,
+    /// The grammar the output must follow, before it is compiled.
+    pub grammar: Option<GrammarInput>,
+}
+
+/// A structured-output spec as a request gave it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GrammarInput {
+    pub spec: GrammarSpec,
+    /// The field it came from (`sampling_params.regex`, `response_format.json_schema`), for
+    /// error messages.
+    pub field: String,
 }
 
 /// Logprob options as a route read them, before they meet a prompt.
@@ -421,27 +440,12 @@ pub fn parse_sampling(obj: &Obj<'_>, dialect: Dialect) -> Result<SamplingInput> 
     }
     p.logit_bias = parse_logit_bias(obj)?;
 
+    let grammar = parse_grammar(obj, dialect)?;
     // Features the scheduler does not implement yet: accept only their neutral values.
-    obj.unsupported("regex", &[], "structured outputs")?;
-    obj.unsupported("json_schema", &[], "structured outputs")?;
-    obj.unsupported("ebnf", &[], "structured outputs")?;
     obj.unsupported("custom_params", &[], "custom logit processors")?;
     if dialect == Dialect::OpenAi {
         obj.unsupported("best_of", &[Value::from(1)], "best_of")?;
         obj.unsupported("suffix", &[Value::from("")], "suffix")?;
-        if let Some(rf) = obj.object("response_format")? {
-            match rf.str("type")? {
-                None | Some("text") => {}
-                Some(other) => {
-                    return Err(rf.err(
-                        "type",
-                        format!(
-                            "`{other}` is not supported by this server yet (structured outputs)"
-                        ),
-                    ));
-                }
-            }
-        }
     }
     Ok(SamplingInput {
         params: p,
@@ -450,7 +454,128 @@ pub fn parse_sampling(obj: &Obj<'_>, dialect: Dialect) -> Result<SamplingInput> 
         n,
         min_tokens_field: obj.name(min_key),
         logprobs: None,
+        grammar,
     })
+}
+
+/// The structured-output fields of `obj`: SGLang's `json_schema` (a string or the schema
+/// object), `regex` and `ebnf`, plus OpenAI's `response_format` on the OpenAI routes. At most
+/// one may constrain the output.
+fn parse_grammar(obj: &Obj<'_>, dialect: Dialect) -> Result<Option<GrammarInput>> {
+    let mut found: Vec<GrammarInput> = Vec::new();
+    let mut text_field = |key: &str, make: fn(String) -> GrammarSpec| -> Result<()> {
+        if let Some(s) = obj.str(key)? {
+            found.push(GrammarInput {
+                spec: make(s.to_string()),
+                field: obj.name(key),
+            });
+        }
+        Ok(())
+    };
+    text_field("regex", GrammarSpec::Regex)?;
+    text_field("ebnf", GrammarSpec::Ebnf)?;
+    if dialect == Dialect::Native {
+        match obj.get("json_schema") {
+            None => {}
+            Some(Value::String(s)) => found.push(GrammarInput {
+                spec: GrammarSpec::JsonSchema(s.clone()),
+                field: obj.name("json_schema"),
+            }),
+            Some(v @ (Value::Object(_) | Value::Bool(_))) => found.push(GrammarInput {
+                spec: GrammarSpec::JsonSchema(v.to_string()),
+                field: obj.name("json_schema"),
+            }),
+            Some(v) => {
+                return Err(obj.wrong(
+                    "json_schema",
+                    "a JSON schema (as a string or an object)",
+                    v,
+                ));
+            }
+        }
+    } else if let Some(rf) = obj.object("response_format")? {
+        match rf.str("type")? {
+            None => {
+                return Err(rf.err(
+                    "type",
+                    "is required (\"text\", \"json_object\" or \"json_schema\")",
+                ));
+            }
+            Some("text") => {}
+            Some("json_object") => found.push(GrammarInput {
+                spec: GrammarSpec::JsonObject,
+                field: obj.name("response_format"),
+            }),
+            Some("json_schema") => {
+                let Some(js) = rf.object("json_schema")? else {
+                    return Err(rf.err(
+                        "json_schema",
+                        "is required with `type` \"json_schema\": {\"name\": ..., \"schema\": {...}}",
+                    ));
+                };
+                js.str("name")?;
+                js.bool("strict")?;
+                let schema = match js.get("schema") {
+                    Some(v @ (Value::Object(_) | Value::Bool(_))) => v.to_string(),
+                    Some(v) => return Err(js.wrong("schema", "a JSON schema object", v)),
+                    None => {
+                        return Err(js.err("schema", "is required: the JSON schema of the output"));
+                    }
+                };
+                found.push(GrammarInput {
+                    spec: GrammarSpec::JsonSchema(schema),
+                    field: js.name("schema"),
+                });
+            }
+            Some(other) => {
+                return Err(rf.err(
+                    "type",
+                    format!(
+                        "`{other}` is not supported (\"text\", \"json_object\" or \"json_schema\")"
+                    ),
+                ));
+            }
+        }
+    }
+    match found.len() {
+        0 | 1 => Ok(found.pop()),
+        _ => {
+            let names: Vec<String> = found.iter().map(|g| format!("`{}`", g.field)).collect();
+            Err(EngineError::bad_param(
+                &found[1].field,
+                format!(
+                    "{} cannot be combined: give at most one way to constrain the output",
+                    names.join(" and ")
+                ),
+            ))
+        }
+    }
+}
+
+/// Compiles the grammar of `sampling` (if any) with the server's grammar backend and attaches
+/// it to the sampling parameters. Compiling can take a while for large specs: call this off
+/// the async runtime. Errors are 400s naming the field: an invalid spec (with the compiler's
+/// message), a spec the backend cannot handle, or structured output being off.
+pub fn compile_grammar(engine: &EngineHandle, sampling: &mut SamplingInput) -> Result<()> {
+    let Some(input) = &sampling.grammar else {
+        return Ok(());
+    };
+    let field = &input.field;
+    let backend = engine
+        .grammar_backend()
+        .map_err(|e| EngineError::bad_param(field, format!("`{field}` cannot be served: {e}")))?;
+    let compiled = backend.compile(&input.spec).map_err(|e| {
+        if e.is_user_error() {
+            EngineError::bad_param(field, format!("`{field}`: {e}"))
+        } else {
+            EngineError::from(e)
+        }
+    })?;
+    sampling.params.grammar = Some(RequestGrammar {
+        kind: input.spec.kind(),
+        compiled,
+    });
+    Ok(())
 }
 
 /// What a route does when the user gives no output budget.
@@ -705,8 +830,23 @@ mod tests {
             (json!({"n": 0}), "n"),
             (json!({"n": 17}), "n"),
             (
-                json!({"response_format": {"type": "json_object"}}),
+                json!({"response_format": {"type": "xml"}}),
                 "response_format.type",
+            ),
+            (json!({"response_format": {}}), "response_format.type"),
+            (
+                json!({"response_format": {"type": "json_schema"}}),
+                "response_format.json_schema",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+                "response_format.json_schema.schema",
+            ),
+            (json!({"regex": 5}), "regex"),
+            (json!({"regex": "a", "ebnf": "root ::= \"a\""}), "ebnf"),
+            (
+                json!({"regex": "a", "response_format": {"type": "json_object"}}),
+                "response_format",
             ),
         ];
         for (body, field) in cases {
@@ -716,6 +856,61 @@ mod tests {
         }
         let e = sampling(json!({"max_new_tokens": "x"}), Dialect::Native).unwrap_err();
         assert!(msg(e).contains("max_new_tokens"));
+    }
+
+    #[test]
+    fn grammar_fields() {
+        let g = |v: Value, d: Dialect| sampling(v, d).unwrap().grammar;
+        assert_eq!(g(json!({}), Dialect::Native), None);
+        assert_eq!(
+            g(
+                json!({"response_format": {"type": "text"}}),
+                Dialect::OpenAi
+            ),
+            None
+        );
+        let obj = g(
+            json!({"response_format": {"type": "json_object"}}),
+            Dialect::OpenAi,
+        )
+        .unwrap();
+        assert_eq!(obj.spec, GrammarSpec::JsonObject);
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let js = g(
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": true}}}),
+            Dialect::OpenAi,
+        )
+        .unwrap();
+        assert_eq!(js.field, "response_format.json_schema.schema");
+        match js.spec {
+            GrammarSpec::JsonSchema(text) => {
+                assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), schema)
+            }
+            other => panic!("{other:?}"),
+        }
+        // Native: json_schema as a string (SGLang) or as an object.
+        let text = schema.to_string();
+        assert_eq!(
+            g(json!({"json_schema": text}), Dialect::Native)
+                .unwrap()
+                .spec,
+            GrammarSpec::JsonSchema(text.clone())
+        );
+        assert_eq!(
+            g(json!({"json_schema": schema}), Dialect::Native)
+                .unwrap()
+                .spec,
+            GrammarSpec::JsonSchema(text)
+        );
+        let r = g(json!({"regex": "[0-9]+"}), Dialect::Native).unwrap();
+        assert_eq!(
+            (r.spec, r.field.as_str()),
+            (GrammarSpec::Regex("[0-9]+".into()), "regex")
+        );
+        let e = sampling(json!({"json_schema": "{}", "regex": "a"}), Dialect::Native).unwrap_err();
+        let m = msg(e);
+        assert!(m.contains("`regex`") && m.contains("`json_schema`"), "{m}");
+        assert!(sampling(json!({"json_schema": 3}), Dialect::Native).is_err());
     }
 
     #[test]

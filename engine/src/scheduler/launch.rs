@@ -8,7 +8,7 @@ use super::{Scheduler, SchedulerConfig};
 use crate::backend::Backend;
 use crate::backend::cpu::{CpuBackend, kernels};
 use crate::config::{DeviceKind, ServerArgs};
-use crate::engine::{EngineHandle, EngineParts, ModelInfo, SchedulerStats};
+use crate::engine::{EngineHandle, EngineParts, GrammarAvailability, ModelInfo, SchedulerStats};
 use crate::error::{EngineError, Result};
 use crate::metrics::Metrics;
 use crate::model::config::ModelConfig;
@@ -154,6 +154,7 @@ pub fn launch(args: ServerArgs) -> Result<EngineHandle> {
             cfg.vocab_size
         );
     }
+    let grammar = grammar_backend(&args, tokenizer.as_deref(), backend.vocab_size());
     let max_running = args.max_running_requests.unwrap_or(CPU_DEFAULT_MAX_RUNNING);
     let model_name = args.model_name();
     let metrics = Arc::new(
@@ -210,8 +211,34 @@ pub fn launch(args: ServerArgs) -> Result<EngineHandle> {
         tx,
         info,
         tokenizer,
+        grammar,
         args,
         metrics,
         stats,
     }))
+}
+
+/// The structured-output backend of `--grammar-backend`, built over the tokenizer's
+/// vocabulary with masks as wide as the model's logits. Structured output is off (requests
+/// that ask for it get a 400 with the reason) without a tokenizer, with `none`, or when the
+/// vocabulary cannot be read; the server still serves everything else.
+fn grammar_backend(
+    args: &ServerArgs,
+    tokenizer: Option<&Tokenizer>,
+    vocab_size: usize,
+) -> GrammarAvailability {
+    let Some(tokenizer) = tokenizer else {
+        return GrammarAvailability::Off(
+            "structured output (json_schema, regex, ebnf, response_format, tool_choice \"required\" or a named function) needs the tokenizer's vocabulary, but this server runs with --skip-tokenizer-init".into(),
+        );
+    };
+    match crate::grammar::build_backend(&args.grammar_backend, tokenizer, vocab_size) {
+        Ok(b) => GrammarAvailability::Ready(b),
+        Err(e) => {
+            if args.grammar_backend != "none" {
+                tracing::warn!("structured output is off: {e}");
+            }
+            GrammarAvailability::Off(e.to_string())
+        }
+    }
 }

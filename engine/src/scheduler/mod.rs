@@ -13,6 +13,11 @@
 //! of the prompt positions its prompt logprobs still need (see [`req`]). A request with
 //! `max_new_tokens` 0 finishes as soon as its prompt is computed (and cached), without
 //! sampling: this is how prompts are scored and how parallel samples share one prefill.
+//!
+//! Requests with a grammar (structured output) need the mask of allowed tokens before they
+//! sample. The masks of the step's sampling requests are computed on a worker thread while
+//! the forward pass runs: their grammar states are taken out of the requests for the pass and
+//! put back before sampling (see [`req`]).
 
 mod launch;
 mod req;
@@ -36,7 +41,14 @@ use crate::error::Result;
 use crate::metrics::Metrics;
 use crate::request::FinishReason;
 use crate::tokenizer::Tokenizer;
-use req::Req;
+use req::{GrammarState, Req};
+
+/// How a request in this step's batch ends.
+enum Outcome {
+    Finished(FinishReason),
+    /// The request failed (its grammar broke); the message goes to the client.
+    Failed(String),
+}
 
 /// Scheduling limits, resolved from the server arguments and the model.
 #[derive(Debug, Clone)]
@@ -407,7 +419,12 @@ impl Scheduler {
             let Some(r) = self.waiting.pop_front() else {
                 break;
             };
+            // Locking the matched prefix takes it out of the evictable part of the capacity
+            // (a retracted request finds its own KV there): count what is left after that.
+            let before = self.free_capacity();
             let mut r = self.admit(r);
+            avail = avail.saturating_sub(before.saturating_sub(self.free_capacity()));
+            let room = avail.saturating_sub(1);
             let n = r.pending().min(budget).min(room);
             if n == 0 {
                 self.cache.dec_lock_ref(r.last_node);
@@ -468,6 +485,17 @@ impl Scheduler {
             starts.push(start);
             r.slots.extend_from_slice(&new);
         }
+        // Grammar states of the requests that sample this step; their masks are computed
+        // while the forward pass runs.
+        let vocab = self.backend.vocab_size();
+        let mut grammar_jobs: Vec<(usize, GrammarState)> = Vec::new();
+        for p in &plan {
+            let r = &mut self.running[p.idx];
+            let samples = p.completes && !(r.output.is_empty() && r.params.max_new_tokens == 0);
+            if samples && let Some(g) = r.grammar.take() {
+                grammar_jobs.push((p.idx, g));
+            }
+        }
         let inputs: Vec<SeqInput<'_>> = plan
             .iter()
             .zip(&tokens)
@@ -484,10 +512,32 @@ impl Scheduler {
             .collect();
         let rows: Vec<usize> = inputs.iter().map(|i| i.num_logits).collect();
         let started = Instant::now();
-        let mut logits = self.backend.forward(&inputs)?;
+        let backend = &mut self.backend;
+        let (forward, grammar_jobs) = std::thread::scope(|scope| {
+            let worker = (!grammar_jobs.is_empty()).then(|| {
+                let mut jobs = std::mem::take(&mut grammar_jobs);
+                scope.spawn(move || {
+                    for (_, g) in jobs.iter_mut() {
+                        g.fill_mask(vocab);
+                    }
+                    jobs
+                })
+            });
+            let forward = backend.forward(&inputs);
+            let jobs = match worker {
+                // `fill_mask` catches panics, so the worker cannot fail; if it did, the
+                // states are lost and their requests fail below.
+                Some(w) => w.join().unwrap_or_default(),
+                None => std::mem::take(&mut grammar_jobs),
+            };
+            (forward, jobs)
+        });
         drop(inputs);
+        for (idx, g) in grammar_jobs {
+            self.running[idx].grammar = Some(g);
+        }
+        let mut logits = forward?;
         let step_secs = started.elapsed().as_secs_f64();
-        let vocab = self.backend.vocab_size();
 
         let mut finished = Vec::new();
         let mut row = 0;
@@ -546,7 +596,14 @@ impl Scheduler {
             r.send_prompt_logprobs();
             if r.output.is_empty() && r.params.max_new_tokens == 0 {
                 // Prefill only: the prompt is now computed (and cached) and nothing is sampled.
-                finished.push((p.idx, FinishReason::Length { length: 0 }));
+                finished.push((p.idx, Outcome::Finished(FinishReason::Length { length: 0 })));
+                continue;
+            }
+            if r.params.grammar.is_some() && r.grammar.is_none() {
+                finished.push((
+                    p.idx,
+                    Outcome::Failed("the request's grammar state was lost".into()),
+                ));
                 continue;
             }
             let at = (first_row + nrows.saturating_sub(1)) * vocab;
@@ -554,7 +611,17 @@ impl Scheduler {
                 tracing::error!("backend returned too few logits");
                 continue;
             };
-            let (token, logprob) = r.sample(l);
+            let sampled = r
+                .sample(l)
+                .and_then(|(token, logprob)| r.accept_grammar(token).map(|()| (token, logprob)));
+            let (token, logprob) = match sampled {
+                Ok(t) => t,
+                Err(message) => {
+                    tracing::error!(rid = %r.rid, "{message}");
+                    finished.push((p.idx, Outcome::Failed(message)));
+                    continue;
+                }
+            };
             let now = Instant::now();
             if r.first_token_at.is_none() {
                 r.first_token_at = Some(now);
@@ -570,7 +637,7 @@ impl Scheduler {
                 &self.cfg.eos_token_ids,
                 self.cfg.context_length,
             ) {
-                finished.push((p.idx, reason));
+                finished.push((p.idx, Outcome::Finished(reason)));
             }
         }
         self.metrics
@@ -584,13 +651,18 @@ impl Scheduler {
 
         // Remove finished requests (highest index first so indices stay valid).
         finished.sort_by_key(|e| std::cmp::Reverse(e.0));
-        for (idx, reason) in finished {
+        for (idx, outcome) in finished {
             let mut r = self.running.remove(idx);
-            self.observe_finished(&r);
-            if self.cfg.log_requests {
-                tracing::info!(rid = %r.rid, completion_tokens = r.output.len(), reason = ?reason, "request finished");
+            match outcome {
+                Outcome::Finished(reason) => {
+                    self.observe_finished(&r);
+                    if self.cfg.log_requests {
+                        tracing::info!(rid = %r.rid, completion_tokens = r.output.len(), reason = ?reason, "request finished");
+                    }
+                    r.finish(reason);
+                }
+                Outcome::Failed(message) => r.fail(message),
             }
-            r.finish(reason);
             self.release(&mut r);
         }
 

@@ -7,6 +7,13 @@
 //! at most `s` tokens ([`Req::match_key_len`]) and each prefill chunk asks the backend for the
 //! rows it covers ([`Req::logit_rows`]). The entries are gathered chunk by chunk and sent in
 //! one `PromptLogprobs` event once the prompt is done.
+//!
+//! Structured output: a request with a grammar holds its own matcher ([`GrammarState`]). The
+//! scheduler fills the matcher's token mask for the next token (on a worker thread while the
+//! forward pass runs), [`Req::sample`] applies it to the logits row before penalties and
+//! sampling (logprobs stay those of the raw row), and [`Req::accept_grammar`] advances the
+//! matcher by the sampled token. Once the grammar is complete the request stops. The state
+//! lives in the `Req`, so a retracted request resumes where its grammar was.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,6 +21,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::cache::NodeId;
+use crate::grammar::{GrammarMatcher, TokenMask};
 use crate::request::{
     FinishReason, LogprobRequest, SamplingParams, StreamEvent, TokenLogprob, Usage,
 };
@@ -41,7 +49,48 @@ pub struct Req {
     pub last_node: NodeId,
     /// Prompt tokens served from the radix cache at admission.
     pub cached_tokens: usize,
+    /// The grammar state of a constrained request (`None`: unconstrained, or taken out by
+    /// the scheduler while its mask is being computed).
+    pub grammar: Option<GrammarState>,
     out: OutputText,
+}
+
+/// The grammar matcher of one request and the mask of its next token.
+pub struct GrammarState {
+    /// The kind of spec (`json_schema`, `regex`, ...), for messages.
+    kind: &'static str,
+    matcher: Box<dyn GrammarMatcher>,
+    /// Allowed next tokens; allocated at the first fill (the model's vocabulary size).
+    mask: Option<TokenMask>,
+    /// The outcome of filling `mask` for the next token; `None` until it is filled (again).
+    filled: Option<Result<(), String>>,
+}
+
+impl GrammarState {
+    /// Computes the mask of the next token, once per token. Never panics: a failing or
+    /// panicking matcher leaves an error that fails the request at sampling.
+    pub fn fill_mask(&mut self, vocab_size: usize) {
+        if self.filled.is_some() {
+            return;
+        }
+        let mask = self.mask.get_or_insert_with(|| TokenMask::new(vocab_size));
+        let matcher = &mut self.matcher;
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| matcher.fill_mask(mask)));
+        self.filled = Some(match result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(format!("the {} grammar failed: {e}", self.kind)),
+            Err(_) => Err(format!(
+                "the {} grammar failed while computing the allowed tokens",
+                self.kind
+            )),
+        });
+    }
+
+    /// Whether the output is complete: only EOS may follow.
+    pub fn is_finished(&self) -> bool {
+        self.matcher.is_finished()
+    }
 }
 
 /// Prompt logprobs gathered so far.
@@ -80,6 +129,12 @@ impl Req {
             tokenizer.map(|t| DecodeStream::new(t, params.skip_special_tokens)),
             &params,
         );
+        let grammar = params.grammar.as_ref().map(|g| GrammarState {
+            kind: g.kind,
+            matcher: g.compiled.matcher(),
+            mask: None,
+            filled: None,
+        });
         let prompt_lp = logprobs.map(|lp| {
             let mut entries = Vec::new();
             // The first prompt token has nothing to be predicted from.
@@ -113,6 +168,7 @@ impl Req {
             slots: Vec::new(),
             last_node: root,
             cached_tokens: 0,
+            grammar,
             out,
         }
     }
@@ -198,28 +254,57 @@ impl Req {
     }
 
     /// Pick the next token from the last position's logits row (modified in place by the
-    /// request's penalties). The logprob, when asked for, is taken from the raw row.
-    pub fn sample(&mut self, row: &mut [f32]) -> (u32, Option<TokenLogprob>) {
+    /// request's grammar mask and penalties). The logprob, when asked for, is taken from the
+    /// raw row. Fails when the grammar could not compute the allowed tokens.
+    pub fn sample(
+        &mut self,
+        row: &mut [f32],
+    ) -> std::result::Result<(u32, Option<TokenLogprob>), String> {
         let Some(want) = self.logprobs else {
-            if let Some(proc) = &self.logit_proc {
-                proc.apply(row);
-            }
-            return (self.sampler.sample(row, &self.params), None);
+            self.constrain(row)?;
+            return Ok((self.sampler.sample(row, &self.params), None));
         };
         let lse = log_sum_exp(row);
         let top = top_logprobs(row, want.top_k, lse);
         // Sample from a copy: the raw row must survive for the sampled token's logprob.
         let mut work = row.to_vec();
-        if let Some(proc) = &self.logit_proc {
-            proc.apply(&mut work);
-        }
+        self.constrain(&mut work)?;
         let token = self.sampler.sample(&mut work, &self.params);
         let logprob = TokenLogprob {
             id: token,
             logprob: Some(token_logprob(row, token, lse)),
             top: Some(top),
         };
-        (token, Some(logprob))
+        Ok((token, Some(logprob)))
+    }
+
+    /// Applies the grammar mask (computed now if the scheduler has not yet), then the
+    /// penalties, `logit_bias` and `min_new_tokens`.
+    fn constrain(&mut self, row: &mut [f32]) -> std::result::Result<(), String> {
+        if let Some(g) = self.grammar.as_mut() {
+            g.fill_mask(row.len());
+            if let Some(Err(e)) = &g.filled {
+                return Err(e.clone());
+            }
+            if let Some(mask) = &g.mask {
+                mask.apply_to(row);
+            }
+        }
+        if let Some(proc) = &self.logit_proc {
+            proc.apply(row);
+        }
+        Ok(())
+    }
+
+    /// Advances the grammar by the sampled token (nothing to do without a grammar).
+    pub fn accept_grammar(&mut self, token: u32) -> std::result::Result<(), String> {
+        let Some(g) = self.grammar.as_mut() else {
+            return Ok(());
+        };
+        g.filled = None;
+        g.matcher
+            .accept(token)
+            .map_err(|e| format!("the {} grammar refused the sampled token: {e}", g.kind))
     }
 
     /// Record a sampled token, stream its text, and decide whether the request is done.
@@ -236,8 +321,11 @@ impl Req {
         }
         let p = &self.params;
         let mut finish = None;
-        let is_stop_id =
-            p.stop_token_ids.contains(&token) || (!p.ignore_eos && eos_ids.contains(&token));
+        // A complete grammar ends the request: an EOS the grammar accepted counts as a stop
+        // token even with `ignore_eos`.
+        let grammar_done = self.grammar.as_ref().is_some_and(GrammarState::is_finished);
+        let is_stop_id = p.stop_token_ids.contains(&token)
+            || ((!p.ignore_eos || grammar_done) && eos_ids.contains(&token));
         if is_stop_id {
             finish = Some(FinishReason::Stop {
                 matched: serde_json::json!(token),
@@ -256,6 +344,11 @@ impl Req {
         if let Some(s) = stop_hit {
             finish = Some(FinishReason::Stop {
                 matched: serde_json::json!(s),
+            });
+        }
+        if finish.is_none() && grammar_done {
+            finish = Some(FinishReason::Stop {
+                matched: serde_json::Value::Null,
             });
         }
         if finish.is_none()
@@ -456,7 +549,7 @@ mod tests {
         });
         let mut r = req_with(vec![5], params, lp);
         let mut row = vec![1.0f32, 2.0];
-        let (token, logprob) = r.sample(&mut row);
+        let (token, logprob) = r.sample(&mut row).unwrap();
         assert_eq!(token, 0);
         let logprob = logprob.unwrap();
         let want = 1.0 - (1.0f32.exp() + 2.0f32.exp()).ln();
@@ -472,7 +565,133 @@ mod tests {
         assert_eq!(r.push_token(0, None, &[], 100), None);
         // Token 0 (3.0 / 2 = 1.5) now loses to token 1 (2.0).
         let mut row = vec![3.0f32, 2.0];
-        assert_eq!(r.sample(&mut row).0, 1);
+        assert_eq!(r.sample(&mut row).unwrap().0, 1);
+    }
+
+    /// A grammar that allows exactly the tokens of `want`, in order, then only EOS (id 9).
+    /// With `broken`, computing a mask fails.
+    struct Sequence {
+        want: Vec<u32>,
+        broken: bool,
+    }
+
+    struct SequenceMatcher {
+        want: Vec<u32>,
+        broken: bool,
+        pos: usize,
+    }
+
+    const EOS: u32 = 9;
+
+    impl crate::grammar::CompiledGrammar for Sequence {
+        fn matcher(&self) -> Box<dyn GrammarMatcher> {
+            Box::new(SequenceMatcher {
+                want: self.want.clone(),
+                broken: self.broken,
+                pos: 0,
+            })
+        }
+    }
+
+    impl GrammarMatcher for SequenceMatcher {
+        fn fill_mask(&mut self, mask: &mut TokenMask) -> Result<(), crate::grammar::GrammarError> {
+            if self.broken {
+                return Err(crate::grammar::GrammarError::Matcher("broken".into()));
+            }
+            mask.set_all(false);
+            mask.set(self.want.get(self.pos).copied().unwrap_or(EOS), true);
+            Ok(())
+        }
+
+        fn accept(&mut self, token: u32) -> Result<(), crate::grammar::GrammarError> {
+            match self.want.get(self.pos) {
+                Some(&t) if t == token => {
+                    self.pos += 1;
+                    Ok(())
+                }
+                None if token == EOS => Ok(()),
+                _ => Err(crate::grammar::GrammarError::TokenRejected { token }),
+            }
+        }
+
+        fn is_finished(&self) -> bool {
+            self.pos == self.want.len()
+        }
+    }
+
+    fn constrained(want: Vec<u32>, broken: bool, logprobs: Option<LogprobRequest>) -> Req {
+        let params = SamplingParams {
+            temperature: 0.0,
+            grammar: Some(crate::request::RequestGrammar {
+                kind: "regex",
+                compiled: Arc::new(Sequence { want, broken }),
+            }),
+            ..Default::default()
+        };
+        req_with(vec![1], params, logprobs)
+    }
+
+    #[test]
+    fn grammar_masks_sampling_and_ends_the_request() {
+        let lp = Some(LogprobRequest {
+            start_len: 0,
+            top_k: 1,
+        });
+        let mut r = constrained(vec![2, 3], false, lp);
+        // Token 7 is the model's favourite, but the grammar allows only 2.
+        let mut row = vec![0.0f32; 10];
+        row[7] = 5.0;
+        let (token, logprob) = r.sample(&mut row).unwrap();
+        assert_eq!(token, 2);
+        // Logprobs are those of the raw row: 7 stays the top alternative.
+        let logprob = logprob.unwrap();
+        assert_eq!(logprob.top.unwrap()[0].0, 7);
+        assert!(logprob.logprob.unwrap() < -4.0);
+        r.accept_grammar(token).unwrap();
+        assert_eq!(r.push_token(token, None, &[EOS], 100), None);
+        // The last token completes the grammar: the request stops there, matched null.
+        let mut row = vec![0.0f32; 10];
+        let (token, _) = r.sample(&mut row).unwrap();
+        assert_eq!(token, 3);
+        r.accept_grammar(token).unwrap();
+        assert_eq!(
+            r.push_token(token, None, &[EOS], 100),
+            Some(FinishReason::Stop {
+                matched: serde_json::Value::Null
+            })
+        );
+
+        // An empty grammar allows only EOS: that is a stop on the EOS id, even with
+        // ignore_eos (the grammar is complete).
+        let mut r = constrained(Vec::new(), false, None);
+        r.params.ignore_eos = true;
+        let mut row = vec![0.0f32; 10];
+        row[4] = 9.0;
+        let (token, _) = r.sample(&mut row).unwrap();
+        assert_eq!(token, EOS);
+        r.accept_grammar(token).unwrap();
+        assert_eq!(
+            r.push_token(token, None, &[EOS], 100),
+            Some(FinishReason::Stop {
+                matched: serde_json::json!(EOS)
+            })
+        );
+    }
+
+    #[test]
+    fn grammar_failures_are_request_errors() {
+        let mut r = constrained(vec![2], true, None);
+        let err = r.sample(&mut [0.0f32; 10]).unwrap_err();
+        assert!(
+            err.contains("regex grammar failed") && err.contains("broken"),
+            "{err}"
+        );
+        let mut r = constrained(vec![2], false, None);
+        let err = r.accept_grammar(5).unwrap_err();
+        assert!(err.contains("refused the sampled token"), "{err}");
+        // A request without a grammar accepts anything.
+        let mut r = req(vec![1], None);
+        assert!(r.accept_grammar(5).is_ok());
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! End-to-end tests of the HTTP API: the real binary serving the real model, called over HTTP.
 //!
 //! Most tests share one server started with `--api-key --enable-metrics --enable-cache-report
-//! --log-requests`; the `skip_tokenizer` tests share a second one started with
-//! `--skip-tokenizer-init`. Tests run in parallel against the shared server, so checks of
-//! global counters wait for the server to be idle.
+//! --log-requests --tool-call-parser qwen25`; the `skip_tokenizer` tests share a second one
+//! started with `--skip-tokenizer-init`, and the structured-output tests of the outlines
+//! backend a third one started with `--grammar-backend outlines` (and no tool call parser).
+//! Tests run in parallel against the shared server, so checks of global counters wait for the
+//! server to be idle.
 
 #![allow(clippy::unwrap_used)]
 
@@ -14,6 +16,8 @@ mod lifecycle;
 mod native;
 mod openai;
 mod sampling;
+mod structured;
+mod tools;
 
 use std::sync::OnceLock;
 
@@ -31,6 +35,8 @@ pub fn server() -> &'static Server {
                 "--enable-metrics",
                 "--enable-cache-report",
                 "--log-requests",
+                "--tool-call-parser",
+                "qwen25",
             ],
         )
         .with_key(API_KEY)
@@ -40,6 +46,11 @@ pub fn server() -> &'static Server {
 pub fn skip_tokenizer_server() -> &'static Server {
     static S: OnceLock<Server> = OnceLock::new();
     S.get_or_init(|| Server::start("skip-tokenizer", &["--skip-tokenizer-init"]))
+}
+
+pub fn outlines_server() -> &'static Server {
+    static S: OnceLock<Server> = OnceLock::new();
+    S.get_or_init(|| Server::start("outlines", &["--grammar-backend", "outlines"]))
 }
 
 pub async fn served_model(s: &Server) -> String {

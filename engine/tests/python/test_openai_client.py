@@ -6,9 +6,11 @@ Run by engine/tests/openai_client.rs, which starts the server and sets:
 Runs under pytest, or as a plain script (`python3 test_openai_client.py`).
 """
 
+import json
 import os
 import sys
 
+import jsonschema
 import openai
 
 BASE_URL = os.environ.get("SGL_BASE_URL", "http://127.0.0.1:30000").rstrip("/") + "/v1"
@@ -234,6 +236,127 @@ def test_errors():
         raise AssertionError("expected a 404 for an unknown model")
     except openai.NotFoundError as e:
         assert name in str(e)
+
+
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "hobbies": {"type": "array", "items": {"enum": ["chess", "music", "running"]}, "maxItems": 2},
+    },
+    "required": ["name", "age", "hobbies"],
+    "additionalProperties": False,
+}
+
+
+def test_response_format_json_schema():
+    kwargs = dict(
+        model=model_name(),
+        messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": PERSON_SCHEMA, "strict": True},
+        },
+        max_tokens=300,
+    )
+    for temperature in (0, 0.8):
+        r = client().chat.completions.create(temperature=temperature, seed=5, **kwargs)
+        choice = r.choices[0]
+        assert choice.finish_reason == "stop", choice
+        jsonschema.validate(json.loads(choice.message.content), PERSON_SCHEMA)
+    pieces = [
+        c.choices[0].delta.content
+        for c in client().chat.completions.create(temperature=0, stream=True, **kwargs)
+        if c.choices and c.choices[0].delta.content
+    ]
+    jsonschema.validate(json.loads("".join(pieces)), PERSON_SCHEMA)
+    # json_object, and an invalid schema (a 400 with the compiler's message).
+    r = client().chat.completions.create(
+        model=model_name(),
+        messages=[{"role": "user", "content": "Return a JSON object with the keys name and color for a cat."}],
+        response_format={"type": "json_object"},
+        temperature=0,
+        max_tokens=300,
+    )
+    assert r.choices[0].finish_reason == "stop", r.choices[0]
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    expect_bad_request(
+        "frobnicate",
+        model=model_name(),
+        messages=[{"role": "user", "content": "hi"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}},
+    )
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 20},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_tools_named_choice():
+    kwargs = dict(
+        model=model_name(),
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=0,
+        max_tokens=120,
+    )
+    r = client().chat.completions.create(**kwargs)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, WEATHER_TOOL["function"]["parameters"])
+
+    # Streamed: the fragments join to the same arguments.
+    names, fragments, finish = [], [], None
+    for chunk in client().chat.completions.create(stream=True, **kwargs):
+        if not chunk.choices:
+            continue
+        c = chunk.choices[0]
+        for tc in c.delta.tool_calls or []:
+            assert tc.index == 0
+            if tc.function and tc.function.name:
+                names.append(tc.function.name)
+            if tc.function and tc.function.arguments:
+                fragments.append(tc.function.arguments)
+        if c.finish_reason:
+            finish = c.finish_reason
+    assert names == ["get_weather"]
+    assert finish == "tool_calls"
+    assert json.loads("".join(fragments)) == arguments
+
+    # The conversation goes on with the call and the tool's answer.
+    follow = client().chat.completions.create(
+        model=model_name(),
+        messages=kwargs["messages"]
+        + [
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'},
+        ],
+        tools=[WEATHER_TOOL],
+        temperature=0,
+        max_tokens=12,
+    )
+    assert follow.choices[0].message.role == "assistant"
 
 
 def test_auth():
