@@ -24,6 +24,11 @@ impl Sampler {
     }
 
     /// Pick a token from `logits` (modified in place).
+    /// A fresh uniform draw in [0, 1) (for a sampler that runs elsewhere, e.g. on a GPU).
+    pub fn uniform(&mut self) -> f32 {
+        self.rng.random()
+    }
+
     pub fn sample(&mut self, logits: &mut [f32], p: &SamplingParams) -> u32 {
         if p.is_greedy() {
             return argmax(logits);

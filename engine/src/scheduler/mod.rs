@@ -33,7 +33,7 @@ use std::time::Instant;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::backend::{Backend, SeqInput};
+use crate::backend::{Backend, SampleInput, SeqInput};
 use crate::cache::{KvPool, RadixCache};
 use crate::config::SchedulePolicy;
 use crate::engine::{PendingRequest, SchedulerMsg, SchedulerStats};
@@ -42,6 +42,12 @@ use crate::metrics::Metrics;
 use crate::request::FinishReason;
 use crate::tokenizer::Tokenizer;
 use req::{GrammarState, Req};
+
+/// What a forward pass returned: logits rows, or tokens sampled on the backend's device.
+enum Sampled {
+    Logits(Vec<f32>),
+    Tokens(Vec<u32>),
+}
 
 /// How a request in this step's batch ends.
 enum Outcome {
@@ -496,6 +502,9 @@ impl Scheduler {
                 grammar_jobs.push((p.idx, g));
             }
         }
+        // When every sampling request needs nothing but a token, the backend may sample on its
+        // own device and no logits leave it.
+        let device_params = self.device_sample_params(&plan, &starts, grammar_jobs.is_empty());
         let inputs: Vec<SeqInput<'_>> = plan
             .iter()
             .zip(&tokens)
@@ -523,7 +532,10 @@ impl Scheduler {
                     jobs
                 })
             });
-            let forward = backend.forward(&inputs);
+            let forward = match &device_params {
+                Some(params) => backend.forward_sample(&inputs, params).map(Sampled::Tokens),
+                None => backend.forward(&inputs).map(Sampled::Logits),
+            };
             let jobs = match worker {
                 // `fill_mask` catches panics, so the worker cannot fail; if it did, the
                 // states are lost and their requests fail below.
@@ -536,7 +548,11 @@ impl Scheduler {
         for (idx, g) in grammar_jobs {
             self.running[idx].grammar = Some(g);
         }
-        let mut logits = forward?;
+        let (mut logits, device_tokens) = match forward? {
+            Sampled::Logits(l) => (l, None),
+            Sampled::Tokens(t) => (Vec::new(), Some(t)),
+        };
+        let mut sampled_row = 0;
         let step_secs = started.elapsed().as_secs_f64();
 
         let mut finished = Vec::new();
@@ -594,6 +610,8 @@ impl Scheduler {
                 continue;
             }
             r.send_prompt_logprobs();
+            let device_token = device_tokens.as_ref().map(|t| t.get(sampled_row).copied());
+            sampled_row += 1;
             if r.output.is_empty() && r.params.max_new_tokens == 0 {
                 // Prefill only: the prompt is now computed (and cached) and nothing is sampled.
                 finished.push((p.idx, Outcome::Finished(FinishReason::Length { length: 0 })));
@@ -606,14 +624,23 @@ impl Scheduler {
                 ));
                 continue;
             }
-            let at = (first_row + nrows.saturating_sub(1)) * vocab;
-            let Some(l) = logits.get_mut(at..at + vocab) else {
-                tracing::error!("backend returned too few logits");
-                continue;
+            let sampled = match device_token {
+                Some(Some(token)) => Ok((token, None)),
+                Some(None) => {
+                    tracing::error!("backend sampled too few tokens");
+                    continue;
+                }
+                None => {
+                    let at = (first_row + nrows.saturating_sub(1)) * vocab;
+                    let Some(l) = logits.get_mut(at..at + vocab) else {
+                        tracing::error!("backend returned too few logits");
+                        continue;
+                    };
+                    r.sample(l).and_then(|(token, logprob)| {
+                        r.accept_grammar(token).map(|()| (token, logprob))
+                    })
+                }
             };
-            let sampled = r
-                .sample(l)
-                .and_then(|(token, logprob)| r.accept_grammar(token).map(|()| (token, logprob)));
             let (token, logprob) = match sampled {
                 Ok(t) => t,
                 Err(message) => {
@@ -696,6 +723,34 @@ impl Scheduler {
             }
         }
         Ok(())
+    }
+
+    /// Per-row parameters for sampling on the backend's device, when the backend can and no
+    /// request of this step needs its logits on the host (logprobs, penalties, bias, grammar).
+    /// Draws the sampling requests' random numbers only when it returns `Some`.
+    fn device_sample_params(
+        &mut self,
+        plan: &[Planned],
+        starts: &[usize],
+        no_grammar: bool,
+    ) -> Option<Vec<SampleInput>> {
+        if !no_grammar || !self.backend.samples_on_device() {
+            return None;
+        }
+        let eligible = plan.iter().zip(starts).all(|(p, &start)| {
+            let r = &self.running[p.idx];
+            r.logit_rows(start, p.n, p.completes) == usize::from(p.completes)
+                && (!p.completes || r.samples_anywhere())
+        });
+        if !eligible {
+            return None;
+        }
+        Some(
+            plan.iter()
+                .filter(|p| p.completes)
+                .map(|p| self.running[p.idx].device_sample_input())
+                .collect(),
+        )
     }
 
     fn observe_finished(&self, r: &Req) {

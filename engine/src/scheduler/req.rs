@@ -20,6 +20,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::backend::SampleInput;
 use crate::cache::NodeId;
 use crate::grammar::{GrammarMatcher, TokenMask};
 use crate::request::{
@@ -294,6 +295,31 @@ impl Req {
             proc.apply(row);
         }
         Ok(())
+    }
+
+    /// Whether this request's next token may be sampled anywhere, by the backend on its own
+    /// device included: it needs nothing from the logits row but the token (no logprobs,
+    /// penalties, `logit_bias`, `min_new_tokens` or grammar).
+    pub fn samples_anywhere(&self) -> bool {
+        self.logprobs.is_none()
+            && self.prompt_lp.is_none()
+            && self.logit_proc.is_none()
+            && self.params.grammar.is_none()
+    }
+
+    /// The sampling parameters of the next token for a backend's own sampler, with a fresh
+    /// draw from the request's generator (none for greedy requests, as on the host). A
+    /// request that samples nothing (prefill only) gets greedy parameters.
+    pub fn device_sample_input(&mut self) -> SampleInput {
+        let p = &self.params;
+        let greedy = p.is_greedy() || (self.output.is_empty() && p.max_new_tokens == 0);
+        SampleInput {
+            temperature: if greedy { 0.0 } else { p.temperature },
+            top_p: p.top_p,
+            top_k: p.top_k,
+            min_p: p.min_p,
+            uniform: if greedy { 0.0 } else { self.sampler.uniform() },
+        }
     }
 
     /// Advances the grammar by the sampled token (nothing to do without a grammar).

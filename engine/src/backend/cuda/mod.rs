@@ -294,9 +294,65 @@ impl CudaBackend {
     }
 }
 
+/// Splits a batch that mixes single-token sequences (decodes) with longer ones (prompts) into
+/// the two groups' indices, each in batch order. Run apart, the decodes go through the decode
+/// attention kernel (and a CUDA graph within `--cuda-graph-max-bs`) instead of taking a
+/// one-row tile each in the prefill kernel. `None` when the batch is all one kind.
+fn split_mixed(batch: &[SeqInput<'_>]) -> Option<(Vec<usize>, Vec<usize>)> {
+    let (decodes, prompts): (Vec<usize>, Vec<usize>) =
+        (0..batch.len()).partition(|&i| batch[i].tokens.len() == 1);
+    (!decodes.is_empty() && !prompts.is_empty()).then_some((decodes, prompts))
+}
+
+/// Puts per-sequence results of the two groups of [`split_mixed`] back in batch order:
+/// `take(i)` is how many items sequence `i` has in its group's output.
+fn merge_groups<T: Copy>(
+    n: usize,
+    groups: [(&[usize], &[T]); 2],
+    take: impl Fn(usize) -> usize,
+) -> Vec<T> {
+    let mut group_of = vec![(0usize, 0usize); n];
+    for (g, (idx, _)) in groups.iter().enumerate() {
+        for (k, &i) in idx.iter().enumerate() {
+            group_of[i] = (g, k);
+        }
+    }
+    // Offsets of each sequence's items inside its group's output.
+    let mut starts = [Vec::new(), Vec::new()];
+    for (g, (idx, _)) in groups.iter().enumerate() {
+        let mut at = 0;
+        for &i in idx.iter() {
+            starts[g].push(at);
+            at += take(i);
+        }
+    }
+    let mut out = Vec::new();
+    for (i, &(g, k)) in group_of.iter().enumerate() {
+        let at = starts[g][k];
+        let items = groups[g].1;
+        out.extend_from_slice(&items[at.min(items.len())..(at + take(i)).min(items.len())]);
+    }
+    out
+}
+
 impl Backend for CudaBackend {
     fn forward(&mut self, batch: &[SeqInput<'_>]) -> Result<Vec<f32>> {
         self.validate(batch)?;
+        if let Some((decodes, prompts)) = split_mixed(batch) {
+            let v = self.cfg.vocab_size;
+            let mut outs = Vec::with_capacity(2);
+            for idx in [&decodes, &prompts] {
+                let sub: Vec<SeqInput<'_>> = idx.iter().map(|&i| batch[i]).collect();
+                let rows = self.run(&sub)?;
+                outs.push(self.logits_to_host(rows)?);
+            }
+            let rows_of = |i: usize| batch[i].num_logits.min(batch[i].tokens.len()) * v;
+            return Ok(merge_groups(
+                batch.len(),
+                [(&decodes, &outs[0]), (&prompts, &outs[1])],
+                rows_of,
+            ));
+        }
         let n = self.run(batch)?;
         self.logits_to_host(n)
     }
@@ -317,15 +373,39 @@ impl Backend for CudaBackend {
                 batch[i].num_logits
             )));
         }
-        let rows = self.run(batch)?;
-        if rows.len() != params.len() {
+        let wanted = batch.iter().filter(|s| s.num_logits > 0).count();
+        if wanted != params.len() {
             return Err(EngineError::Internal(format!(
-                "{} sampling parameter sets for {} sequences with logits",
+                "{} sampling parameter sets for {wanted} sequences with logits",
                 params.len(),
-                rows.len()
             )));
         }
-        self.sample_device(&rows, params)
+        // The i-th sequence's parameters, for sequences with logits.
+        let mut param_of = vec![None; batch.len()];
+        let mut next = params.iter();
+        for (i, s) in batch.iter().enumerate() {
+            if s.num_logits > 0 {
+                param_of[i] = next.next().copied();
+            }
+        }
+        let sample_group = |me: &mut Self, idx: &[usize]| -> Result<Vec<u32>> {
+            let sub: Vec<SeqInput<'_>> = idx.iter().map(|&i| batch[i]).collect();
+            let ps: Vec<SampleInput> = idx.iter().filter_map(|&i| param_of[i]).collect();
+            let rows = me.run(&sub)?;
+            me.sample_device(&rows, &ps)
+        };
+        if let Some((decodes, prompts)) = split_mixed(batch) {
+            let a = sample_group(self, &decodes)?;
+            let b = sample_group(self, &prompts)?;
+            let one = |i: usize| usize::from(batch[i].num_logits > 0);
+            return Ok(merge_groups(
+                batch.len(),
+                [(&decodes, &a), (&prompts, &b)],
+                one,
+            ));
+        }
+        let all: Vec<usize> = (0..batch.len()).collect();
+        sample_group(self, &all)
     }
 
     fn vocab_size(&self) -> usize {
@@ -353,3 +433,21 @@ impl Backend for CudaBackend {
 
 /// Upper bound on decode-attention splits, re-exported for buffer sizing.
 pub(crate) const DECODE_SPLITS: usize = MAX_DECODE_SPLITS as usize;
+
+#[cfg(test)]
+mod split_tests {
+    use super::merge_groups;
+
+    #[test]
+    fn merged_groups_come_back_in_batch_order() {
+        // Sequences 0..5; 1 and 3 are decodes (one row each), 0, 2, 4 prompts with 2, 0 and
+        // 3 rows.
+        let rows = [2usize, 1, 0, 1, 3];
+        let decodes = [1usize, 3];
+        let prompts = [0usize, 2, 4];
+        let a = [10, 30];
+        let b = [0, 0, 40, 40, 40];
+        let merged = merge_groups(5, [(&decodes, &a), (&prompts, &b)], |i| rows[i]);
+        assert_eq!(merged, vec![0, 0, 10, 30, 40, 40, 40]);
+    }
+}
