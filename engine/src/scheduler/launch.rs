@@ -65,7 +65,8 @@ fn cpu_backend(
     context_length: usize,
 ) -> Result<Box<dyn Backend>> {
     let cfg = loaded.config;
-    let per_token = 2 * 4 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim;
+    // K and V, f16 each (the CPU backend stores its KV cache in half precision).
+    let per_token = 2 * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim;
     let capacity = match args.max_total_tokens {
         Some(n) => n,
         None => (CPU_KV_BUDGET_BYTES / per_token.max(1)).clamp(2048, 131_072),
