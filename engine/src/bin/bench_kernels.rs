@@ -9,7 +9,8 @@
 //! Usage: `bench_kernels [path/to/model.gguf | --synthetic]` (default: the file
 //! `scripts/fetch-model.sh` fetches; `--synthetic`: random weights of the same shapes and
 //! formats). `SGL_BENCH_SECONDS` sets the time per measurement (default 1.5),
-//! `SGL_BENCH_THREADS` the thread counts to try (default `1,2`).
+//! `SGL_BENCH_THREADS` the thread counts to try (default `1,2`), `SGL_BENCH_BEST=1` reports the
+//! best step instead of the median (steadier on a busy machine).
 //!
 //! `bench_kernels --decode [path/to/model.gguf]`: the whole forward pass instead (the CPU
 //! backend as the server runs it): one decode step at batch 1 and at batch 16, with every
@@ -17,6 +18,10 @@
 //! printing ms per step (wall clock and CPU time), tokens/s and the batch-16 / batch-1 ratio.
 //! `SGL_BENCH_BATCH` changes the batch (default 16), `SGL_BENCH_CONTEXTS` the contexts
 //! (default `128,384`).
+//!
+//! `bench_kernels --micro`: single products of random weights of the model's shapes on one
+//! thread (`SGL_BENCH_THREADS` to change) at n = 1, 8 and 16 for every instruction set, best of many runs (robust on a busy
+//! machine), in µs and int8 multiply-adds per ns.
 
 use std::time::{Duration, Instant};
 
@@ -53,6 +58,10 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or(1.5);
     if decode {
         return decode_bench(&path, seconds);
+    }
+    if path == "--micro" {
+        micro_bench(seconds);
+        return Ok(());
     }
     let (layers, output) = if path == "--synthetic" {
         synthetic()?
@@ -233,6 +242,23 @@ fn time_step(
     with_output: bool,
     budget: f64,
 ) -> f64 {
+    let (median, best) = time_step_stats(isa, layers, output, n, with_output, budget);
+    if std::env::var_os("SGL_BENCH_BEST").is_some() {
+        best
+    } else {
+        median
+    }
+}
+
+/// Median and best seconds of one step (see [`time_step`]).
+fn time_step_stats(
+    isa: Isa,
+    layers: &[Weight],
+    output: &Weight,
+    n: usize,
+    with_output: bool,
+    budget: f64,
+) -> (f64, f64) {
     let max_cols = layers
         .iter()
         .map(Weight::cols)
@@ -268,7 +294,7 @@ fn time_step(
         times.push(t.elapsed().as_secs_f64());
     }
     times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
+    (times[times.len() / 2], times[0])
 }
 
 /// Median seconds of one n = 1 step with q, k, v and gate, up each fused into one
@@ -327,6 +353,96 @@ fn time_fused_step(layers: &[Weight], output: &Weight, budget: f64) -> f64 {
     }
     times.sort_by(f64::total_cmp);
     times[times.len() / 2]
+}
+
+/// The `--micro` mode (see the module documentation).
+fn micro_bench(seconds: f64) {
+    let threads = std::env::var("SGL_BENCH_THREADS")
+        .ok()
+        .and_then(|t| t.split(',').next()?.trim().parse().ok())
+        .unwrap_or(1);
+    set_num_threads(threads);
+    let mut seed = 0x1234_5678_9abc_def1u64;
+    let mut random_byte = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 24) as u8
+    };
+    let mut make = |format: WeightFormat, rows: usize, cols: usize| -> Weight {
+        let mut bytes = Vec::with_capacity(rows * format.row_bytes(cols));
+        for _ in 0..rows * cols / 32 {
+            bytes.extend_from_slice(&0x211eu16.to_le_bytes());
+            if format == WeightFormat::Q4_1 {
+                bytes.extend_from_slice(&0xad1fu16.to_le_bytes());
+            }
+            let quants = if format == WeightFormat::Q8_0 { 32 } else { 16 };
+            bytes.extend((0..quants).map(|_| random_byte()));
+        }
+        Weight::from_raw(format, rows, cols, bytes).expect("valid shape")
+    };
+    let shapes = [
+        (WeightFormat::Q4_1, 1536, 576),
+        (WeightFormat::Q4_1, 576, 1536),
+        (WeightFormat::Q4_1, 192, 576),
+        (WeightFormat::Q4_0, 1536, 576),
+        (WeightFormat::Q8_0, 4096, 576),
+    ];
+    for (format, rows, cols) in shapes {
+        let w = make(format, rows, cols);
+        for n in [1, 8, 16] {
+            let x: Vec<f32> = (0..n * cols)
+                .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.5)
+                .collect();
+            let mut out = vec![0.0f32; n * rows];
+            let mut line = format!("  {format} {rows:5}x{cols:<5} n={n:2}:");
+            for isa in Isa::all_supported() {
+                let mut best = f64::MAX;
+                let started = Instant::now();
+                while started.elapsed().as_secs_f64() < seconds / 10.0 {
+                    let t = Instant::now();
+                    for _ in 0..10 {
+                        matmul_with_isa(isa, &w, &x, n, &mut out);
+                    }
+                    best = best.min(t.elapsed().as_secs_f64() / 10.0);
+                }
+                let macs = (rows * cols * n) as f64;
+                line += &format!(
+                    "  {isa:?} {:8.1} us {:6.1} MAC/ns",
+                    best * 1e6,
+                    macs / best / 1e9
+                );
+            }
+            println!("{line}");
+        }
+    }
+    // Weights streamed from memory: 128 matrices of 1536 x 576 Q4_1 (71 MB), one after another.
+    let (rows, cols) = (1536, 576);
+    let ws: Vec<Weight> = (0..128)
+        .map(|_| make(WeightFormat::Q4_1, rows, cols))
+        .collect();
+    for n in [1, 16] {
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.5)
+            .collect();
+        let mut out = vec![0.0f32; n * rows];
+        let mut best = f64::MAX;
+        let started = Instant::now();
+        while started.elapsed().as_secs_f64() < seconds {
+            let t = Instant::now();
+            for w in &ws {
+                matmul_with_isa(Isa::detect(), w, &x, n, &mut out);
+            }
+            best = best.min(t.elapsed().as_secs_f64() / ws.len() as f64);
+        }
+        let macs = (rows * cols * n) as f64;
+        println!(
+            "  streamed Q4_1 {rows}x{cols} n={n:2}: {:?} {:8.1} us {:6.1} MAC/ns",
+            Isa::detect(),
+            best * 1e6,
+            macs / best / 1e9
+        );
+    }
 }
 
 /// Best-of-5 read bandwidth over a 256 MiB buffer split across the pool.

@@ -20,7 +20,7 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
-    /// x86-64 AVX2 + FMA + F16C and AVX-512 F/BW/VL/VNNI (`vpdpbusd` on 256-bit vectors).
+    /// x86-64 AVX2 + FMA + F16C and AVX-512 F/BW/VL/VNNI (`vpdpbusd` on 512-bit vectors).
     Avx512Vnni,
 }
 
@@ -213,9 +213,12 @@ fn run_group_chunk(
         for g in chunk.clone() {
             let r0 = g * GROUP;
             let valid = GROUP.min(rows - r0);
+            // Tiles of near-equal size (e.g. 9 rows: 5 + 4, not 8 + 1).
+            let len = pass_end - pass;
+            let tiles = len.div_ceil(MAX_T);
             let mut i = pass;
-            while i < pass_end {
-                let t = MAX_T.min(pass_end - i);
+            for j in 0..tiles {
+                let t = len / tiles + usize::from(j < len % tiles);
                 group_tile(isa, w, g, acts, i, t, &mut tile);
                 for (k, res) in tile[..t].iter().enumerate() {
                     // SAFETY: each row group of `w` belongs to one task only and (i + k) is

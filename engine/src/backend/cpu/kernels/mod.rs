@@ -5,7 +5,7 @@
 //! blocks of 32 values with one f32 scale (like ggml's Q8_0/Q8_1 activation blocks), then each
 //! output is a sum over blocks of `scale_w * scale_x * (integer dot of the 32 pairs)` plus, for
 //! Q4_1, `min_w * scale_x * sum(x quants)`. The integer dots run on SIMD units picked at run
-//! time ([`Isa`]): AVX-512 VNNI, AVX2 + FMA, or portable scalar code (other architectures and old
+//! time ([`Isa`]): AVX-512 VNNI (512-bit), AVX2 + FMA, or portable scalar code (other architectures and old
 //! x86 CPUs). All paths quantize activations identically, so they differ only in the order of
 //! f32 additions.
 //!
@@ -13,15 +13,17 @@
 //! activation moves by at most half a quantization step (`amax(block) / 254`), so an output moves
 //! by at most `sum_blocks amax_x(block) / 254 * sum |w| over the block` (what the tests check).
 //!
-//! Layout: block-format weights are repacked when loaded so 8 rows are interleaved 4 bytes at
-//! a time (`packed.rs`): one byte-dot instruction then serves 8 rows, and the per-block f32
-//! work is done once per 8 rows. [`Weight::dequantize_row`] reads the packed form.
+//! Layout: block-format weights are repacked when loaded so 16 rows are interleaved 4 bytes at
+//! a time (`packed.rs`): one 512-bit byte-dot instruction then serves 16 rows (a 256-bit one 8),
+//! and the per-block f32 work is done once per 16 (8) rows. [`Weight::dequantize_row`] reads
+//! the packed form.
 //!
 //! Work is split over groups of output rows across the pool ([`set_num_threads`],
-//! [`parallel_for`]). For several activation rows (prefill, batched decode) each 8-row group is
-//! run against tiles of 4 activation rows while its weights sit in L1, and chunks of groups are
-//! sized to stay in L2 across passes of 64 activation rows: weights are read from memory once
-//! per call whatever `n` is.
+//! [`parallel_for`]). For several activation rows (prefill, batched decode) each 16-row group is
+//! run against tiles of up to 8 activation rows (4 per pass on AVX2) while its weights sit in
+//! L1: each weight block is loaded and unpacked once per tile, and the tile's integer sums stay
+//! in registers. Chunks of groups are sized to stay in L2 across passes of 64 activation rows:
+//! weights are read from memory once per call whatever `n` is.
 //!
 //! `SGL_CPU_ISA=scalar|avx2|avx512` caps the instruction set (debugging, comparisons).
 
@@ -124,14 +126,14 @@ pub enum KernelError {
 }
 
 /// A weight matrix: `rows` output features, each a row of `cols` input features. Float formats
-/// keep the GGUF row-major bytes; block formats are repacked at construction into groups of 8
-/// interleaved rows (see `packed.rs`), which the SIMD kernels read 8 rows at a time.
+/// keep the GGUF row-major bytes; block formats are repacked at construction into groups of 16
+/// interleaved rows (see `packed.rs`), which the SIMD kernels read 16 (or 8) rows at a time.
 #[derive(Clone)]
 pub struct Weight {
     rows: usize,
     cols: usize,
     format: WeightFormat,
-    /// Float formats: bytes per row. Block formats: bytes per packed group of 8 rows.
+    /// Float formats: bytes per row. Block formats: bytes per packed group of 16 rows.
     stride: usize,
     bytes: Vec<u8>,
 }
@@ -240,7 +242,7 @@ impl Weight {
         &self.bytes[row * self.stride..(row + 1) * self.stride]
     }
 
-    /// Block formats: the packed bytes of row group `g` (rows `8g..8g + 8`).
+    /// Block formats: the packed bytes of row group `g` (rows `16g..16g + 16`).
     pub(crate) fn group_data(&self, g: usize) -> &[u8] {
         debug_assert!(self.format.is_quantized());
         &self.bytes[g * self.stride..(g + 1) * self.stride]

@@ -1,17 +1,19 @@
 //! The packed layout of block-quantized weights, and the portable kernel on it.
 //!
-//! GGUF stores each row as consecutive blocks. For SIMD it pays to interleave [`GROUP`] = 8
-//! rows: one 32-byte load then holds 4 bytes of each of the 8 rows, a byte-dot instruction
-//! against 4 activation bytes broadcast to every lane accumulates all 8 rows at once (lane r =
-//! row r), and the per-block f32 work (convert, scale, add) is done once for 8 rows instead of
-//! once per row. Padding rows (when `rows % 8 != 0`) are zero and never written out.
+//! GGUF stores each row as consecutive blocks. For SIMD it pays to interleave [`GROUP`] = 16
+//! rows: one 64-byte load then holds 4 bytes of each of the 16 rows, a byte-dot instruction
+//! against 4 activation bytes broadcast to every lane accumulates all 16 rows at once (lane r =
+//! row r), and the per-block f32 work (convert, scale, add) is done once for 16 rows instead of
+//! once per row. 256-bit kernels take the group as two halves of 8 rows (the first and second
+//! 32 bytes of every chunk, the first and second 8 scales). Padding rows (when
+//! `rows % 16 != 0`) are zero and never written out.
 //!
-//! Per group of 8 rows, per block index `b`, a "block group" of:
-//! - `d[8]` f16 scales (row r at `2r`), then for Q4_1 `m[8]` f16 mins;
-//! - Q4_0 / Q4_1: 128 bytes of nibbles: chunk `t in 0..4` is 32 bytes, row r's bytes
-//!   `4t..4t+4` at `32t + 4r` (ggml order: low nibble = element `j`, high = element `j + 16`,
-//!   so chunk t covers elements `4t..4t+4` (low) and `16+4t..20+4t` (high));
-//! - Q8_0: 256 bytes, chunk `t in 0..8` holds row r's elements `4t..4t+4` at `32t + 4r`,
+//! Per group of 16 rows, per block index `b`, a "block group" of:
+//! - `d[16]` f16 scales (row r at `2r`), then for Q4_1 `m[16]` f16 mins;
+//! - Q4_0 / Q4_1: 256 bytes of nibbles: chunk `t in 0..4` is [`CHUNK`] = 64 bytes, row r's
+//!   bytes `4t..4t+4` at `64t + 4r` (ggml order: low nibble = element `j`, high = element
+//!   `j + 16`, so chunk t covers elements `4t..4t+4` (low) and `16+4t..20+4t` (high));
+//! - Q8_0: 512 bytes, chunk `t in 0..8` holds row r's elements `4t..4t+4` at `64t + 4r`,
 //!   stored as unsigned `q + 128` (so every kernel multiplies unsigned weight bytes by signed
 //!   activation bytes; the `128 * sum(x)` this adds is subtracted per block).
 //!
@@ -22,7 +24,10 @@ use super::scalar::f16_at;
 use super::{BLOCK, WeightFormat};
 
 /// Rows interleaved in one group.
-pub(crate) const GROUP: usize = 8;
+pub(crate) const GROUP: usize = 16;
+
+/// Bytes of one chunk: 4 quant bytes of each row of a group.
+pub(crate) const CHUNK: usize = 4 * GROUP;
 
 /// Byte offset of the quants inside a block group.
 pub(crate) fn header_bytes(format: WeightFormat) -> usize {
@@ -32,7 +37,7 @@ pub(crate) fn header_bytes(format: WeightFormat) -> usize {
     }
 }
 
-/// Bytes of one block group (8 rows × one block).
+/// Bytes of one block group (16 rows × one block).
 pub(crate) fn block_group_bytes(format: WeightFormat) -> usize {
     header_bytes(format)
         + match format {
@@ -72,7 +77,7 @@ pub(crate) fn pack(format: WeightFormat, rows: usize, nb: usize, gguf: &[u8]) ->
                 _ => &src[2..],
             };
             for (t, chunk) in qs.chunks_exact(4).enumerate() {
-                let at = hdr + 32 * t + 4 * lane;
+                let at = hdr + CHUNK * t + 4 * lane;
                 for (d, &s) in dst[at..at + 4].iter_mut().zip(chunk) {
                     *d = if format == WeightFormat::Q8_0 {
                         s ^ 0x80
@@ -92,7 +97,7 @@ pub(crate) fn dequantize_row(format: WeightFormat, group: &[u8], lane: usize, ou
     let hdr = header_bytes(format);
     for (blk, o) in group.chunks_exact(bg).zip(out.chunks_exact_mut(BLOCK)) {
         let d = f16_at(blk, 2 * lane);
-        let q = |t: usize, j: usize| blk[hdr + 32 * t + 4 * lane + j];
+        let q = |t: usize, j: usize| blk[hdr + CHUNK * t + 4 * lane + j];
         match format {
             WeightFormat::Q8_0 => {
                 for (e, o) in o.iter_mut().enumerate() {
@@ -116,7 +121,7 @@ pub(crate) fn dequantize_row(format: WeightFormat, group: &[u8], lane: usize, ou
     }
 }
 
-/// Portable kernel: the 8 rows of one packed row group against activation row `i`.
+/// Portable kernel: the 16 rows of one packed row group against activation row `i`.
 pub(crate) fn dot_group(
     format: WeightFormat,
     group: &[u8],
@@ -133,31 +138,38 @@ pub(crate) fn dot_group(
     for (b, blk) in group.chunks_exact(bg).enumerate() {
         let x = &xq[b * BLOCK..(b + 1) * BLOCK];
         let qs = &blk[hdr..];
-        // Each 32-byte chunk is 8 rows × 4 bytes; products are formed over the whole chunk
-        // (which compilers vectorize on any SIMD target), then summed per row.
+        // Each chunk is 16 rows × 4 bytes, taken as two halves of 8 rows; products are formed
+        // over a whole half (which compilers vectorize on any SIMD target; whole chunks
+        // measured slower), then summed per row.
+        const HALF: usize = CHUNK / 2;
         let mut isum = [-offset * xsq[b]; GROUP];
-        let mut add_chunk = |prod: &[i32; 32]| {
-            for (s, p) in isum.iter_mut().zip(prod.chunks_exact(4)) {
+        let mut add_half = |h: usize, prod: &[i32; HALF]| {
+            for (s, p) in isum[h * GROUP / 2..].iter_mut().zip(prod.chunks_exact(4)) {
                 *s += p.iter().sum::<i32>();
             }
         };
         if format == WeightFormat::Q8_0 {
-            for (chunk, xc) in qs.chunks_exact(32).zip(x.chunks_exact(4)) {
-                let prod: [i32; 32] = std::array::from_fn(|k| chunk[k] as i32 * xc[k % 4] as i32);
-                add_chunk(&prod);
+            for (chunk, xc) in qs.chunks_exact(CHUNK).zip(x.chunks_exact(4)) {
+                for (h, part) in chunk.chunks_exact(HALF).enumerate() {
+                    let prod: [i32; HALF] =
+                        std::array::from_fn(|k| part[k] as i32 * xc[k % 4] as i32);
+                    add_half(h, &prod);
+                }
             }
         } else {
             let (xl, xh) = x.split_at(BLOCK / 2);
             for ((chunk, xl), xh) in qs
-                .chunks_exact(32)
+                .chunks_exact(CHUNK)
                 .zip(xl.chunks_exact(4))
                 .zip(xh.chunks_exact(4))
             {
-                let prod: [i32; 32] = std::array::from_fn(|k| {
-                    (chunk[k] & 0x0f) as i32 * xl[k % 4] as i32
-                        + (chunk[k] >> 4) as i32 * xh[k % 4] as i32
-                });
-                add_chunk(&prod);
+                for (h, part) in chunk.chunks_exact(HALF).enumerate() {
+                    let prod: [i32; HALF] = std::array::from_fn(|k| {
+                        (part[k] & 0x0f) as i32 * xl[k % 4] as i32
+                            + (part[k] >> 4) as i32 * xh[k % 4] as i32
+                    });
+                    add_half(h, &prod);
+                }
             }
         }
         let d: [f32; GROUP] = std::array::from_fn(|lane| f16_bits_to_f32(blk, 2 * lane));

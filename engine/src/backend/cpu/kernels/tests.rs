@@ -147,6 +147,39 @@ fn every_format_and_isa_matches_reference() {
     }
 }
 
+/// Every activation-row count from 1 to 17 (all tile sizes and their splits) on row counts
+/// that are not multiples of the row group, against the exact product and across ISAs.
+#[test]
+fn every_tile_size_matches_reference() {
+    let mut seed = 1000;
+    for format in [WeightFormat::Q4_0, WeightFormat::Q4_1, WeightFormat::Q8_0] {
+        for &(rows, cols) in &[(23, 64), (49, 96)] {
+            let (w, exact) = random_weight(format, rows, cols, seed);
+            for n in 1..=17 {
+                seed += 1;
+                let mut rng = StdRng::seed_from_u64(seed);
+                let x = random_vec(&mut rng, n * cols, 2.0);
+                let mut base: Option<Vec<f32>> = None;
+                for isa in Isa::all_supported() {
+                    let mut out = vec![f32::NAN; n * rows];
+                    matmul_with(isa, &w, &x, n, &mut out);
+                    let what = format!("{isa:?} {rows}x{cols} n={n}");
+                    check_product(format, &exact, &x, n, &out, &what);
+                    match &base {
+                        None => base = Some(out),
+                        Some(base) => {
+                            for (k, (a, b)) in base.iter().zip(&out).enumerate() {
+                                let tol = 1e-4 * a.abs().max(1.0);
+                                assert!((a - b).abs() <= tol, "{what} vs scalar [{k}]: {b} vs {a}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn float_formats_handle_columns_not_multiple_of_eight() {
     for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16] {
@@ -290,8 +323,8 @@ fn from_raw_rejects_bad_shapes() {
         Err(KernelError::SizeMismatch { .. })
     ));
     let w = Weight::from_raw(WeightFormat::Q8_0, 3, 64, vec![0; 3 * 68]).expect("valid");
-    // Packed in groups of 8 rows: padded to 8 rows.
-    assert_eq!((w.rows(), w.cols(), w.size_bytes()), (3, 64, 8 * 68));
+    // Packed in groups of 16 rows: padded to 16 rows.
+    assert_eq!((w.rows(), w.cols(), w.size_bytes()), (3, 64, 16 * 68));
     assert_eq!(w.format(), WeightFormat::Q8_0);
 }
 
