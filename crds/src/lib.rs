@@ -320,5 +320,22 @@ impl SGLangService {
 
 /// The CRD as YAML, exactly as `crdgen` writes it.
 pub fn crd_yaml() -> Result<String, CrdError> {
-    Ok(serde_yaml::to_string(&SGLangService::crd())?)
+    // Keys sorted at every level: the text is then the same whether or not another crate of the
+    // build turns on serde_json's `preserve_order` (which changes the order of schema maps).
+    let mut v = serde_json::to_value(SGLangService::crd())?;
+    sort_keys(&mut v);
+    Ok(serde_yaml::to_string(&v)?)
+}
+
+fn sort_keys(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            map.sort_keys();
+            for child in map.values_mut() {
+                sort_keys(child);
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(sort_keys),
+        _ => {}
+    }
 }
