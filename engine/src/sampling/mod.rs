@@ -99,64 +99,71 @@ pub fn top_logprobs(logits: &[f32], k: usize, lse: f32) -> Vec<(u32, f32)> {
 }
 
 /// Sample with a given uniform draw `u` in [0, 1): deterministic for a given draw.
+///
+/// Works on `e = exp((logit - max) / T)` over the candidates (the top-k set, or every finite
+/// logit), so the most likely token has `e = 1`: min-p keeps `e >= min_p`, top-p the smallest
+/// set of most likely tokens whose mass reaches `top_p` of the candidates' mass. Only top-p
+/// needs candidates in order, and only as far as its prefix reaches, so the vocabulary is
+/// never sorted whole; without top-p the draw walks the kept tokens in index order.
 pub fn sample_with(logits: &[f32], p: &SamplingParams, u: f32) -> u32 {
     let t = p.temperature.max(1e-5);
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    // Candidates sorted by logit, descending; top-k bounds how many we sort.
     let mut idx: Vec<u32> = (0..logits.len() as u32)
         .filter(|&i| logits[i as usize].is_finite())
         .collect();
     if idx.is_empty() {
         return argmax(logits);
     }
-    let k = if p.top_k > 0 {
-        (p.top_k as usize).min(idx.len())
-    } else {
-        idx.len()
-    };
     let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]);
-    if k < idx.len() {
+    if p.top_k > 0 && (p.top_k as usize) < idx.len() {
+        let k = p.top_k as usize;
         idx.select_nth_unstable_by(k - 1, by_logit);
         idx.truncate(k);
     }
-    idx.sort_unstable_by(by_logit);
-    let mut probs: Vec<f32> = idx
-        .iter()
-        .map(|&i| ((logits[i as usize] - max) / t).exp())
-        .collect();
-    let total: f32 = probs.iter().sum();
-    for q in probs.iter_mut() {
-        *q /= total;
-    }
-    // min-p: drop tokens below min_p × the top probability.
-    let mut keep = probs.len();
+    let weight = |i: u32| ((logits[i as usize] - max) / t).exp();
+    let total: f32 = idx.iter().map(|&i| weight(i)).sum();
     if p.min_p > 0.0 {
-        let floor = probs[0] * p.min_p;
-        keep = probs.iter().take_while(|&&q| q >= floor).count().max(1);
-    }
-    // top-p: smallest prefix whose mass reaches top_p.
-    if p.top_p < 1.0 {
-        let mut cum = 0.0;
-        let mut n = 0;
-        for &q in &probs[..keep] {
-            cum += q;
-            n += 1;
-            if cum >= p.top_p {
-                break;
-            }
+        idx.retain(|&i| weight(i) >= p.min_p);
+        if idx.is_empty() {
+            return argmax(logits);
         }
-        keep = n.max(1);
     }
-    let mass: f32 = probs[..keep].iter().sum();
+    if p.top_p < 1.0 {
+        let goal = p.top_p * total;
+        // Sort a growing prefix of the most likely tokens until its mass reaches the goal.
+        let mut m = 64usize;
+        let keep = loop {
+            if m >= idx.len() {
+                idx.sort_unstable_by(by_logit);
+            } else {
+                idx.select_nth_unstable_by(m - 1, by_logit);
+                idx[..m].sort_unstable_by(by_logit);
+            }
+            let span = m.min(idx.len());
+            let mut cum = 0.0;
+            let reached = idx[..span].iter().position(|&i| {
+                cum += weight(i);
+                cum >= goal
+            });
+            match reached {
+                Some(j) => break j + 1,
+                None if span == idx.len() => break span,
+                None => m *= 4,
+            }
+        };
+        idx.truncate(keep.max(1));
+    }
+    let weights: Vec<f32> = idx.iter().map(|&i| weight(i)).collect();
+    let mass: f32 = weights.iter().sum();
     let target = u * mass;
     let mut cum = 0.0;
-    for (j, &q) in probs[..keep].iter().enumerate() {
-        cum += q;
+    for (j, &w) in weights.iter().enumerate() {
+        cum += w;
         if target < cum {
             return idx[j];
         }
     }
-    idx[keep - 1]
+    idx[idx.len() - 1]
 }
 
 #[cfg(test)]
@@ -204,6 +211,58 @@ mod tests {
         let l = vec![2.0, 1.0, 0.0, -1.0];
         // min_p 0.5: keep tokens with p >= 0.32 → only the first.
         assert_eq!(sample_with(&l, &params(1.0, 1.0, -1, 0.5), 0.99), 0);
+    }
+
+    /// The same rule over a fully sorted candidate list.
+    fn sample_sorted(logits: &[f32], p: &SamplingParams, u: f32) -> u32 {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        idx.sort_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]));
+        let w: Vec<f32> = idx
+            .iter()
+            .map(|&i| ((logits[i as usize] - max) / p.temperature).exp())
+            .collect();
+        let total: f32 = w.iter().sum();
+        let mut keep = w.iter().take_while(|&&x| x >= p.min_p).count().max(1);
+        let mut cum = 0.0;
+        for (j, &x) in w[..keep].iter().enumerate() {
+            cum += x;
+            if cum >= p.top_p * total {
+                keep = j + 1;
+                break;
+            }
+        }
+        let mass: f32 = w[..keep].iter().sum();
+        let mut acc = 0.0;
+        for j in 0..keep {
+            acc += w[j];
+            if u * mass < acc {
+                return idx[j];
+            }
+        }
+        idx[keep - 1]
+    }
+
+    #[test]
+    fn top_p_over_a_large_vocabulary_matches_a_full_sort() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let logits: Vec<f32> = (0..5000).map(|_| rng.random::<f32>() * 12.0).collect();
+        for (top_p, min_p, temp) in [(0.9, 0.0, 1.0), (0.3, 0.0, 0.7), (0.95, 0.01, 1.3)] {
+            let p = SamplingParams {
+                temperature: temp,
+                top_p,
+                min_p,
+                ..Default::default()
+            };
+            for k in 0..200 {
+                let u = k as f32 / 200.0;
+                assert_eq!(
+                    sample_with(&logits, &p, u),
+                    sample_sorted(&logits, &p, u),
+                    "top_p {top_p} min_p {min_p} u {u}"
+                );
+            }
+        }
     }
 
     #[test]
