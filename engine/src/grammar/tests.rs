@@ -9,35 +9,8 @@ use serde_json::json;
 
 use super::vocab::TokenVocab;
 use super::*;
+use crate::tokenizer::tests::smollm2;
 
-fn gguf_path() -> String {
-    std::env::var("SGL_TEST_GGUF").unwrap_or_else(|_| {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../.cache/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-        )
-        .to_string()
-    })
-}
-
-/// The SmolLM2 tokenizer, loaded once; `None` (and the test skips) without the model file.
-fn smollm2() -> Option<Arc<Tokenizer>> {
-    static TOKENIZER: OnceLock<Option<Arc<Tokenizer>>> = OnceLock::new();
-    TOKENIZER
-        .get_or_init(|| {
-            let path = gguf_path();
-            if !std::path::Path::new(&path).is_file() {
-                eprintln!("skipping: no GGUF at {path} (run scripts/fetch-model.sh)");
-                return None;
-            }
-            let tokenizer =
-                Tokenizer::from_dir_or_file(std::path::Path::new(&path)).expect("load tokenizer");
-            Some(Arc::new(tokenizer))
-        })
-        .clone()
-}
-
-/// One backend per name, built once (the llguidance token trie takes a moment).
 fn backend(name: &'static str) -> Option<Arc<dyn GrammarBackend>> {
     static LLG: OnceLock<Option<Arc<dyn GrammarBackend>>> = OnceLock::new();
     static OUTLINES: OnceLock<Option<Arc<dyn GrammarBackend>>> = OnceLock::new();

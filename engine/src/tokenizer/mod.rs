@@ -13,7 +13,7 @@ mod decode_stream;
 mod gguf;
 mod hf;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::collections::HashSet;
 use std::fmt;

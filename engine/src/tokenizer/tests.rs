@@ -18,7 +18,8 @@ fn gguf_path() -> String {
 }
 
 /// The SmolLM2 tokenizer, loaded once; `None` (and the test skips) without the model file.
-fn smollm2() -> Option<Arc<Tokenizer>> {
+/// Also used by the grammar tests.
+pub(crate) fn smollm2() -> Option<Arc<Tokenizer>> {
     static TOKENIZER: OnceLock<Option<Arc<Tokenizer>>> = OnceLock::new();
     TOKENIZER
         .get_or_init(|| {

@@ -245,3 +245,43 @@ pub fn sse_json(data: &[String]) -> Vec<Value> {
         .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("bad chunk {d}: {e}")))
         .collect()
 }
+
+/// Whether `python3` can import `module`.
+pub fn python_has(module: &str) -> bool {
+    Command::new("python3")
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Run `engine/tests/python/<script>` (under pytest when installed, else its own runner) with
+/// `SGL_BASE_URL` set to `server` and the extra `env`; fail with its output and the server's
+/// log tail unless it passes.
+pub fn run_python_tests(script: &str, server: &Server, env: &[(&str, &str)]) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(script);
+    let mut cmd = Command::new("python3");
+    if python_has("pytest") {
+        cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+            .arg(&path);
+    } else {
+        cmd.arg(&path);
+    }
+    cmd.env("SGL_BASE_URL", &server.base)
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{script} failed ({}):\n{stdout}\n{stderr}\nserver log:\n{}",
+        out.status,
+        server.log_tail()
+    );
+    println!("{stdout}");
+}
