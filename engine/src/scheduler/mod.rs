@@ -504,22 +504,27 @@ impl Scheduler {
         }
         // When every sampling request needs nothing but a token, the backend may sample on its
         // own device and no logits leave it.
-        let device_params = self.device_sample_params(&plan, &starts, grammar_jobs.is_empty());
+        let rows: Vec<usize> = plan
+            .iter()
+            .zip(&starts)
+            .map(|(p, &start)| self.running[p.idx].logit_rows(start, p.n, p.completes))
+            .collect();
+        let device_params = self.device_sample_params(&plan, &rows, grammar_jobs.is_empty());
         let inputs: Vec<SeqInput<'_>> = plan
             .iter()
             .zip(&tokens)
             .zip(&starts)
-            .map(|((p, t), &start)| {
+            .zip(&rows)
+            .map(|(((p, t), &start), &nrows)| {
                 let r = &self.running[p.idx];
                 SeqInput {
                     tokens: t,
                     start_pos: start,
                     kv_slots: &r.slots,
-                    num_logits: r.logit_rows(start, p.n, p.completes),
+                    num_logits: nrows,
                 }
             })
             .collect();
-        let rows: Vec<usize> = inputs.iter().map(|i| i.num_logits).collect();
         let started = Instant::now();
         let backend = &mut self.backend;
         let (forward, grammar_jobs) = std::thread::scope(|scope| {
@@ -731,16 +736,15 @@ impl Scheduler {
     fn device_sample_params(
         &mut self,
         plan: &[Planned],
-        starts: &[usize],
+        rows: &[usize],
         no_grammar: bool,
     ) -> Option<Vec<SampleInput>> {
         if !no_grammar || !self.backend.samples_on_device() {
             return None;
         }
-        let eligible = plan.iter().zip(starts).all(|(p, &start)| {
-            let r = &self.running[p.idx];
-            r.logit_rows(start, p.n, p.completes) == usize::from(p.completes)
-                && (!p.completes || r.samples_anywhere())
+        let eligible = plan.iter().zip(rows).all(|(p, &nrows)| {
+            nrows == usize::from(p.completes)
+                && (!p.completes || self.running[p.idx].samples_anywhere())
         });
         if !eligible {
             return None;
