@@ -132,6 +132,14 @@ pub struct ServerArgs {
     pub cuda_graph_max_bs: usize,
     #[arg(long)]
     pub disable_cuda_graph: bool,
+    /// Process each step's tokens before launching the next step. By default a backend whose
+    /// passes run asynchronously (CUDA) launches step N+1 before processing step N's tokens.
+    #[arg(long, conflicts_with = "enable_overlap_schedule")]
+    pub disable_overlap_schedule: bool,
+    /// Use the overlap schedule on the CPU backend too. Its passes are synchronous, so this
+    /// gains nothing there; it exercises the same scheduling as on a GPU.
+    #[arg(long)]
+    pub enable_overlap_schedule: bool,
 }
 
 impl ServerArgs {

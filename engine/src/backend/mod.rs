@@ -6,6 +6,9 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod host_sampling;
+
+pub use host_sampling::HostSampling;
 
 use crate::error::Result;
 
@@ -35,6 +38,44 @@ pub struct SampleInput {
     pub uniform: f32,
 }
 
+/// An edit of one logits row before device sampling (penalties, `logit_bias`, the
+/// `min_new_tokens` mask): `l = rep == 1 ? l : (l > 0 ? l / rep : l * rep); l += add`, for
+/// token `token` of the row of the `seq`-th sampling sequence. At most one edit per
+/// (sequence, token).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LogitEdit {
+    pub seq: u32,
+    pub token: u32,
+    pub rep: f32,
+    pub add: f32,
+}
+
+impl LogitEdit {
+    /// The edited value of logit `l`.
+    pub fn apply(&self, l: f32) -> f32 {
+        let l = if self.rep == 1.0 {
+            l
+        } else if l > 0.0 {
+            l / self.rep
+        } else {
+            l * self.rep
+        };
+        l + self.add
+    }
+}
+
+/// A pass that samples on the backend's device: per sampling sequence (those with
+/// `num_logits` > 0, each exactly 1, in batch order) its parameters, and the logits edits.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceSampling<'a> {
+    pub params: &'a [SampleInput],
+    pub edits: &'a [LogitEdit],
+    /// Overlapped passes: `prev[i] = Some(j)` means sequence `i`'s single input token is the
+    /// `j`-th token sampled by the pass launched before this one (not yet known to the
+    /// caller; its `tokens[0]` is a placeholder). Empty or all `None` otherwise.
+    pub prev: &'a [Option<u32>],
+}
+
 pub trait Backend: Send {
     /// Run one forward pass. Returns, sequence after sequence, the logits of the last
     /// `num_logits` tokens of each (clamped to its token count), each row `vocab_size()` long.
@@ -55,15 +96,40 @@ pub trait Backend: Send {
     }
 
     /// Run one forward pass and sample one token for every sequence with `num_logits` > 0
-    /// (each must have exactly 1), with `params[i]` for the i-th of them. Tokens in order.
+    /// (each must have exactly 1), as `sampling` says. Tokens in order.
     fn forward_sample(
         &mut self,
         batch: &[SeqInput<'_>],
-        params: &[SampleInput],
+        sampling: DeviceSampling<'_>,
     ) -> Result<Vec<u32>> {
-        let _ = (batch, params);
+        self.launch_sample(batch, sampling)?;
+        self.collect()
+    }
+
+    /// Whether [`Backend::launch_sample`] returns before the pass is done, so that the
+    /// scheduler gains by preparing the next batch meanwhile (overlap scheduling).
+    fn overlaps(&self) -> bool {
+        false
+    }
+
+    /// Start what [`Backend::forward_sample`] does; its tokens come from the next
+    /// [`Backend::collect`]. At most one pass is launched and not yet collected, plus the one
+    /// being launched: a pass may take input tokens from the previous one (`sampling.prev`).
+    fn launch_sample(
+        &mut self,
+        batch: &[SeqInput<'_>],
+        sampling: DeviceSampling<'_>,
+    ) -> Result<()> {
+        let _ = (batch, sampling);
         Err(crate::error::EngineError::Internal(
             "this backend does not sample on its device".into(),
+        ))
+    }
+
+    /// The tokens of the oldest launched pass not yet collected (waits for it).
+    fn collect(&mut self) -> Result<Vec<u32>> {
+        Err(crate::error::EngineError::Internal(
+            "no pass was launched".into(),
         ))
     }
 }

@@ -74,6 +74,34 @@ impl LogitProcessor {
     }
 
     /// Adjust `logits` in place for the next token. Ids outside `logits` are ignored.
+    /// What [`Self::apply`] does, as one `(token, rep, add)` edit per touched token of a
+    /// vocabulary of `vocab` ids (for a sampler on another device; see
+    /// [`crate::backend::LogitEdit`]). Sorted by token.
+    pub fn edits(&self, vocab: usize) -> Vec<(u32, f32, f32)> {
+        let mut m: std::collections::BTreeMap<u32, (f32, f32)> = Default::default();
+        const NONE: (f32, f32) = (1.0, 0.0);
+        if self.repetition != 1.0 {
+            for &id in &self.seen {
+                m.entry(id).or_insert(NONE).0 = self.repetition;
+            }
+        }
+        for (&id, &count) in &self.counts {
+            m.entry(id).or_insert(NONE).1 -= self.frequency * count as f32 + self.presence;
+        }
+        for &(id, b) in &self.bias {
+            m.entry(id).or_insert(NONE).1 += b;
+        }
+        if self.generated < self.min_new_tokens {
+            for &id in &self.stop_ids {
+                m.entry(id).or_insert(NONE).1 = f32::NEG_INFINITY;
+            }
+        }
+        m.into_iter()
+            .filter(|&(id, _)| (id as usize) < vocab)
+            .map(|(id, (rep, add))| (id, rep, add))
+            .collect()
+    }
+
     pub fn apply(&self, logits: &mut [f32]) {
         if self.repetition != 1.0 {
             for &id in &self.seen {
@@ -178,6 +206,42 @@ mod tests {
         proc.apply(&mut l);
         // id 1: 4 / 2 - 1 - 0.5.
         assert_eq!(l, vec![11.0, 0.5]);
+    }
+
+    #[test]
+    fn edits_do_what_apply_does() {
+        let p = SamplingParams {
+            repetition_penalty: 1.5,
+            frequency_penalty: 0.5,
+            presence_penalty: 0.25,
+            logit_bias: vec![(0, 3.0), (4, -2.0), (99, 1.0)],
+            min_new_tokens: 3,
+            stop_token_ids: vec![5],
+            ..params()
+        };
+        let mut proc = LogitProcessor::new(&p, &[1, 2, 2], &[6]).unwrap();
+        for t in [2, 3, 3] {
+            proc.observe(t);
+        }
+        let base = vec![1.0, -2.0, 3.0, 0.5, -0.25, 2.0, 4.0, 0.0];
+        let mut want = base.clone();
+        proc.apply(&mut want);
+        let mut got = base.clone();
+        for (id, rep, add) in proc.edits(base.len()) {
+            let e = crate::backend::LogitEdit {
+                seq: 0,
+                token: id,
+                rep,
+                add,
+            };
+            got[id as usize] = e.apply(got[id as usize]);
+        }
+        for (g, w) in got.iter().zip(&want) {
+            assert!(g == w || (g - w).abs() < 1e-6, "{got:?} vs {want:?}");
+        }
+        // Past min_new_tokens the stop ids are no longer masked.
+        proc.observe(7);
+        assert!(proc.edits(8).iter().all(|e| e.2.is_finite()));
     }
 
     #[test]

@@ -5,8 +5,8 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use super::{Scheduler, SchedulerConfig};
-use crate::backend::Backend;
 use crate::backend::cpu::{CpuBackend, kernels};
+use crate::backend::{Backend, HostSampling};
 use crate::config::{DeviceKind, ServerArgs};
 use crate::engine::{EngineHandle, EngineParts, GrammarAvailability, ModelInfo, SchedulerStats};
 use crate::error::{EngineError, Result};
@@ -71,12 +71,16 @@ fn cpu_backend(
         Some(n) => n,
         None => (CPU_KV_BUDGET_BYTES / per_token.max(1)).clamp(2048, 131_072),
     };
-    Ok(Box::new(CpuBackend::new(
+    let cpu = Box::new(CpuBackend::new(
         cfg,
         loaded.weights,
         capacity,
         context_length + 1,
-    )?))
+    )?);
+    if args.enable_overlap_schedule {
+        return Ok(Box::new(HostSampling::new(cpu, true)));
+    }
+    Ok(cpu)
 }
 
 #[cfg(feature = "cuda")]
@@ -190,6 +194,7 @@ pub fn launch(args: ServerArgs) -> Result<EngineHandle> {
         disable_radix_cache: args.disable_radix_cache,
         random_seed: args.random_seed.unwrap_or_else(rand::random),
         log_requests: args.log_requests,
+        disable_overlap_schedule: args.disable_overlap_schedule,
     };
     let (tx, rx) = mpsc::channel();
     let scheduler = Scheduler::new(

@@ -21,6 +21,7 @@
 
 mod launch;
 mod req;
+mod step;
 
 pub use launch::launch;
 
@@ -33,28 +34,15 @@ use std::time::Instant;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::backend::{Backend, SampleInput, SeqInput};
+use crate::backend::Backend;
 use crate::cache::{KvPool, RadixCache};
 use crate::config::SchedulePolicy;
 use crate::engine::{PendingRequest, SchedulerMsg, SchedulerStats};
-use crate::error::Result;
 use crate::metrics::Metrics;
 use crate::request::FinishReason;
 use crate::tokenizer::Tokenizer;
-use req::{GrammarState, Req};
-
-/// What a forward pass returned: logits rows, or tokens sampled on the backend's device.
-enum Sampled {
-    Logits(Vec<f32>),
-    Tokens(Vec<u32>),
-}
-
-/// How a request in this step's batch ends.
-enum Outcome {
-    Finished(FinishReason),
-    /// The request failed (its grammar broke); the message goes to the client.
-    Failed(String),
-}
+use req::Req;
+use step::Flight;
 
 /// Scheduling limits, resolved from the server arguments and the model.
 #[derive(Debug, Clone)]
@@ -68,6 +56,8 @@ pub struct SchedulerConfig {
     pub disable_radix_cache: bool,
     pub random_seed: u64,
     pub log_requests: bool,
+    /// Run every step synchronously even on a backend that can overlap.
+    pub disable_overlap_schedule: bool,
 }
 
 /// Waiting queues longer than this are served first-come-first-served even under `lpm`
@@ -91,6 +81,11 @@ pub struct Scheduler {
     decode_steps: u64,
     log_tokens: u64,
     log_since: Instant,
+    /// The pass launched on an overlapping backend whose tokens are not yet processed.
+    flight: Option<Flight>,
+    /// Serial numbers of launched passes and of admissions.
+    passes: u64,
+    admissions: u64,
 }
 
 /// One sequence's share of a step.
@@ -130,6 +125,9 @@ impl Scheduler {
             decode_steps: 0,
             log_tokens: 0,
             log_since: Instant::now(),
+            flight: None,
+            passes: 0,
+            admissions: 0,
         }
     }
 
@@ -160,6 +158,7 @@ impl Scheduler {
             self.reap_disconnected();
             if let Err(e) = self.step() {
                 tracing::error!("forward pass failed: {e}");
+                self.flight = None;
                 let reqs: Vec<Req> = self.running.drain(..).collect();
                 for mut r in reqs {
                     r.fail(format!("the engine failed to run this request: {e}"));
@@ -288,17 +287,24 @@ impl Scheduler {
     }
 
     /// Give a request's computed KV to the radix cache (or the pool) and drop its lock.
+    /// A slot past the known tokens (the KV of a token still being sampled by a pass in
+    /// flight) goes straight back to the pool: the pass writes it before any later pass that
+    /// could be given it runs.
     fn release(&mut self, r: &mut Req) {
-        let n = r.slots.len();
+        let n = r.known_len();
         let tokens: Vec<u32> = (0..n).map(|i| r.token_at(i)).collect();
         if let Err(e) =
             self.cache
-                .cache_finished_request(&tokens, &r.slots, r.last_node, &mut self.pool)
+                .cache_finished_request(&tokens, &r.slots[..n], r.last_node, &mut self.pool)
         {
+            tracing::error!("releasing request {}: {e}", r.id);
+        }
+        if let Err(e) = self.pool.free(&r.slots[n..]) {
             tracing::error!("releasing request {}: {e}", r.id);
         }
         r.slots.clear();
         r.last_node = self.cache.root();
+        r.inflight = None;
     }
 
     /// Free slots, evicting from the radix cache when needed.
@@ -352,6 +358,8 @@ impl Scheduler {
     /// Admit a waiting request: match its prefix in the radix cache and lock it. The match is
     /// cut short where the request needs logits rows of its prompt (prompt logprobs).
     fn admit(&mut self, mut r: Req) -> Req {
+        self.admissions += 1;
+        r.admission = self.admissions;
         let toks = r.all_tokens();
         let m = self.cache.match_prefix(&toks[..r.match_key_len()]);
         self.cache.inc_lock_ref(m.last_node);
@@ -368,8 +376,9 @@ impl Scheduler {
 
     fn plan(&mut self) -> Vec<Planned> {
         // Decodes first: one slot each, retracting the newest requests if the pool is full.
+        let ctx = self.cfg.context_length;
         loop {
-            let decodes = self.running.iter().filter(|r| r.pending() == 1).count();
+            let decodes = self.running.iter().filter(|r| r.decodes_next(ctx)).count();
             if self.free_capacity() >= decodes || !self.retract_one() {
                 break;
             }
@@ -377,7 +386,7 @@ impl Scheduler {
         let mut budget = self.cfg.chunked_prefill_size.unwrap_or(usize::MAX);
         let mut plan = Vec::new();
         for (idx, r) in self.running.iter().enumerate() {
-            if r.pending() == 1 && !r.output.is_empty() {
+            if r.decodes_next(ctx) {
                 plan.push(Planned {
                     idx,
                     n: 1,
@@ -391,7 +400,7 @@ impl Scheduler {
         // Requests in the middle of a chunked prefill continue before new ones start.
         for idx in 0..self.running.len() {
             let r = &self.running[idx];
-            if r.pending() == 1 && !r.output.is_empty() {
+            if r.decodes_next(ctx) || r.inflight.is_some() {
                 continue;
             }
             let want = r.pending();
@@ -451,310 +460,6 @@ impl Scheduler {
             });
         }
         plan
-    }
-
-    fn step(&mut self) -> Result<()> {
-        let plan = self.plan();
-        if plan.is_empty() {
-            if !self.running.is_empty() {
-                // Prefills stalled on a full cache: let the newest request give way.
-                self.retract_one();
-            } else if !self.waiting.is_empty() {
-                // Nothing fits even with an empty batch: only possible if the cache holds
-                // everything locked, which cannot happen with no running request.
-                tracing::error!("no request fits in the KV cache; failing the head of the queue");
-                if let Some(r) = self.waiting.pop_front() {
-                    r.fail("the request does not fit in the KV cache".into());
-                }
-            }
-            return Ok(());
-        }
-        // Slots for this step's tokens.
-        let mut starts = Vec::with_capacity(plan.len());
-        let mut tokens: Vec<Vec<u32>> = Vec::with_capacity(plan.len());
-        for p in &plan {
-            let Some(new) = self.alloc(p.n) else {
-                // Planned within free capacity, so this is a bookkeeping bug; undo this step.
-                tracing::error!("KV pool could not provide {} planned slots", p.n);
-                for (q, &s) in plan.iter().zip(&starts) {
-                    let r = &mut self.running[q.idx];
-                    let extra = r.slots.split_off(s);
-                    if let Err(e) = self.pool.free(&extra) {
-                        tracing::error!("{e}");
-                    }
-                }
-                return Ok(());
-            };
-            let r = &mut self.running[p.idx];
-            let start = r.slots.len();
-            tokens.push((start..start + p.n).map(|i| r.token_at(i)).collect());
-            starts.push(start);
-            r.slots.extend_from_slice(&new);
-        }
-        // Grammar states of the requests that sample this step; their masks are computed
-        // while the forward pass runs.
-        let vocab = self.backend.vocab_size();
-        let mut grammar_jobs: Vec<(usize, GrammarState)> = Vec::new();
-        for p in &plan {
-            let r = &mut self.running[p.idx];
-            let samples = p.completes && !(r.output.is_empty() && r.params.max_new_tokens == 0);
-            if samples && let Some(g) = r.grammar.take() {
-                grammar_jobs.push((p.idx, g));
-            }
-        }
-        // When every sampling request needs nothing but a token, the backend may sample on its
-        // own device and no logits leave it.
-        let rows: Vec<usize> = plan
-            .iter()
-            .zip(&starts)
-            .map(|(p, &start)| self.running[p.idx].logit_rows(start, p.n, p.completes))
-            .collect();
-        let device_params = self.device_sample_params(&plan, &rows, grammar_jobs.is_empty());
-        let inputs: Vec<SeqInput<'_>> = plan
-            .iter()
-            .zip(&tokens)
-            .zip(&starts)
-            .zip(&rows)
-            .map(|(((p, t), &start), &nrows)| {
-                let r = &self.running[p.idx];
-                SeqInput {
-                    tokens: t,
-                    start_pos: start,
-                    kv_slots: &r.slots,
-                    num_logits: nrows,
-                }
-            })
-            .collect();
-        let started = Instant::now();
-        let backend = &mut self.backend;
-        let (forward, grammar_jobs) = std::thread::scope(|scope| {
-            let worker = (!grammar_jobs.is_empty()).then(|| {
-                let mut jobs = std::mem::take(&mut grammar_jobs);
-                scope.spawn(move || {
-                    for (_, g) in jobs.iter_mut() {
-                        g.fill_mask(vocab);
-                    }
-                    jobs
-                })
-            });
-            let forward = match &device_params {
-                Some(params) => backend.forward_sample(&inputs, params).map(Sampled::Tokens),
-                None => backend.forward(&inputs).map(Sampled::Logits),
-            };
-            let jobs = match worker {
-                // `fill_mask` catches panics, so the worker cannot fail; if it did, the
-                // states are lost and their requests fail below.
-                Some(w) => w.join().unwrap_or_default(),
-                None => std::mem::take(&mut grammar_jobs),
-            };
-            (forward, jobs)
-        });
-        drop(inputs);
-        for (idx, g) in grammar_jobs {
-            self.running[idx].grammar = Some(g);
-        }
-        let (mut logits, device_tokens) = match forward? {
-            Sampled::Logits(l) => (l, None),
-            Sampled::Tokens(t) => (Vec::new(), Some(t)),
-        };
-        let mut sampled_row = 0;
-        let step_secs = started.elapsed().as_secs_f64();
-
-        let mut finished = Vec::new();
-        let mut row = 0;
-        let mut generated = 0u64;
-        let (mut new_seqs, mut new_tokens, mut cached) = (0usize, 0usize, 0usize);
-        for ((p, &start), &nrows) in plan.iter().zip(&starts).zip(&rows) {
-            if p.prefill {
-                let r = &self.running[p.idx];
-                new_tokens += p.n;
-                if r.slots.len() == p.n + r.cached_tokens {
-                    new_seqs += 1;
-                    cached += r.cached_tokens;
-                }
-            }
-            if p.prefill {
-                // Make the computed prompt shareable right away (also for chunks).
-                let r = &mut self.running[p.idx];
-                let n = r.slots.len();
-                let toks: Vec<u32> = (0..n).map(|i| r.token_at(i)).collect();
-                match self.cache.cache_unfinished_request(
-                    &toks,
-                    &r.slots,
-                    r.last_node,
-                    &mut self.pool,
-                ) {
-                    Ok(m) => {
-                        r.slots = m.slots;
-                        r.last_node = m.last_node;
-                    }
-                    Err(e) => tracing::error!("caching request {}: {e}", r.id),
-                }
-            }
-            // This sequence's rows are those of positions `end - nrows .. end`; all but a
-            // completing pass's last row are prompt rows (prompt logprobs).
-            let first_row = row;
-            row += nrows;
-            let end = start + p.n;
-            let r = &mut self.running[p.idx];
-            let prompt_rows = if p.completes {
-                nrows.saturating_sub(1)
-            } else {
-                nrows
-            };
-            for k in 0..prompt_rows {
-                let at = (first_row + k) * vocab;
-                match logits.get(at..at + vocab) {
-                    Some(l) => {
-                        r.take_prompt_row(end - nrows + k, l);
-                    }
-                    None => tracing::error!("backend returned too few logits"),
-                }
-            }
-            if !p.completes {
-                continue;
-            }
-            r.send_prompt_logprobs();
-            let device_token = device_tokens.as_ref().map(|t| t.get(sampled_row).copied());
-            sampled_row += 1;
-            if r.output.is_empty() && r.params.max_new_tokens == 0 {
-                // Prefill only: the prompt is now computed (and cached) and nothing is sampled.
-                finished.push((p.idx, Outcome::Finished(FinishReason::Length { length: 0 })));
-                continue;
-            }
-            if r.params.grammar.is_some() && r.grammar.is_none() {
-                finished.push((
-                    p.idx,
-                    Outcome::Failed("the request's grammar state was lost".into()),
-                ));
-                continue;
-            }
-            let sampled = match device_token {
-                Some(Some(token)) => Ok((token, None)),
-                Some(None) => {
-                    tracing::error!("backend sampled too few tokens");
-                    continue;
-                }
-                None => {
-                    let at = (first_row + nrows.saturating_sub(1)) * vocab;
-                    let Some(l) = logits.get_mut(at..at + vocab) else {
-                        tracing::error!("backend returned too few logits");
-                        continue;
-                    };
-                    r.sample(l).and_then(|(token, logprob)| {
-                        r.accept_grammar(token).map(|()| (token, logprob))
-                    })
-                }
-            };
-            let (token, logprob) = match sampled {
-                Ok(t) => t,
-                Err(message) => {
-                    tracing::error!(rid = %r.rid, "{message}");
-                    finished.push((p.idx, Outcome::Failed(message)));
-                    continue;
-                }
-            };
-            let now = Instant::now();
-            if r.first_token_at.is_none() {
-                r.first_token_at = Some(now);
-                self.metrics
-                    .time_to_first_token
-                    .with_label_values(&self.metrics.label())
-                    .observe(now.duration_since(r.arrival).as_secs_f64());
-            }
-            generated += 1;
-            if let Some(reason) = r.push_token(
-                token,
-                logprob,
-                &self.cfg.eos_token_ids,
-                self.cfg.context_length,
-            ) {
-                finished.push((p.idx, Outcome::Finished(reason)));
-            }
-        }
-        self.metrics
-            .generation_tokens_total
-            .with_label_values(&self.metrics.label())
-            .inc_by(generated);
-        self.stats
-            .total_generated
-            .fetch_add(generated, Ordering::Relaxed);
-        self.log_tokens += generated;
-
-        // Remove finished requests (highest index first so indices stay valid).
-        finished.sort_by_key(|e| std::cmp::Reverse(e.0));
-        for (idx, outcome) in finished {
-            let mut r = self.running.remove(idx);
-            match outcome {
-                Outcome::Finished(reason) => {
-                    self.observe_finished(&r);
-                    if self.cfg.log_requests {
-                        tracing::info!(rid = %r.rid, completion_tokens = r.output.len(), reason = ?reason, "request finished");
-                    }
-                    r.finish(reason);
-                }
-                Outcome::Failed(message) => r.fail(message),
-            }
-            self.release(&mut r);
-        }
-
-        if new_tokens > 0 {
-            tracing::info!(
-                "Prefill batch. #new-seq: {new_seqs}, #new-token: {new_tokens}, #cached-token: {cached}, token usage: {:.2}, #running-req: {}, #queue-req: {} ({:.1} ms)",
-                self.token_usage(),
-                self.running.len(),
-                self.waiting.len(),
-                step_secs * 1e3
-            );
-        } else {
-            self.decode_steps += 1;
-            if self.decode_steps.is_multiple_of(DECODE_LOG_INTERVAL) {
-                let secs = self.log_since.elapsed().as_secs_f64().max(1e-9);
-                let tput = self.log_tokens as f64 / secs;
-                self.metrics
-                    .gen_throughput
-                    .with_label_values(&self.metrics.label())
-                    .set(tput);
-                tracing::info!(
-                    "Decode batch. #running-req: {}, #token: {}, token usage: {:.2}, gen throughput (token/s): {:.2}, #queue-req: {}",
-                    self.running.len(),
-                    self.used_tokens(),
-                    self.token_usage(),
-                    tput,
-                    self.waiting.len()
-                );
-                self.log_tokens = 0;
-                self.log_since = Instant::now();
-            }
-        }
-        Ok(())
-    }
-
-    /// Per-row parameters for sampling on the backend's device, when the backend can and no
-    /// request of this step needs its logits on the host (logprobs, penalties, bias, grammar).
-    /// Draws the sampling requests' random numbers only when it returns `Some`.
-    fn device_sample_params(
-        &mut self,
-        plan: &[Planned],
-        rows: &[usize],
-        no_grammar: bool,
-    ) -> Option<Vec<SampleInput>> {
-        if !no_grammar || !self.backend.samples_on_device() {
-            return None;
-        }
-        let eligible = plan.iter().zip(rows).all(|(p, &nrows)| {
-            nrows == usize::from(p.completes)
-                && (!p.completes || self.running[p.idx].samples_anywhere())
-        });
-        if !eligible {
-            return None;
-        }
-        Some(
-            plan.iter()
-                .filter(|p| p.completes)
-                .map(|p| self.running[p.idx].device_sample_input())
-                .collect(),
-        )
     }
 
     fn observe_finished(&self, r: &Req) {

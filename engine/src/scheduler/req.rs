@@ -53,6 +53,13 @@ pub struct Req {
     /// The grammar state of a constrained request (`None`: unconstrained, or taken out by
     /// the scheduler while its mask is being computed).
     pub grammar: Option<GrammarState>,
+    /// Serial number of the admission this request runs under (a retracted request is
+    /// admitted again under a new one), so that a pass landing late only touches the
+    /// requests it was launched for.
+    pub admission: u64,
+    /// The pass in flight that samples this request's next token, and the token's index
+    /// among that pass's sampled tokens (overlap scheduling).
+    pub inflight: Option<(u64, u32)>,
     out: OutputText,
 }
 
@@ -170,6 +177,8 @@ impl Req {
             last_node: root,
             cached_tokens: 0,
             grammar,
+            admission: 0,
+            inflight: None,
             out,
         }
     }
@@ -182,7 +191,26 @@ impl Req {
     /// Tokens still without KV. After each sampled token this is 1 (the token itself, fed in
     /// the next decode step); more while a prompt (or a retracted request) is being prefilled.
     pub fn pending(&self) -> usize {
-        self.total_len() - self.slots.len()
+        self.total_len().saturating_sub(self.slots.len())
+    }
+
+    /// Tokens whose KV is computed, cached or being computed, and whose ids are known: the
+    /// slots beyond these hold the KV of a token still being sampled (overlap).
+    pub fn known_len(&self) -> usize {
+        self.total_len().min(self.slots.len())
+    }
+
+    /// Whether the next pass runs one decode token of this request: its last token is known
+    /// and waits for its KV, or the pass in flight samples a token that it goes on from
+    /// (unless that token reaches `max_new_tokens` or the context length).
+    pub fn decodes_next(&self, context_length: usize) -> bool {
+        match self.inflight {
+            None => self.pending() == 1 && !self.output.is_empty(),
+            Some(_) => {
+                let out = self.output.len() + 1;
+                out < self.params.max_new_tokens && self.prompt.len() + out < context_length
+            }
+        }
     }
 
     /// Token at position `i` of prompt ++ output.
@@ -305,6 +333,19 @@ impl Req {
             && self.prompt_lp.is_none()
             && self.logit_proc.is_none()
             && self.params.grammar.is_none()
+    }
+
+    /// Whether the next token may be sampled by the backend with logits edits (penalties,
+    /// `logit_bias`, `min_new_tokens`): no logprobs and no grammar.
+    pub fn samples_with_edits(&self) -> bool {
+        self.logprobs.is_none() && self.prompt_lp.is_none() && self.params.grammar.is_none()
+    }
+
+    /// The logits edits of the next token, `(token, rep, add)` (empty without penalties).
+    pub fn logit_edits(&self, vocab: usize) -> Vec<(u32, f32, f32)> {
+        self.logit_proc
+            .as_ref()
+            .map_or_else(Vec::new, |p| p.edits(vocab))
     }
 
     /// The sampling parameters of the next token for a backend's own sampler, with a fresh

@@ -52,7 +52,7 @@ async fn models_and_server_info() {
 /// Wait until nothing runs or waits, then flush the cache: every KV slot must be free again.
 /// `within` must be far shorter than the abandoned generations would take to finish, so that
 /// only an abort can make the server idle in time.
-async fn assert_no_leak(s: &Server, within: Duration) {
+pub async fn assert_no_leak(s: &Server, within: Duration) {
     let deadline = Instant::now() + within;
     loop {
         let (_, info) = s.get("/get_server_info").await;

@@ -15,6 +15,7 @@ mod errors;
 mod lifecycle;
 mod native;
 mod openai;
+mod overlap;
 mod sampling;
 mod structured;
 mod tools;
