@@ -33,6 +33,13 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Greedy run of reference prompts on the GPU backend, for the comparison with
+    /// transformers (`scripts/gpu/hf_ref.py` writes the prompts, `compare.py` scores):
+    /// `--model DIR --prompts FILE --out DIR`.
+    CheckReference {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 #[cfg(feature = "cuda")]
@@ -94,6 +101,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::BenchOneBatch { args } => run_gpu_bench("one-batch", args),
         Command::BenchOfflineThroughput { args } => run_gpu_bench("offline", args),
+        Command::CheckReference { args } => run_gpu_bench("check", args),
         Command::Serve(args) => {
             init_logging(args.log_level.as_filter());
             let rt = match tokio::runtime::Builder::new_multi_thread()

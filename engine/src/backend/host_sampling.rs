@@ -119,6 +119,10 @@ impl Backend for HostSampling {
         Ok(())
     }
 
+    fn discard_launched(&mut self) {
+        self.launched.clear();
+    }
+
     fn collect(&mut self) -> Result<Vec<u32>> {
         self.launched
             .pop_front()

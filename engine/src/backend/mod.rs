@@ -126,6 +126,10 @@ pub trait Backend: Send {
         ))
     }
 
+    /// Forget every launched pass not yet collected (after a failure), waiting for the
+    /// device to finish them.
+    fn discard_launched(&mut self) {}
+
     /// The tokens of the oldest launched pass not yet collected (waits for it).
     fn collect(&mut self) -> Result<Vec<u32>> {
         Err(crate::error::EngineError::Internal(

@@ -159,6 +159,7 @@ impl Scheduler {
             if let Err(e) = self.step() {
                 tracing::error!("forward pass failed: {e}");
                 self.flight = None;
+                self.backend.discard_launched();
                 let reqs: Vec<Req> = self.running.drain(..).collect();
                 for mut r in reqs {
                     r.fail(format!("the engine failed to run this request: {e}"));
