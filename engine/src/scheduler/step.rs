@@ -241,9 +241,7 @@ impl Scheduler {
         let mut params = Vec::new();
         let mut edits = Vec::new();
         for e in entries.iter().filter(|e| e.completes) {
-            let Some(&i) = at.get(&e.id) else {
-                return None;
-            };
+            let &i = at.get(&e.id)?;
             let r = &mut self.running[i];
             let seq = params.len() as u32;
             params.push(r.device_sample_input());
@@ -280,12 +278,10 @@ impl Scheduler {
         drop(inputs);
         self.passes += 1;
         let pass = self.passes;
-        let mut j = 0u32;
-        for e in prep.entries.iter().filter(|e| e.completes) {
+        for (j, e) in prep.entries.iter().filter(|e| e.completes).enumerate() {
             if let Some(&i) = at.get(&e.id) {
-                self.running[i].inflight = Some((pass, j));
+                self.running[i].inflight = Some((pass, j as u32));
             }
-            j += 1;
         }
         let flight = Flight {
             pass,
