@@ -1,12 +1,18 @@
 //! Typed launchers. Each mirrors its kernel's signature; the caller guarantees, as each
 //! `# Safety` says, that every address covers the shape it passes.
+//!
+//! On sm_90 and newer every kernel is launched with programmatic dependent launch (PDL): the
+//! launch attribute `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION` lets a kernel start
+//! while the one before it on the stream drains, and each kernel waits for its predecessors
+//! (`griddepcontrol.wait`) before it touches memory they write or read; the GEMV streams its
+//! first weights before that wait. `SGL_DISABLE_PDL=1` (read by [`Kernels::load`]) or
+//! [`Kernels::set_pdl`] switches to plain launches. Both work under CUDA graph capture.
 #![allow(clippy::too_many_arguments)]
 
+use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, sys};
 use half::bf16;
 
 use crate::source::{KERNEL_NAMES, cached_ptx};
@@ -27,6 +33,9 @@ pub const GEMV_MAX_TOKENS: usize = 8;
 pub const GEMV_MAX_SPLITS: usize = 8;
 /// Warps per GEMV block (`GV_WARPS` in gemv.cu).
 const GEMV_WARPS: usize = 8;
+/// Steps (beyond the first) of weights each GEMV warp prefetches into L2 before it waits for
+/// the kernel before it, unless `SGL_GEMV_PREFETCH` says otherwise.
+pub const GEMV_PREFETCH_STEPS: u32 = 1;
 
 /// What a GEMV does with `x · wᵀ`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +65,23 @@ pub struct GemvWorkspace {
     counters: CudaSlice<u32>,
 }
 
+/// One in-place logit edit for [`Kernels::logit_edits`] (16 bytes, the kernel's `LogitEdit`):
+/// `l = logits[row, token]`; if `rep != 1`, `l = l > 0 ? l / rep : l * rep`; then `l += add`
+/// (`add` may be -inf); stored as bf16.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LogitEdit {
+    pub row: u32,
+    pub token: u32,
+    pub rep: f32,
+    pub add: f32,
+}
+
+// SAFETY: a plain `#[repr(C)]` struct of four 4-byte scalars, laid out as the kernel's struct.
+unsafe impl DeviceRepr for LogitEdit {}
+
+const _: () = assert!(std::mem::size_of::<LogitEdit>() == 16);
+
 /// Attention geometry shared by the attention launchers.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnShape {
@@ -78,15 +104,22 @@ pub struct Kernels {
     sample: CudaFunction,
     /// [16 rows per block, 32 rows per block]
     gemv: [CudaFunction; 2],
+    /// The same with RMSNorm fused into the input.
+    gemv_rms: [CudaFunction; 2],
+    logit_edits: CudaFunction,
+    copy_tokens: CudaFunction,
     num_sms: u32,
+    /// The device supports programmatic dependent launch (sm_90 and newer).
+    pdl_supported: bool,
+    /// Launches use programmatic dependent launch.
+    pdl: bool,
+    /// See [`Kernels::set_gemv_prefetch`].
+    gemv_prefetch: u32,
 }
 
-fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: grid,
-        block_dim: (block, 1, 1),
-        shared_mem_bytes: 0,
-    }
+/// A kernel argument as the driver takes it: the address of a value of the parameter's type.
+fn arg<T: DeviceRepr>(v: &T) -> *mut c_void {
+    v as *const T as *mut c_void
 }
 
 fn dim_index(head_dim: usize) -> Result<usize> {
@@ -126,9 +159,15 @@ impl Kernels {
             debug_assert!(KERNEL_NAMES.contains(&name));
             Ok(module.load_function(name)?)
         };
-        let num_sms = ctx.attribute(
-            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-        )? as u32;
+        let num_sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            as u32;
+        let pdl_supported = major >= 9;
+        let pdl = pdl_supported && std::env::var("SGL_DISABLE_PDL").as_deref() != Ok("1");
+        let gemv_prefetch = std::env::var("SGL_GEMV_PREFETCH")
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .unwrap_or(GEMV_PREFETCH_STEPS);
         Ok(Kernels {
             embedding: f("embedding_gather_bf16")?,
             add_rmsnorm: f("add_rmsnorm_bf16")?,
@@ -153,12 +192,104 @@ impl Kernels {
             prefill: [f("prefill_attn_d64")?, f("prefill_attn_d128")?],
             sample: f("sample_bf16")?,
             gemv: [f("gemv_bf16_r16")?, f("gemv_bf16_r32")?],
+            gemv_rms: [f("gemv_rms_bf16_r16")?, f("gemv_rms_bf16_r32")?],
+            logit_edits: f("logit_edits_bf16")?,
+            copy_tokens: f("copy_tokens_i32")?,
             num_sms,
+            pdl_supported,
+            pdl,
+            gemv_prefetch,
         })
     }
 
     pub fn num_sms(&self) -> u32 {
         self.num_sms
+    }
+
+    /// Whether launches use programmatic dependent launch (on by default on sm_90 and newer,
+    /// off with `SGL_DISABLE_PDL=1`).
+    pub fn pdl(&self) -> bool {
+        self.pdl
+    }
+
+    /// Turn programmatic dependent launch on or off for later launches (and graph captures);
+    /// stays off on devices older than sm_90.
+    pub fn set_pdl(&mut self, on: bool) {
+        self.pdl = on && self.pdl_supported;
+    }
+
+    /// Weight steps (beyond the first, which goes to registers) each GEMV warp prefetches into
+    /// L2 before it waits for the kernel before it: [`GEMV_PREFETCH_STEPS`] by default, or
+    /// `SGL_GEMV_PREFETCH`. A warp's step is 4 KiB of weights; large values prefetch a warp's
+    /// whole slice. Results do not depend on it.
+    pub fn set_gemv_prefetch(&mut self, steps: u32) {
+        self.gemv_prefetch = steps;
+    }
+
+    pub fn gemv_prefetch(&self) -> u32 {
+        self.gemv_prefetch
+    }
+
+    /// Launch `f` on `s` with `grid` blocks of `block` threads. With PDL, through
+    /// `cuLaunchKernelEx` with programmatic stream serialization allowed; else `cuLaunchKernel`.
+    ///
+    /// # Safety
+    /// `args` holds one pointer per parameter of `f`, in order, each to a live value of that
+    /// parameter's type; the kernel's memory accesses are the caller's to make valid.
+    unsafe fn launch(
+        &self,
+        s: &CudaStream,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        s.context().bind_to_thread()?;
+        if self.pdl {
+            let mut value = sys::CUlaunchAttributeValue { pad: [0; 64] };
+            value.programmaticStreamSerializationAllowed = 1;
+            let mut attr = sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value,
+            };
+            let config = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: 0,
+                hStream: s.cu_stream(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: config and attr are live locals describing one launch on a stream of
+            // this context; the caller guarantees args.
+            unsafe {
+                sys::cuLaunchKernelEx(
+                    &config,
+                    f.cu_function(),
+                    args.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+            .result()?;
+        } else {
+            // SAFETY: as above.
+            unsafe {
+                cudarc::driver::result::launch_kernel(
+                    f.cu_function(),
+                    grid,
+                    (block, 1, 1),
+                    0,
+                    s.cu_stream(),
+                    args,
+                )
+            }?;
+        }
+        Ok(())
     }
 
     /// `out[t] = table[ids[t]]`, rows of `hidden` (a multiple of 8); ids >= vocab give zeros.
@@ -180,11 +311,9 @@ impl Kernels {
         }
         let (o, t, i) = (out.addr(), table.addr(), ids.addr());
         let (h, v) = (hidden as i32, vocab as i32);
-        let mut b = s.launch_builder(&self.embedding);
-        b.arg(&o).arg(&t).arg(&i).arg(&h).arg(&v);
+        let mut a = [arg(&o), arg(&t), arg(&i), arg(&h), arg(&v)];
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
-        unsafe { b.launch(cfg((n_tokens as u32, 1, 1), 256)) }?;
-        Ok(())
+        unsafe { self.launch(s, &self.embedding, (n_tokens as u32, 1, 1), 256, &mut a) }
     }
 
     /// With `delta`: `residual += delta` (rounded to bf16); then `out = rmsnorm(residual) * w`.
@@ -212,12 +341,11 @@ impl Kernels {
             weight.addr(),
         );
         let h = hidden as i32;
-        let mut b = s.launch_builder(&self.add_rmsnorm);
-        b.arg(&o).arg(&r).arg(&d).arg(&w).arg(&h).arg(&eps);
+        let mut a = [arg(&o), arg(&r), arg(&d), arg(&w), arg(&h), arg(&eps)];
         let threads = (hidden / 8).clamp(32, 1024).next_multiple_of(32) as u32;
+        let grid = (n_tokens as u32, 1, 1);
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
-        unsafe { b.launch(cfg((n_tokens as u32, 1, 1), threads)) }?;
-        Ok(())
+        unsafe { self.launch(s, &self.add_rmsnorm, grid, threads, &mut a) }
     }
 
     /// Rotate q (in place) and k of each fused qkv row; store k and v at the token's pool slot.
@@ -253,19 +381,20 @@ impl Kernels {
             shape.n_kv_heads as i32,
             shape.head_dim as i32,
         );
-        let mut b = s.launch_builder(&self.rope_kv_store);
-        b.arg(&q)
-            .arg(&k)
-            .arg(&v)
-            .arg(&p)
-            .arg(&sl)
-            .arg(&f)
-            .arg(&nh)
-            .arg(&nkv)
-            .arg(&hd);
+        let mut a = [
+            arg(&q),
+            arg(&k),
+            arg(&v),
+            arg(&p),
+            arg(&sl),
+            arg(&f),
+            arg(&nh),
+            arg(&nkv),
+            arg(&hd),
+        ];
+        let grid = (n_tokens as u32, 1, 1);
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
-        unsafe { b.launch(cfg((n_tokens as u32, 1, 1), 256)) }?;
-        Ok(())
+        unsafe { self.launch(s, &self.rope_kv_store, grid, 256, &mut a) }
     }
 
     /// `out = silu(gate) * up` with `gate_up` rows `[gate | up]` of 2 x inter.
@@ -287,11 +416,9 @@ impl Kernels {
         let (n, i) = (n_tokens as i32, inter as i32);
         let vecs = n_tokens * inter / 8;
         let blocks = vecs.div_ceil(256).clamp(1, self.num_sms as usize * 8) as u32;
-        let mut b = s.launch_builder(&self.silu_mul);
-        b.arg(&o).arg(&g).arg(&n).arg(&i);
+        let mut a = [arg(&o), arg(&g), arg(&n), arg(&i)];
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
-        unsafe { b.launch(cfg((blocks, 1, 1), 256)) }?;
-        Ok(())
+        unsafe { self.launch(s, &self.silu_mul, (blocks, 1, 1), 256, &mut a) }
     }
 
     /// `out[i] = src[rows[i]]` for rows of `width` bf16.
@@ -312,11 +439,9 @@ impl Kernels {
         }
         let (o, sr, r) = (out.addr(), src.addr(), rows.addr());
         let w = width as i32;
-        let mut b = s.launch_builder(&self.gather_rows);
-        b.arg(&o).arg(&sr).arg(&r).arg(&w);
+        let mut a = [arg(&o), arg(&sr), arg(&r), arg(&w)];
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
-        unsafe { b.launch(cfg((n as u32, 1, 1), 256)) }?;
-        Ok(())
+        unsafe { self.launch(s, &self.gather_rows, (n as u32, 1, 1), 256, &mut a) }
     }
 
     /// Splits for a decode batch: about two blocks per multiprocessor, at least 32 keys each.
@@ -370,40 +495,38 @@ impl Kernels {
         let kvs = (shape.n_kv_heads * shape.head_dim) as i32;
         let nh = shape.n_heads as i32;
         let scale_log2 = std::f32::consts::LOG2_E / (shape.head_dim as f32).sqrt();
-        let mut b = s.launch_builder(f);
-        b.arg(&po)
-            .arg(&pml)
-            .arg(&qa)
-            .arg(&qs)
-            .arg(&kc)
-            .arg(&vc)
-            .arg(&kvs)
-            .arg(&ip)
-            .arg(&ix);
-        b.arg(&nh).arg(&scale_log2);
+        let mut a = [
+            arg(&po),
+            arg(&pml),
+            arg(&qa),
+            arg(&qs),
+            arg(&kc),
+            arg(&vc),
+            arg(&kvs),
+            arg(&ip),
+            arg(&ix),
+            arg(&nh),
+            arg(&scale_log2),
+        ];
         let grid = (batch as u32, shape.n_kv_heads as u32, plan.splits);
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
-        unsafe { b.launch(cfg(grid, 128)) }?;
+        unsafe { self.launch(s, f, grid, 128, &mut a) }?;
 
         let (o, os) = (out.addr(), out_stride as i32);
         let ns = plan.splits as i32;
         let hd = shape.head_dim as i32;
-        let mut m = s.launch_builder(&self.merge);
-        m.arg(&o)
-            .arg(&os)
-            .arg(&po)
-            .arg(&pml)
-            .arg(&nh)
-            .arg(&ns)
-            .arg(&hd);
+        let mut a = [
+            arg(&o),
+            arg(&os),
+            arg(&po),
+            arg(&pml),
+            arg(&nh),
+            arg(&ns),
+            arg(&hd),
+        ];
+        let grid = (batch as u32, shape.n_heads as u32, 1);
         // SAFETY: as above.
-        unsafe {
-            m.launch(cfg(
-                (batch as u32, shape.n_heads as u32, 1),
-                shape.head_dim as u32,
-            ))
-        }?;
-        Ok(())
+        unsafe { self.launch(s, &self.merge, grid, shape.head_dim as u32, &mut a) }
     }
 
     /// Causal prefill attention for a packed variable-length batch whose queries may start
@@ -449,20 +572,25 @@ impl Kernels {
         let kvs = (shape.n_kv_heads * shape.head_dim) as i32;
         let group = (shape.n_heads / shape.n_kv_heads) as i32;
         let scale_log2 = std::f32::consts::LOG2_E / (shape.head_dim as f32).sqrt();
-        let mut b = s.launch_builder(f);
-        b.arg(&o)
-            .arg(&os)
-            .arg(&qa)
-            .arg(&qs)
-            .arg(&kc)
-            .arg(&vc)
-            .arg(&kvs)
-            .arg(&t)
-            .arg(&qi);
-        b.arg(&ki).arg(&kx).arg(&pl).arg(&group).arg(&scale_log2);
+        let mut a = [
+            arg(&o),
+            arg(&os),
+            arg(&qa),
+            arg(&qs),
+            arg(&kc),
+            arg(&vc),
+            arg(&kvs),
+            arg(&t),
+            arg(&qi),
+            arg(&ki),
+            arg(&kx),
+            arg(&pl),
+            arg(&group),
+            arg(&scale_log2),
+        ];
+        let grid = (n_tiles as u32, shape.n_heads as u32, 1);
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
-        unsafe { b.launch(cfg((n_tiles as u32, shape.n_heads as u32, 1), 128)) }?;
-        Ok(())
+        unsafe { self.launch(s, f, grid, 128, &mut a) }
     }
 
     /// Sample one token per row of bf16 logits. params: 5 floats per row
@@ -484,11 +612,68 @@ impl Kernels {
         }
         let (o, l, p) = (out.addr(), logits.addr(), params.addr());
         let v = vocab as i32;
-        let mut b = s.launch_builder(&self.sample);
-        b.arg(&o).arg(&l).arg(&v).arg(&p);
+        let mut a = [arg(&o), arg(&l), arg(&v), arg(&p)];
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
-        unsafe { b.launch(cfg((rows as u32, 1, 1), 1024)) }?;
-        Ok(())
+        unsafe { self.launch(s, &self.sample, (rows as u32, 1, 1), 1024, &mut a) }
+    }
+
+    /// Apply `n` [`LogitEdit`]s in place to bf16 logits of `rows` x `vocab` (repetition,
+    /// frequency and presence penalties, logit bias, min-token masks) before [`Kernels::sample`].
+    /// No two edits may name the same (row, token); edits outside the buffer are skipped.
+    ///
+    /// # Safety
+    /// logits: rows x vocab; edits: n entries.
+    pub unsafe fn logit_edits(
+        &self,
+        s: &CudaStream,
+        logits: Dptr<bf16>,
+        rows: usize,
+        vocab: usize,
+        edits: Dptr<LogitEdit>,
+        n: usize,
+    ) -> Result<()> {
+        if n == 0 || rows == 0 || vocab == 0 {
+            return Ok(());
+        }
+        if rows > i32::MAX as usize || vocab > i32::MAX as usize || n > i32::MAX as usize {
+            return Err(KernelError::Unsupported(format!(
+                "logit edits: {n} entries over {rows} x {vocab}"
+            )));
+        }
+        let (l, e) = (logits.addr(), edits.addr());
+        let (r, v, ni) = (rows as i32, vocab as i32, n as i32);
+        let mut a = [arg(&l), arg(&r), arg(&v), arg(&e), arg(&ni)];
+        let blocks = n.div_ceil(256).min(self.num_sms as usize * 8).max(1) as u32;
+        // SAFETY: argument types match the kernel; the caller guarantees the extents.
+        unsafe { self.launch(s, &self.logit_edits, (blocks, 1, 1), 256, &mut a) }
+    }
+
+    /// `dst[pairs[2 i]] = src[pairs[2 i + 1]]` for `i < n` (int32 token ids): the next step's
+    /// inputs from the previous step's sampled tokens without a host round trip.
+    ///
+    /// # Safety
+    /// pairs: 2 n indices, the even ones inside dst, the odd ones inside src; no dst index
+    /// repeats.
+    pub unsafe fn copy_tokens(
+        &self,
+        s: &CudaStream,
+        dst: Dptr<i32>,
+        src: Dptr<i32>,
+        pairs: Dptr<i32>,
+        n: usize,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        if n > i32::MAX as usize / 2 {
+            return Err(KernelError::Unsupported(format!("copy of {n} tokens")));
+        }
+        let (d, sr, p) = (dst.addr(), src.addr(), pairs.addr());
+        let ni = n as i32;
+        let mut a = [arg(&d), arg(&sr), arg(&p), arg(&ni)];
+        let blocks = n.div_ceil(256).min(self.num_sms as usize * 8).max(1) as u32;
+        // SAFETY: argument types match the kernel; the caller guarantees the extents.
+        unsafe { self.launch(s, &self.copy_tokens, (blocks, 1, 1), 256, &mut a) }
     }
 
     /// Partial-sum buffers for every [`Kernels::gemv_plan`] on this device.
@@ -563,6 +748,51 @@ impl Kernels {
         epilogue: GemvEpilogue,
         ws: &GemvWorkspace,
     ) -> Result<()> {
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe { self.gemv_inner(s, y, x, w, None, tokens, k, n, epilogue, ws) }
+    }
+
+    /// [`Kernels::gemv`] of `rmsnorm(x) · wᵀ`: x is the raw residual stream (tokens x k) and
+    /// each element is normalised as [`Kernels::add_rmsnorm`] without `delta` would write it
+    /// (`bf16(norm_w * bf16(x / rms(x)))`, rms with `eps`), so this replaces that launch and
+    /// the GEMV after it; x is not modified. Same plan, limits and `Unsupported` cases as
+    /// [`Kernels::gemv`], and norm_w must be 16-byte aligned.
+    ///
+    /// # Safety
+    /// As [`Kernels::gemv`]; norm_w: k.
+    pub unsafe fn gemv_rmsnorm(
+        &self,
+        s: &CudaStream,
+        y: Dptr<bf16>,
+        x: Dptr<bf16>,
+        norm_w: Dptr<bf16>,
+        eps: f32,
+        w: Dptr<bf16>,
+        tokens: usize,
+        k: usize,
+        n: usize,
+        epilogue: GemvEpilogue,
+        ws: &GemvWorkspace,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe { self.gemv_inner(s, y, x, w, Some((norm_w, eps)), tokens, k, n, epilogue, ws) }
+    }
+
+    /// # Safety
+    /// As [`Kernels::gemv_rmsnorm`] with `norm`, else as [`Kernels::gemv`].
+    unsafe fn gemv_inner(
+        &self,
+        s: &CudaStream,
+        y: Dptr<bf16>,
+        x: Dptr<bf16>,
+        w: Dptr<bf16>,
+        norm: Option<(Dptr<bf16>, f32)>,
+        tokens: usize,
+        k: usize,
+        n: usize,
+        epilogue: GemvEpilogue,
+        ws: &GemvWorkspace,
+    ) -> Result<()> {
         if tokens == 0 {
             return Ok(());
         }
@@ -575,9 +805,11 @@ impl Kernels {
             || (epilogue == GemvEpilogue::SwiGlu && !n.is_multiple_of(2))
             || !x.addr().is_multiple_of(16)
             || !w.addr().is_multiple_of(16)
+            || norm.is_some_and(|(nw, _)| !nw.addr().is_multiple_of(16))
         {
             return Err(KernelError::Unsupported(format!(
-                "GEMV of {tokens} tokens, k {k}, n {n} ({epilogue:?}) at x {x:?}, w {w:?}"
+                "GEMV of {tokens} tokens, k {k}, n {n} ({epilogue:?}) at x {x:?}, w {w:?}, norm {:?}",
+                norm.map(|(nw, _)| nw)
             )));
         }
         let plan = self.gemv_plan(k, n, epilogue);
@@ -590,7 +822,7 @@ impl Kernels {
                 "GEMV workspace too small for {tiles} tiles x {splits} splits"
             )));
         }
-        let f = &self.gemv[usize::from(plan.rows_per_block == 32)];
+        let r32 = usize::from(plan.rows_per_block == 32);
         let (ya, xa, wa) = (y.addr(), x.addr(), w.addr());
         let (pa, ca) = (dptr(&ws.partials, s).addr(), dptr(&ws.counters, s).addr());
         let (m, ki, ni) = (tokens as i32, k as i32, n as i32);
@@ -600,22 +832,49 @@ impl Kernels {
             GemvEpilogue::SwiGlu => 2,
         };
         let sp = plan.splits as i32;
-        let mut b = s.launch_builder(f);
-        b.arg(&ya)
-            .arg(&xa)
-            .arg(&wa)
-            .arg(&m)
-            .arg(&ki)
-            .arg(&ni)
-            .arg(&mode)
-            .arg(&sp)
-            .arg(&pa)
-            .arg(&ca);
+        let pf = self.gemv_prefetch.min(i32::MAX as u32) as i32;
         let grid = (plan.tiles, plan.splits, 1);
-        // SAFETY: argument types match the kernel; the caller guarantees the extents; the plan
-        // fits the workspace (checked above).
-        unsafe { b.launch(cfg(grid, (GEMV_WARPS * 32) as u32)) }?;
-        Ok(())
+        let threads = (GEMV_WARPS * 32) as u32;
+        match norm {
+            None => {
+                let mut a = [
+                    arg(&ya),
+                    arg(&xa),
+                    arg(&wa),
+                    arg(&m),
+                    arg(&ki),
+                    arg(&ni),
+                    arg(&mode),
+                    arg(&sp),
+                    arg(&pa),
+                    arg(&ca),
+                    arg(&pf),
+                ];
+                // SAFETY: argument types match the kernel; the caller guarantees the extents;
+                // the plan fits the workspace (checked above).
+                unsafe { self.launch(s, &self.gemv[r32], grid, threads, &mut a) }
+            }
+            Some((nw, eps)) => {
+                let na = nw.addr();
+                let mut a = [
+                    arg(&ya),
+                    arg(&xa),
+                    arg(&wa),
+                    arg(&na),
+                    arg(&eps),
+                    arg(&m),
+                    arg(&ki),
+                    arg(&ni),
+                    arg(&mode),
+                    arg(&sp),
+                    arg(&pa),
+                    arg(&ca),
+                    arg(&pf),
+                ];
+                // SAFETY: as above.
+                unsafe { self.launch(s, &self.gemv_rms[r32], grid, threads, &mut a) }
+            }
+        }
     }
 }
 

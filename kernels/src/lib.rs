@@ -12,8 +12,8 @@ mod source;
 
 pub use gemm::Gemm;
 pub use launch::{
-    AttnShape, DecodeAttnPlan, GEMV_MAX_SPLITS, GEMV_MAX_TOKENS, GemvEpilogue, GemvPlan,
-    GemvWorkspace, Kernels, MAX_DECODE_SPLITS, prefill_tiles,
+    AttnShape, DecodeAttnPlan, GEMV_MAX_SPLITS, GEMV_MAX_TOKENS, GEMV_PREFETCH_STEPS, GemvEpilogue,
+    GemvPlan, GemvWorkspace, Kernels, LogitEdit, MAX_DECODE_SPLITS, prefill_tiles,
 };
 pub use source::{KERNEL_NAMES, SOURCE, compile_ptx, nvrtc_available};
 

@@ -22,6 +22,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "rope_kv_store_bf16",
     "silu_mul_bf16",
     "gather_rows_bf16",
+    "copy_tokens_i32",
     "decode_attn_d64_g1",
     "decode_attn_d64_g2",
     "decode_attn_d64_g4",
@@ -34,8 +35,11 @@ pub const KERNEL_NAMES: &[&str] = &[
     "prefill_attn_d64",
     "prefill_attn_d128",
     "sample_bf16",
+    "logit_edits_bf16",
     "gemv_bf16_r16",
     "gemv_bf16_r32",
+    "gemv_rms_bf16_r16",
+    "gemv_rms_bf16_r32",
 ];
 
 /// Whether libnvrtc can be loaded on this machine.

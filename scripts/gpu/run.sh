@@ -6,10 +6,10 @@
 # transformers as the peer. Every stage has its own time limit, so one slow stage cannot eat
 # the call. Expects the binaries in .dev/gpu (see scripts/gpu/README.md). Writes to $OUT.
 #
-# Knobs (environment): NUM_PROMPTS (300), GSP_GROUPS (16), GSP_PER_GROUP (16),
+# Knobs (environment): SKIP_OFFLINE=1 (stop after the checks and batch-1 benchmarks), GEMV_MODE (ablate: bench-one-batch --gemv mode), SKIP_OVERLAP_CHECK=1,
+# OVERLAP_AB=1 (the offline random run again with --disable-overlap-schedule), NUM_PROMPTS (300), GSP_GROUPS (16), GSP_PER_GROUP (16),
 # GSP_SYSTEM_LEN (2048), GSP_QUESTION_LEN (128), GSP_OUTPUT_LEN (256), SKIP_HF_PEER=1,
-# SKIP_CHECKS=1 (no kernel checks, GEMV micro-benchmark or batch-1 benchmark), CHECK=1 (also the transformers greedy comparison; needs .dev/gpu/engine-tests and adds
-# minutes), BUDGET_S (540: stages that would start past it are skipped).
+# SKIP_CHECKS=1 (no kernel checks, GEMV micro-benchmark or batch-1 benchmark), CHECK=1 (also the transformers greedy comparison; adds minutes), BUDGET_S (540: stages that would start past it are skipped).
 #
 # Scaled down: the targets are 1000 random prompts and 64 shared-prefix groups, but through the
 # scheduler the engine generates ~1.4K tok/s on an H100 (every decode step copies all logits to
@@ -43,10 +43,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 date -u
 
 if [ -z "$SKIP_CHECKS" ]; then
-stage "kernel checks" 90 $D/kernel-check 2>&1 | grep -vE "^(PASS|FAIL) " | tee $OUT/kernel-check.txt
+stage "kernel checks" 150 $D/kernel-check 2>&1 | grep -vE "^(PASS|FAIL) " | tee $OUT/kernel-check.txt
 grep -q " 0 failed" $OUT/kernel-check.txt || echo "KERNEL CHECK FAILED (see above)"
 stage "GEMV micro-benchmark (Llama-3.1-8B shapes)" 75 $D/kernel-check bench-gemv 2>&1 \
   | grep -E "^\||bandwidth|GEMMs of|[Ee]rror" | tee $OUT/gemv-bench.txt
+[ -z "$SKIP_DECODE_BENCH" ] && stage "one decode step in a CUDA graph: norm fusion, PDL, prefetch depth" 120 \
+  $D/kernel-check bench-decode 2>&1 | grep -vE "^\s*$" | tee $OUT/decode-bench.txt
 fi
 
 if [ -f $W/ckpt/config.json ]; then echo "== checkpoint: reusing $W/ckpt"
@@ -55,24 +57,33 @@ fi
 
 if [ -n "$CHECK" ]; then
   if stage "transformers reference" 300 python3 scripts/gpu/hf_ref.py $W/ckpt $W 64; then
-    export SGL_CUDA_BENCH="check --model $W/ckpt --prompts $W/prompts.json --out $W --cuda-graph-max-bs 64"
-    stage "engine check" 120 $D/engine-tests --ignored --exact backend::cuda::bench::tests::cuda_bench --nocapture 2>&1 \
-      | grep -v "^test \|running\|^$"
-    unset SGL_CUDA_BENCH
+    stage "engine check" 120 $E check-reference --model $W/ckpt --prompts $W/prompts.json --out $W \
+      --cuda-graph-max-bs 64 2>&1 | grep -vE "^\s*$"
     python3 scripts/gpu/compare.py $W || echo "E2E CHECK FAILED"
   fi
 fi
 
-[ -z "$SKIP_CHECKS" ] && stage "bench one-batch: batch 1, in 128, out 256, GEMV on and off; TTFT of 1024 tokens" 150 \
-  $E bench-one-batch --model $W/ckpt --batch 1 --input 128 --output 256 --gemv both --ttft-input 1024 2>&1 \
+[ -z "$SKIP_CHECKS" ] && stage "bench one-batch: batch 1, in 128, out 256, decode forms ($GEMV_MODE); TTFT of 1024 tokens" 200 \
+  $E bench-one-batch --model $W/ckpt --batch 1 --input 128 --output 256 --gemv ${GEMV_MODE:-ablate} --ttft-input 1024 2>&1 \
   | keep | tee $OUT/one-batch.txt
 
+if [ -z "$SKIP_OVERLAP_CHECK" ]; then
+  stage "overlap schedule vs synchronous: same tokens" 150 python3 scripts/gpu/overlap_check.py $E $W/ckpt 2>&1 \
+    | grep -E "^\||CHECK|Error|error" | tee $OUT/overlap-check.txt
+fi
+
+if [ -n "$SKIP_OFFLINE" ]; then echo "== offline benchmarks skipped (SKIP_OFFLINE)"; echo "== done in $(elapsed)s"; exit 0; fi
 N=${NUM_PROMPTS:-300}
 [ "$N" -lt 1000 ] && echo "== offline random SCALED DOWN from 1000 to $N prompts (scheduler path, see the head of run.sh)"
 echo "== offline random: $N prompts, in/out uniform 1..1024, through the scheduler"
 stage "offline random" ${OFFLINE_TIMEOUT:-150} $E bench-offline-throughput --model $W/ckpt --dataset-name random \
   --num-prompts $N --random-input-len 1024 --random-output-len 1024 2>&1 \
   | keep | tee $OUT/offline-random.txt
+if [ -n "$OVERLAP_AB" ]; then
+  stage "offline random, overlap schedule off" ${OFFLINE_TIMEOUT:-150} $E bench-offline-throughput --model $W/ckpt \
+    --dataset-name random --num-prompts $N --random-input-len 1024 --random-output-len 1024 \
+    --disable-overlap-schedule 2>&1 | keep | tee $OUT/offline-random-sync.txt
+fi
 
 G=${GSP_GROUPS:-16}; P=${GSP_PER_GROUP:-16}
 [ "$G" -lt 64 ] && echo "== generated-shared-prefix SCALED DOWN from 64 to $G groups (scheduler path, see the head of run.sh)"

@@ -1,14 +1,18 @@
 //! Checks every kernel against a CPU reference on fresh random inputs (seeded from the clock,
 //! printed), with outputs poisoned (NaN) before each launch. Needs a GPU. Exit code 1 on any
-//! failure. Usage: `kernel-check` (prints one line per check and a summary table), or
-//! `kernel-check bench-gemv` (decode GEMV vs cuBLASLt vs copy bandwidth on Llama-3.1-8B shapes).
+//! failure. Usage: `kernel-check` (prints one line per check and a summary table),
+//! `kernel-check bench-gemv` (decode GEMV vs cuBLASLt vs copy bandwidth on Llama-3.1-8B shapes)
+//! or `kernel-check bench-decode` (one batch-1 Llama-3.1-8B decode step in a CUDA graph, PDL on
+//! and off, fused and separate norms, against the copy-bandwidth floor of its weights).
+//! Launches use PDL unless `SGL_DISABLE_PDL=1`; the PDL check and bench-decode switch it
+//! themselves.
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream};
 use half::bf16;
 use sgl_kernels::{
-    AttnShape, Dptr, Gemm, GemvEpilogue, GemvWorkspace, Kernels, dptr, prefill_tiles,
+    AttnShape, Dptr, Gemm, GemvEpilogue, GemvWorkspace, Kernels, LogitEdit, dptr, prefill_tiles,
 };
 
 type R<T> = Result<T, Box<dyn std::error::Error>>;
@@ -618,32 +622,288 @@ fn check_gemv(c: &mut Ctx) -> R<()> {
     Ok(())
 }
 
-/// Median time in µs of `f` over `iters` launches after a warm-up (CUDA events).
-fn time_us(c: &Ctx, iters: usize, mut f: impl FnMut(usize) -> R<()>) -> R<f64> {
+/// CPU RMSNorm as `add_rmsnorm_bf16` rounds it: `bf16(g * bf16(x * inv))`, inv in f32.
+fn rmsnorm_ref(x: &[bf16], g: &[bf16], m: usize, k: usize, eps: f32) -> Vec<f32> {
+    let mut out = vec![0.0f32; m * k];
+    for r in 0..m {
+        let row = &x[r * k..][..k];
+        let ss: f64 = row.iter().map(|v| (v.to_f32() as f64).powi(2)).sum();
+        let inv = (1.0 / (ss / k as f64 + eps as f64).sqrt()) as f32;
+        for j in 0..k {
+            out[r * k + j] = rbf(g[j].to_f32() * rbf(row[j].to_f32() * inv));
+        }
+    }
+    out
+}
+
+/// The GEMV with RMSNorm fused into its input against the CPU's norm then GEMV (f64 sums):
+/// Llama-3.1-8B's qkv (32-row tiles) and gate_up (SwiGLU) at 1, 3, 8 tokens, an LM-head-like
+/// n (many waves of 32-row tiles), split-k plans, odd n and k, the accumulate epilogue. Each case runs twice (bit-identical),
+/// and is compared with `add_rmsnorm` followed by the plain GEMV on the device, which may
+/// differ only where the two sums of squares round 1 / rms differently.
+fn check_gemv_rmsnorm(c: &mut Ctx) -> R<()> {
+    use GemvEpilogue::*;
+    let eps = 1e-5f32;
+    let cases = [
+        (1usize, 4096usize, 6144usize, Store),
+        (3, 4096, 6144, Store),
+        (8, 4096, 6144, Store),
+        (1, 4096, 28672, SwiGlu),
+        (3, 4096, 28672, SwiGlu),
+        (8, 4096, 28672, SwiGlu),
+        (1, 4096, 70001, Store),
+        (1, 4096, 1024, Store),
+        (3, 8192, 1024, Store),
+        (8, 4096, 2000, SwiGlu),
+        (5, 4104, 1001, Store),
+        (2, 4096, 4096, Accumulate),
+    ];
+    for (m, k, n, epi) in cases {
+        // rows of different scales, so each token's 1 / rms differs
+        let x: Vec<bf16> = (0..m)
+            .flat_map(|_| {
+                let scale = 0.05 + 4.0 * c.rng.f();
+                (0..k)
+                    .map(|_| bf16::from_f32(scale * c.rng.sym()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let g = bf(&(0..k).map(|_| 1.0 + 0.5 * c.rng.sym()).collect::<Vec<_>>());
+        let w = bf(&(0..n * k).map(|_| 0.1 * c.rng.sym()).collect::<Vec<_>>());
+        let out_w = if epi == SwiGlu { n / 2 } else { n };
+        let y0 = bf(&(0..m * out_w)
+            .map(|_| 4.0 * c.rng.sym())
+            .collect::<Vec<_>>());
+        let (dx, dg, dw) = (c.up(&x)?, c.up(&g)?, c.up(&w)?);
+        let xn = rmsnorm_ref(&x, &g, m, k, eps);
+        let acc = matmul_ref(&xn, &unbf(&w), m, k, n);
+        let want: Vec<f32> = match epi {
+            Store => acc.iter().map(|&v| v as f32).collect(),
+            Accumulate => acc
+                .iter()
+                .zip(&y0)
+                .map(|(&v, &o)| (v + o.to_f32() as f64) as f32)
+                .collect(),
+            SwiGlu => (0..m * out_w)
+                .map(|i| {
+                    let (t, r) = (i / out_w, i % out_w);
+                    let gt = rbf(acc[t * n + r] as f32);
+                    let u = rbf(acc[t * n + out_w + r] as f32);
+                    rbf(rbf(gt / (1.0 + (-gt).exp())) * u)
+                })
+                .collect(),
+        };
+        let fresh_y = |c: &Ctx| -> R<CudaSlice<bf16>> {
+            if epi == Accumulate {
+                c.up(&y0)
+            } else {
+                c.poisoned(m * out_w)
+            }
+        };
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            let y = fresh_y(c)?;
+            // SAFETY: shapes as allocated; the workspace belongs to this device and stream.
+            unsafe {
+                c.k.gemv_rmsnorm(
+                    &c.s,
+                    c.p(&y),
+                    c.p(&dx),
+                    c.p(&dg),
+                    eps,
+                    c.p(&dw),
+                    m,
+                    k,
+                    n,
+                    epi,
+                    &c.gemv_ws,
+                )?
+            };
+            runs.push(c.down(&y)?);
+        }
+        // the unfused pair on the device: add_rmsnorm (no residual add), then the GEMV
+        let normed = c.poisoned(m * k)?;
+        let y = fresh_y(c)?;
+        // SAFETY: shapes as allocated.
+        unsafe {
+            c.k.add_rmsnorm(&c.s, c.p(&normed), c.p(&dx), None, c.p(&dg), m, k, eps)?;
+            c.k.gemv(
+                &c.s,
+                c.p(&y),
+                c.p(&normed),
+                c.p(&dw),
+                m,
+                k,
+                n,
+                epi,
+                &c.gemv_ws,
+            )?;
+        }
+        let unfused = c.down(&y)?;
+        let same = runs[0]
+            .iter()
+            .zip(&runs[1])
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        let plan = c.k.gemv_plan(k, n, epi);
+        let err = rel_err(&runs[0], &want).max(rel_err(&runs[1], &want));
+        let name = format!(
+            "gemv_rmsnorm {m}x{k} -> {n} {epi:?} ({} rows/block, {} tiles x {} splits){}",
+            plan.rows_per_block,
+            plan.tiles,
+            plan.splits,
+            if same { "" } else { " RUNS DIFFER" }
+        );
+        c.record(&name, if same { err } else { f64::INFINITY }, 1e-2);
+        let differ = runs[0]
+            .iter()
+            .zip(&unfused)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        c.record(
+            &format!(
+                "gemv_rmsnorm {m}x{k} -> {n} {epi:?} vs add_rmsnorm + gemv ({differ} of {} differ)",
+                unfused.len()
+            ),
+            rel_err(&runs[0], &unfused),
+            1e-3,
+        );
+    }
+    Ok(())
+}
+
+/// In-place logit edits against the CPU on random logits (Llama-3's vocabulary): repetition
+/// penalties both ways, additive terms, -inf masks, no-op entries and entries outside the
+/// buffer (skipped). Every logit, edited or not, must match bit for bit.
+fn check_logit_edits(c: &mut Ctx) -> R<()> {
+    let (rows, vocab) = (6usize, 128256usize);
+    let logits = bf(&(0..rows * vocab)
+        .map(|_| 8.0 * c.rng.sym())
+        .collect::<Vec<_>>());
+    let mut edits = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    while edits.len() < 3000 {
+        let (row, token) = (c.rng.below(rows) as u32, c.rng.below(vocab) as u32);
+        if !seen.insert((row, token)) {
+            continue;
+        }
+        let rep = match c.rng.below(4) {
+            0 | 1 => 1.0,
+            2 => 1.0 + c.rng.f(),
+            _ => 0.5 + 0.5 * c.rng.f(),
+        };
+        let add = match c.rng.below(5) {
+            0 | 1 => 0.0,
+            2 => f32::NEG_INFINITY,
+            _ => 2.0 * c.rng.sym(),
+        };
+        edits.push(LogitEdit {
+            row,
+            token,
+            rep,
+            add,
+        });
+    }
+    // outside the buffer: skipped (a NaN would show if one were applied)
+    for (row, token) in [(rows as u32, 0u32), (0, vocab as u32), (u32::MAX, u32::MAX)] {
+        edits.push(LogitEdit {
+            row,
+            token,
+            rep: 2.0,
+            add: f32::NAN,
+        });
+    }
+    let mut want = logits.clone();
+    for e in &edits {
+        if e.row as usize >= rows || e.token as usize >= vocab {
+            continue;
+        }
+        let i = e.row as usize * vocab + e.token as usize;
+        let mut l = want[i].to_f32();
+        if e.rep != 1.0 {
+            l = if l > 0.0 { l / e.rep } else { l * e.rep };
+        }
+        want[i] = bf16::from_f32(l + e.add);
+    }
+    let (dl, de) = (c.up(&logits)?, c.up(&edits)?);
+    // SAFETY: shapes as allocated.
+    unsafe {
+        c.k.logit_edits(&c.s, c.p(&dl), rows, vocab, c.p(&de), edits.len())?
+    };
+    c.s.synchronize()?;
+    let got = c.s.clone_dtoh(&dl)?;
+    let differ = got
+        .iter()
+        .zip(&want)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    c.record(
+        &format!(
+            "logit_edits ({} edits over {rows} x {vocab}; {differ} logits differ)",
+            edits.len()
+        ),
+        differ as f64 / want.len() as f64,
+        0.0,
+    );
+    Ok(())
+}
+
+/// Device-side token copy: scattered destinations (the rest keep their poison), repeated
+/// sources.
+fn check_copy_tokens(c: &mut Ctx) -> R<()> {
+    let (n_dst, n_src, n) = (300usize, 77usize, 200usize);
+    let src: Vec<i32> = (0..n_src).map(|_| c.rng.below(128256) as i32).collect();
+    let dsts = c.rng.perm(n_dst);
+    let mut pairs = Vec::new();
+    let mut want = vec![-7i32; n_dst];
+    for &d in &dsts[..n] {
+        let sidx = c.rng.below(n_src);
+        pairs.extend([d as i32, sidx as i32]);
+        want[d] = src[sidx];
+    }
+    let (ds, dp) = (c.up(&src)?, c.up(&pairs)?);
+    let dd = c.up(&vec![-7i32; n_dst])?;
+    // SAFETY: shapes as allocated; pairs index inside dst and src.
+    unsafe { c.k.copy_tokens(&c.s, c.p(&dd), c.p(&ds), c.p(&dp), n)? };
+    c.s.synchronize()?;
+    let got = c.s.clone_dtoh(&dd)?;
+    let differ = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+    c.record(
+        &format!("copy_tokens_i32 ({n} of {n_dst} slots; {differ} differ)"),
+        differ as f64 / n_dst as f64,
+        0.0,
+    );
+    Ok(())
+}
+
+/// Median time in µs of `f` over `iters` launches after a warm-up (CUDA events on `s`).
+fn time_on(s: &CudaStream, iters: usize, mut f: impl FnMut(usize) -> R<()>) -> R<f64> {
     use cudarc::driver::sys::CUevent_flags;
     for i in 0..3 {
         f(i)?;
     }
-    let ctx = c.s.context();
+    let ctx = s.context();
     let mut per = Vec::new();
     for rep in 0..5 {
         let e0 = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         let e1 = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        e0.record(&c.s)?;
+        e0.record(s)?;
         for i in 0..iters {
             f(rep * iters + i)?;
         }
-        e1.record(&c.s)?;
+        e1.record(s)?;
         per.push(e0.elapsed_ms(&e1)? as f64 * 1e3 / iters as f64);
     }
     per.sort_by(f64::total_cmp);
     Ok(per[per.len() / 2])
 }
 
-/// GEMV vs cuBLASLt on the decode GEMMs of Llama-3.1-8B (weights cycled through enough copies
-/// that none is still in L2), against device-to-device copy bandwidth (read + write).
-fn bench_gemv(c: &mut Ctx) -> R<()> {
-    use GemvEpilogue::*;
+/// Median time in µs of `f` over `iters` launches on the check stream.
+fn time_us(c: &Ctx, iters: usize, f: impl FnMut(usize) -> R<()>) -> R<f64> {
+    time_on(&c.s, iters, f)
+}
+
+/// Device-to-device copy bandwidth (read + write) in bytes per second, over 1 GiB.
+fn copy_bandwidth(c: &Ctx) -> R<f64> {
     let s = c.s.clone();
     let n_copy = 1usize << 30;
     let (src, dst) = (s.alloc_zeros::<u8>(n_copy)?, s.alloc_zeros::<u8>(n_copy)?);
@@ -654,12 +914,20 @@ fn bench_gemv(c: &mut Ctx) -> R<()> {
         Ok(())
     });
     drop((src, dst));
-    let copy_us = copy_us?;
-    let copy_bw = 2.0 * n_copy as f64 / (copy_us * 1e-6);
+    let copy_bw = 2.0 * n_copy as f64 / (copy_us? * 1e-6);
     println!(
         "device copy bandwidth (read + write): {:.0} GB/s",
         copy_bw / 1e9
     );
+    Ok(copy_bw)
+}
+
+/// GEMV vs cuBLASLt on the decode GEMMs of Llama-3.1-8B (weights cycled through enough copies
+/// that none is still in L2), against device-to-device copy bandwidth (read + write).
+fn bench_gemv(c: &mut Ctx) -> R<()> {
+    use GemvEpilogue::*;
+    let s = c.s.clone();
+    let copy_bw = copy_bandwidth(c)?;
     // (name, k, n, epilogue, per decode step: 32 layers or once)
     let shapes = [
         ("qkv", 4096usize, 6144usize, Store, 32usize),
@@ -742,6 +1010,410 @@ fn bench_gemv(c: &mut Ctx) -> R<()> {
             100.0 * floor / (b / 1e3)
         );
     }
+    Ok(())
+}
+
+/// One batch-1 decode step of a Llama-3.1-8B-shaped model on the device, for the PDL check and
+/// `bench-decode`: per layer the RMSNorm-fused qkv GEMV, rope_kv_store, decode attention over
+/// `ctx` cached keys (+ merge), the o GEMV adding into the residual, the RMSNorm-fused gate_up
+/// GEMV with SwiGLU, the down GEMV adding into the residual; then the final norm and the LM
+/// head. `fused: false` runs each norm as its own `add_rmsnorm` before a plain GEMV instead.
+struct DecodeModel {
+    layers: usize,
+    vocab: usize,
+    shape: AttnShape,
+    plan: sgl_kernels::DecodeAttnPlan,
+    qkv_w: CudaSlice<bf16>,
+    o_w: CudaSlice<bf16>,
+    gate_up_w: CudaSlice<bf16>,
+    down_w: CudaSlice<bf16>,
+    lm_head: CudaSlice<bf16>,
+    /// 2 per layer (input, post-attention), then the final norm; hidden each
+    norms: CudaSlice<bf16>,
+    k_cache: CudaSlice<bf16>,
+    v_cache: CudaSlice<bf16>,
+    /// the residual stream the step starts from, and the one it updates
+    x0: CudaSlice<bf16>,
+    x: CudaSlice<bf16>,
+    normed: CudaSlice<bf16>,
+    qkv: CudaSlice<bf16>,
+    attn: CudaSlice<bf16>,
+    act: CudaSlice<bf16>,
+    logits: CudaSlice<bf16>,
+    positions: CudaSlice<i32>,
+    slots: CudaSlice<i32>,
+    inv_freq: CudaSlice<f32>,
+    kv_indptr: CudaSlice<i32>,
+    kv_indices: CudaSlice<i32>,
+    partial_o: CudaSlice<f32>,
+    partial_ml: CudaSlice<f32>,
+    ws: GemvWorkspace,
+}
+
+const HIDDEN: usize = 4096;
+const INTER: usize = 14336;
+const EPS: f32 = 1e-5;
+
+impl DecodeModel {
+    /// Weights tiled from a random pattern of 8 Mi + 13 elements (so rows differ), norms near
+    /// 1, a random KV cache of `ctx` tokens whose last slot the step writes.
+    fn new(
+        k: &Kernels,
+        s: &Arc<CudaStream>,
+        rng: &mut Rng,
+        layers: usize,
+        vocab: usize,
+        ctx: usize,
+    ) -> R<Self> {
+        let shape = AttnShape {
+            n_heads: 32,
+            n_kv_heads: 8,
+            head_dim: 128,
+        };
+        let qkv_n = (shape.n_heads + 2 * shape.n_kv_heads) * shape.head_dim;
+        let kv_row = shape.n_kv_heads * shape.head_dim;
+        let pattern = s.clone_htod(&bf(&(0..(8usize << 20) + 13)
+            .map(|_| 0.03 * rng.sym())
+            .collect::<Vec<_>>()))?;
+        let filled = |n: usize| -> R<CudaSlice<bf16>> {
+            let d = s.alloc_zeros::<bf16>(n)?;
+            let (base, src) = (dptr(&d, s), dptr(&pattern, s));
+            let mut off = 0;
+            while off < n {
+                let len = pattern.len().min(n - off);
+                // SAFETY: both ranges lie inside their allocations.
+                unsafe {
+                    cudarc::driver::result::memcpy_dtod_async(
+                        base.add(off).addr(),
+                        src.addr(),
+                        len * 2,
+                        s.cu_stream(),
+                    )?
+                };
+                off += len;
+            }
+            Ok(d)
+        };
+        let norms = s.clone_htod(&bf(&(0..(2 * layers + 1) * HIDDEN)
+            .map(|_| 1.0 + 0.2 * rng.sym())
+            .collect::<Vec<_>>()))?;
+        let kv = |rng: &mut Rng| -> R<CudaSlice<bf16>> {
+            Ok(s.clone_htod(&bf(&(0..layers * ctx * kv_row)
+                .map(|_| rng.sym())
+                .collect::<Vec<_>>()))?)
+        };
+        let (k_cache, v_cache) = (kv(rng)?, kv(rng)?);
+        let plan = k.decode_plan(1, shape.n_kv_heads, ctx);
+        let parts = shape.n_heads * plan.splits as usize;
+        let x0_host = bf(&(0..HIDDEN).map(|_| rng.sym()).collect::<Vec<_>>());
+        Ok(DecodeModel {
+            layers,
+            vocab,
+            shape,
+            plan,
+            qkv_w: filled(layers * qkv_n * HIDDEN)?,
+            o_w: filled(layers * HIDDEN * HIDDEN)?,
+            gate_up_w: filled(layers * 2 * INTER * HIDDEN)?,
+            down_w: filled(layers * HIDDEN * INTER)?,
+            lm_head: filled(vocab * HIDDEN)?,
+            norms,
+            k_cache,
+            v_cache,
+            x: s.clone_htod(&x0_host)?,
+            x0: s.clone_htod(&x0_host)?,
+            normed: s.alloc_zeros::<bf16>(HIDDEN)?,
+            qkv: s.alloc_zeros::<bf16>(qkv_n)?,
+            attn: s.alloc_zeros::<bf16>(HIDDEN)?,
+            act: s.alloc_zeros::<bf16>(INTER)?,
+            logits: s.alloc_zeros::<bf16>(vocab)?,
+            positions: s.clone_htod(&[ctx as i32 - 1])?,
+            slots: s.clone_htod(&[ctx as i32 - 1])?,
+            inv_freq: s.clone_htod(&llama3_inv_freq(shape.head_dim))?,
+            kv_indptr: s.clone_htod(&[0, ctx as i32])?,
+            kv_indices: s.clone_htod(&(0..ctx as i32).collect::<Vec<_>>())?,
+            partial_o: s.alloc_zeros::<f32>(parts * shape.head_dim)?,
+            partial_ml: s.alloc_zeros::<f32>(parts * 2)?,
+            ws: k.gemv_workspace(s)?,
+        })
+    }
+
+    /// Weight bytes one step streams (the GEMVs' matrices).
+    fn weight_bytes(&self) -> usize {
+        2 * (self.qkv_w.len()
+            + self.o_w.len()
+            + self.gate_up_w.len()
+            + self.down_w.len()
+            + self.lm_head.len())
+    }
+
+    /// Kernel launches of one step.
+    fn launches(&self, fused: bool) -> usize {
+        let per_layer = if fused { 7 } else { 9 };
+        self.layers * per_layer + if fused { 1 } else { 2 }
+    }
+
+    /// Reset the residual stream to the step's input (a device copy, outside any graph).
+    fn reset(&self, s: &CudaStream) -> R<()> {
+        // SAFETY: x and x0 both hold HIDDEN elements.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                dptr(&self.x, s).addr(),
+                dptr(&self.x0, s).addr(),
+                HIDDEN * 2,
+                s.cu_stream(),
+            )?
+        };
+        Ok(())
+    }
+
+    /// `y = norm(x) · wᵀ`, fused or as add_rmsnorm then the GEMV.
+    ///
+    /// # Safety
+    /// y, w, norm and the scratch buffers cover the shapes (all of this model).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn norm_gemv(
+        &self,
+        k: &Kernels,
+        s: &CudaStream,
+        fused: bool,
+        y: Dptr<bf16>,
+        norm: Dptr<bf16>,
+        w: Dptr<bf16>,
+        n: usize,
+        epi: GemvEpilogue,
+    ) -> R<()> {
+        let x = dptr(&self.x, s);
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            if fused {
+                k.gemv_rmsnorm(s, y, x, norm, EPS, w, 1, HIDDEN, n, epi, &self.ws)?;
+            } else {
+                let normed = dptr(&self.normed, s);
+                k.add_rmsnorm(s, normed, x, None, norm, 1, HIDDEN, EPS)?;
+                k.gemv(s, y, normed, w, 1, HIDDEN, n, epi, &self.ws)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Launch one decode step on `s` (which may be capturing).
+    fn step(&self, k: &Kernels, s: &CudaStream, fused: bool) -> R<()> {
+        use GemvEpilogue::*;
+        let sh = self.shape;
+        let qkv_n = (sh.n_heads + 2 * sh.n_kv_heads) * sh.head_dim;
+        let kv_layer = self.k_cache.len() / self.layers;
+        let q_dim = sh.n_heads * sh.head_dim;
+        let (x, qkv, attn, act) = (
+            dptr(&self.x, s),
+            dptr(&self.qkv, s),
+            dptr(&self.attn, s),
+            dptr(&self.act, s),
+        );
+        let norms = dptr(&self.norms, s);
+        for l in 0..self.layers {
+            let kc = dptr(&self.k_cache, s).add(l * kv_layer);
+            let vc = dptr(&self.v_cache, s).add(l * kv_layer);
+            let wq = dptr(&self.qkv_w, s).add(l * qkv_n * HIDDEN);
+            let wo = dptr(&self.o_w, s).add(l * HIDDEN * q_dim);
+            let wgu = dptr(&self.gate_up_w, s).add(l * 2 * INTER * HIDDEN);
+            let wd = dptr(&self.down_w, s).add(l * HIDDEN * INTER);
+            // SAFETY: every buffer was allocated for these shapes in `new`.
+            unsafe {
+                self.norm_gemv(
+                    k,
+                    s,
+                    fused,
+                    qkv,
+                    norms.add(2 * l * HIDDEN),
+                    wq,
+                    qkv_n,
+                    Store,
+                )?;
+                k.rope_kv_store(
+                    s,
+                    qkv,
+                    kc,
+                    vc,
+                    dptr(&self.positions, s),
+                    dptr(&self.slots, s),
+                    dptr(&self.inv_freq, s),
+                    1,
+                    sh,
+                )?;
+                k.decode_attn(
+                    s,
+                    self.plan,
+                    attn,
+                    q_dim,
+                    qkv,
+                    qkv_n,
+                    kc,
+                    vc,
+                    dptr(&self.kv_indptr, s),
+                    dptr(&self.kv_indices, s),
+                    dptr(&self.partial_o, s),
+                    dptr(&self.partial_ml, s),
+                    1,
+                    sh,
+                )?;
+                k.gemv(s, x, attn, wo, 1, q_dim, HIDDEN, Accumulate, &self.ws)?;
+                let post = norms.add((2 * l + 1) * HIDDEN);
+                self.norm_gemv(k, s, fused, act, post, wgu, 2 * INTER, SwiGlu)?;
+                k.gemv(s, x, act, wd, 1, INTER, HIDDEN, Accumulate, &self.ws)?;
+            }
+        }
+        let logits = dptr(&self.logits, s);
+        let final_norm = norms.add(2 * self.layers * HIDDEN);
+        let lm = dptr(&self.lm_head, s);
+        // SAFETY: as above.
+        unsafe { self.norm_gemv(k, s, fused, logits, final_norm, lm, self.vocab, Store) }
+    }
+
+    /// The step captured into a CUDA graph on `s` (not the legacy default stream).
+    fn capture(&self, k: &Kernels, s: &Arc<CudaStream>, fused: bool) -> R<CudaGraph> {
+        use cudarc::driver::sys;
+        s.synchronize()?;
+        s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let body = self.step(k, s, fused);
+        let graph = s.end_capture(sys::CUgraphInstantiate_flags(0));
+        body?;
+        graph?.ok_or_else(|| "empty decode graph".into())
+    }
+
+    /// The step's outputs: logits and the final residual stream, as bf16 bit patterns.
+    fn outputs(&self, s: &Arc<CudaStream>) -> R<Vec<u16>> {
+        s.synchronize()?;
+        let mut v: Vec<u16> = s
+            .clone_dtoh(&self.logits)?
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        v.extend(s.clone_dtoh(&self.x)?.iter().map(|x| x.to_bits()));
+        Ok(v)
+    }
+}
+
+/// Programmatic dependent launch against plain launches: a 3-layer decode step (Llama-3.1-8B
+/// layer shapes, 32000-token head, 300 cached keys) run eagerly without PDL is the reference;
+/// eager with PDL, and CUDA graphs with and without PDL (each replayed 8 times, fused norms and
+/// separate ones, GEMVs prefetching their whole weight slices into L2) must give bit-identical
+/// logits and residual stream. A kernel that touched
+/// its predecessor's data before `griddepcontrol.wait` would show here as a difference.
+fn check_pdl_decode(c: &mut Ctx) -> R<()> {
+    let s = c.s.context().new_stream()?;
+    let m = DecodeModel::new(&c.k, &s, &mut c.rng, 3, 32000, 300)?;
+    let pdl_default = c.k.pdl();
+    c.k.set_pdl(true);
+    let pdl_note = if c.k.pdl() {
+        "PDL supported"
+    } else {
+        "no PDL before sm_90: plain launches only"
+    };
+    for fused in [true, false] {
+        c.k.set_pdl(false);
+        m.reset(&s)?;
+        m.step(&c.k, &s, fused)?;
+        let want = m.outputs(&s)?;
+        let finite = want
+            .iter()
+            .filter(|&&b| bf16::from_bits(b).is_finite())
+            .count();
+        let mut differ = 0usize;
+        let mut runs = 0usize;
+        for pdl in [true, false] {
+            c.k.set_pdl(pdl);
+            if pdl {
+                m.reset(&s)?;
+                m.step(&c.k, &s, fused)?;
+                differ += diff_bits(&m.outputs(&s)?, &want);
+                runs += 1;
+            }
+            // graphs prefetch whole weight slices (results must not depend on it)
+            let pf_default = c.k.gemv_prefetch();
+            c.k.set_gemv_prefetch(u32::MAX);
+            let g = m.capture(&c.k, &s, fused);
+            c.k.set_gemv_prefetch(pf_default);
+            let g = g?;
+            for _ in 0..8 {
+                m.reset(&s)?;
+                g.launch()?;
+                differ += diff_bits(&m.outputs(&s)?, &want);
+                runs += 1;
+            }
+        }
+        c.record(
+            &format!(
+                "decode step, {} norms: eager/graph x PDL on/off vs eager without PDL ({runs} runs, {differ} values differ, {finite} of {} finite; {pdl_note})",
+                if fused { "fused" } else { "separate" },
+                want.len()
+            ),
+            if finite == want.len() {
+                differ as f64 / want.len() as f64
+            } else {
+                f64::INFINITY
+            },
+            0.0,
+        );
+    }
+    c.k.set_pdl(pdl_default);
+    Ok(())
+}
+
+fn diff_bits(a: &[u16], b: &[u16]) -> usize {
+    a.iter().zip(b).filter(|(x, y)| x != y).count()
+}
+
+/// One batch-1 decode step of Llama-3.1-8B (32 layers, 128256-token head, 256 cached keys)
+/// captured in a CUDA graph: fused or separate norms, PDL on or off, and a sweep of the GEMV's
+/// L2 prefetch depth before its wait. Prints ms per step and the copy-bandwidth floor of its
+/// weight bytes over the step time.
+fn bench_decode(c: &mut Ctx) -> R<()> {
+    let copy_bw = copy_bandwidth(c)?;
+    let s = c.s.context().new_stream()?;
+    let t0 = std::time::Instant::now();
+    let m = DecodeModel::new(&c.k, &s, &mut c.rng, 32, 128256, 256)?;
+    s.synchronize()?;
+    let bytes = m.weight_bytes() as f64;
+    let floor_ms = bytes / copy_bw * 1e3;
+    println!(
+        "decode model ready in {:.1}s: {:.2} GB of weights, copy-rate floor {floor_ms:.3} ms/step, attention {} splits",
+        t0.elapsed().as_secs_f64(),
+        bytes / 1e9,
+        m.plan.splits
+    );
+    let (pdl_default, pf_default) = (c.k.pdl(), c.k.gemv_prefetch());
+    println!(
+        "\n| norms | PDL | GEMV L2 prefetch steps | launches | ms / step | of floor |\n|---|---|---|---|---|---|"
+    );
+    // (fused norms, PDL, prefetch steps): the default first, then the prefetch sweep
+    let mut configs = vec![(true, true, pf_default), (true, false, pf_default)];
+    configs.extend([0, 1, 2, 4, 16, u32::MAX].map(|pf| (true, true, pf)));
+    configs.extend([(false, true, pf_default), (false, false, pf_default)]);
+    for (fused, pdl, pf) in configs {
+        c.k.set_pdl(pdl);
+        c.k.set_gemv_prefetch(pf);
+        if pdl && !c.k.pdl() {
+            println!("(PDL needs sm_90: skipped)");
+            continue;
+        }
+        let g = m.capture(&c.k, &s, fused)?;
+        let us = time_on(&s, 20, |_| Ok(g.launch()?))?;
+        println!(
+            "| {} | {} | {} | {} | {:.3} | {:.1}% |",
+            if fused { "fused" } else { "add_rmsnorm" },
+            if pdl { "on" } else { "off" },
+            if pf == u32::MAX {
+                "all".to_string()
+            } else {
+                pf.to_string()
+            },
+            m.launches(fused),
+            us / 1e3,
+            100.0 * floor_ms / (us / 1e3)
+        );
+    }
+    c.k.set_pdl(pdl_default);
+    c.k.set_gemv_prefetch(pf_default);
     Ok(())
 }
 
@@ -851,9 +1523,11 @@ fn main() -> R<()> {
         | 1;
     println!("kernel-check seed {seed}");
     let ctx = CudaContext::new(0)?;
-    // SAFETY: single stream; no cross-stream events needed.
+    // SAFETY: each stream's buffers are used on that stream only (the decode-step check and
+    // bench make their own), so no cross-stream events are needed.
     unsafe { ctx.disable_event_tracking() };
-    let s = ctx.default_stream();
+    // a stream of its own, as the engine uses (not the legacy default stream)
+    let s = ctx.new_stream()?;
     let t0 = std::time::Instant::now();
     let k = Kernels::load(&ctx)?;
     println!(
@@ -871,6 +1545,9 @@ fn main() -> R<()> {
         rng: Rng(seed),
         results: Vec::new(),
     };
+    if std::env::args().nth(1).as_deref() == Some("bench-decode") {
+        return bench_decode(&mut c);
+    }
     check_embedding(&mut c)?;
     check_rmsnorm(&mut c)?;
     check_rope(&mut c)?;
@@ -886,6 +1563,10 @@ fn main() -> R<()> {
     }
     check_gemm(&mut c)?;
     check_gemv(&mut c)?;
+    check_gemv_rmsnorm(&mut c)?;
+    check_logit_edits(&mut c)?;
+    check_copy_tokens(&mut c)?;
+    check_pdl_decode(&mut c)?;
     check_sampling(&mut c)?;
     println!("\n| kernel check | rel err | tol | result |\n|---|---|---|---|");
     for (n, e, t, ok) in &c.results {

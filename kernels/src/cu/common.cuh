@@ -18,6 +18,26 @@ __device__ __forceinline__ bf16_t f2bf(float f) {
     return (bf16_t)(u >> 16);
 }
 
+// Programmatic dependent launch (sm_90+). A kernel launched with programmatic stream
+// serialization may start while the kernel before it on the stream is still running; it must
+// call pdl_wait() before it reads anything an earlier kernel writes, or writes anything an
+// earlier kernel may still read. The wait returns once every earlier kernel has completed and
+// its memory operations are visible; without the launch attribute (or before sm_90) it returns
+// at once. pdl_launch_dependents() lets the next kernel start launching once every block of
+// this one has called it (or exited); the next kernel still waits for this one to finish
+// before it touches shared data, so the call only decides how early its prologue may run.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Round a float to the nearest bf16 and back: emulates a PyTorch bf16 op's output.
 __device__ __forceinline__ float rbf(float f) { return bf2f(f2bf(f)); }
 

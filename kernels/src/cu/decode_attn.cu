@@ -30,6 +30,8 @@ __device__ __forceinline__ void decode_attn_impl(float* __restrict__ partial_o,
     __shared__ float s_m[G], s_l[G], s_alpha[G];
     __shared__ float s_red[NKG][G][8 * LPK];
 
+    pdl_wait();
+    pdl_launch_dependents();
     const int b = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, nsplit = gridDim.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int beg = kv_indptr[b];
@@ -181,6 +183,8 @@ extern "C" __global__ void attn_merge_splits(bf16_t* __restrict__ out, int out_s
                                              const float* __restrict__ partial_o,
                                              const float* __restrict__ partial_ml, int n_heads,
                                              int nsplit, int head_dim) {
+    pdl_wait();
+    pdl_launch_dependents();
     const int b = blockIdx.x, h = blockIdx.y;
     const size_t base = (size_t)(b * n_heads + h) * nsplit;
     float m = NEG_INF;

@@ -1,11 +1,15 @@
 // Row-wise and element-wise kernels of the Llama forward pass. Rounding follows PyTorch's bf16
 // modules (each op's output rounded to bf16) so the engine tracks transformers closely.
+// Each kernel waits for the kernels before it (pdl_wait) before it touches memory, then lets
+// the next kernel start launching: its blocks take only the slots these leave free, and wait.
 
 // out[t, :] = table[ids[t], :]; ids outside the table give a zero row.
 extern "C" __global__ void embedding_gather_bf16(bf16_t* __restrict__ out,
                                                  const bf16_t* __restrict__ table,
                                                  const unsigned int* __restrict__ ids,
                                                  int hidden, int vocab) {
+    pdl_wait();
+    pdl_launch_dependents();
     const int t = blockIdx.x;
     const unsigned int id = ids[t];
     const int nvec = hidden / 8;
@@ -25,6 +29,8 @@ extern "C" __global__ void add_rmsnorm_bf16(bf16_t* __restrict__ out, bf16_t* __
                                             const bf16_t* __restrict__ delta,
                                             const bf16_t* __restrict__ weight, int hidden,
                                             float eps) {
+    pdl_wait();
+    pdl_launch_dependents();
     __shared__ float scratch[32];
     const size_t row = (size_t)blockIdx.x * hidden;
     uint4* res = (uint4*)(residual + row);
@@ -67,6 +73,8 @@ extern "C" __global__ void rope_kv_store_bf16(bf16_t* __restrict__ qkv,
                                               const int* __restrict__ slots,
                                               const float* __restrict__ inv_freq, int n_heads,
                                               int n_kv_heads, int head_dim) {
+    pdl_wait();
+    pdl_launch_dependents();
     const int t = blockIdx.x;
     const int half = head_dim / 2;
     const int row_len = (n_heads + 2 * n_kv_heads) * head_dim;
@@ -104,6 +112,8 @@ extern "C" __global__ void rope_kv_store_bf16(bf16_t* __restrict__ qkv,
 extern "C" __global__ void silu_mul_bf16(bf16_t* __restrict__ out,
                                          const bf16_t* __restrict__ gate_up, int n_tokens,
                                          int inter) {
+    pdl_wait();
+    pdl_launch_dependents();
     const int nvec_row = inter / 8;
     const size_t total = (size_t)n_tokens * nvec_row;
     for (size_t v = (size_t)blockIdx.x * blockDim.x + threadIdx.x; v < total;
@@ -123,8 +133,21 @@ extern "C" __global__ void silu_mul_bf16(bf16_t* __restrict__ out,
 extern "C" __global__ void gather_rows_bf16(bf16_t* __restrict__ out,
                                             const bf16_t* __restrict__ src,
                                             const int* __restrict__ rows, int width) {
+    pdl_wait();
+    pdl_launch_dependents();
     const int i = blockIdx.x;
     const uint4* s = (const uint4*)(src + (size_t)rows[i] * width);
     uint4* d = (uint4*)(out + (size_t)i * width);
     for (int j = threadIdx.x; j < width / 8; j += blockDim.x) d[j] = s[j];
+}
+
+// dst[pairs[2 i]] = src[pairs[2 i + 1]] for i < n: the next step's input token ids taken from
+// the tokens the previous step sampled, on the device.
+extern "C" __global__ void copy_tokens_i32(int* __restrict__ dst, const int* __restrict__ src,
+                                           const int* __restrict__ pairs, int n) {
+    pdl_wait();
+    pdl_launch_dependents();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        dst[pairs[2 * i]] = src[pairs[2 * i + 1]];
+    }
 }

@@ -17,11 +17,22 @@
 // of N = 2 * inter rows: each 16-row MMA tile holds 8 gate rows (A rows 0-7) and the matching 8
 // up rows (A rows 8-15), and the block writes act[m, f] = bf16(bf16(silu(bf16(gate))) *
 // bf16(up)) for its features f, as silu_mul_bf16 does after an unfused GEMM.
+//
+// Programmatic dependent launch: weights never change, so each warp issues its first step's
+// weight loads (and L2 prefetches of the `pf_steps` steps after it) before pdl_wait, while the
+// kernel before it drains; x, the split partials, the counters and y are touched only after
+// the wait. Once its main loop is done a block lets the next kernel start launching.
+//
+// RMSNorm fused into the input (the gemv_rms_* entries): x is the raw residual stream and each
+// block first computes every token row's 1 / rms itself (the rows are L2 hits), then normalises
+// x as it loads it, rounding as add_rmsnorm_bf16 does: bf16(norm_w * bf16(x * inv)).
 
 #define GV_WARPS 8
 #define GV_THREADS (GV_WARPS * 32)
+#define GV_MAX_M 8
 
-// Weights are read once per pass: no L1 allocation, so x stays resident there.
+// Weights are read once per pass: no L1 allocation, so x stays resident there. Weights never
+// change, so these loads may run before pdl_wait (and the compiler may move them freely).
 __device__ __forceinline__ uint4 gv_ld_weights(const uint4* p) {
     uint4 v;
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -30,12 +41,32 @@ __device__ __forceinline__ uint4 gv_ld_weights(const uint4* p) {
     return v;
 }
 
-// x rows are re-read by every block: read-only path, cached.
-__device__ __forceinline__ uint4 gv_ld_x(const uint4* p) {
-    uint4 v;
-    asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
+__device__ __forceinline__ void gv_prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// Activations are written by earlier kernels: ordinary (coherent) loads, cached in L1, and
+// volatile so that they stay after pdl_wait. Predicated in the instruction (zeros where `ok`
+// is false, p then never dereferenced) rather than branched around, so that a run of them
+// issues back to back before any result is used.
+__device__ __forceinline__ uint4 gv_ld_act(const uint4* p, bool ok) {
+    uint4 v = make_uint4(0, 0, 0, 0);
+    asm volatile(
+        "{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %4, 0;\n\t"
+        "@q ld.global.v4.u32 {%0, %1, %2, %3}, [%5];\n\t}"
+        : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+        : "r"((int)ok), "l"(p));
+    return v;
+}
+
+// RMSNorm weights are constants re-read by every block: read-only path, cached; predicated
+// like gv_ld_act.
+__device__ __forceinline__ uint4 gv_ld_const(const uint4* p, bool ok) {
+    uint4 v = make_uint4(0, 0, 0, 0);
+    asm("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %4, 0;\n\t"
+        "@q ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%5];\n\t}"
+        : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+        : "r"((int)ok), "l"(p));
     return v;
 }
 
@@ -46,6 +77,62 @@ __device__ __forceinline__ float gv_ld_partial(const float* p) {
     return v;
 }
 
+// bf16(g * bf16(x * inv)) for 8 elements: add_rmsnorm_bf16's f32 products and rounding points
+// (cvt.rn rounds to nearest even like f2bf; only a NaN's payload may differ).
+__device__ __forceinline__ uint4 gv_rmsnorm8(const uint4 xv, const uint4 gv, float inv) {
+    const unsigned int xs[4] = {xv.x, xv.y, xv.z, xv.w};
+    const unsigned int gs[4] = {gv.x, gv.y, gv.z, gv.w};
+    unsigned int o[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const unsigned int n = pack_bf2(__uint_as_float(xs[i] << 16) * inv,
+                                        __uint_as_float(xs[i] & 0xffff0000u) * inv);
+        o[i] = pack_bf2(__uint_as_float(gs[i] << 16) * __uint_as_float(n << 16),
+                        __uint_as_float(gs[i] & 0xffff0000u) * __uint_as_float(n & 0xffff0000u));
+    }
+    return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// s_inv[m] = 1 / sqrt(mean(x[m]^2) + eps) for the M rows of x, in f32 as add_rmsnorm_bf16
+// computes it (the order of the sum of squares differs). Every thread of the block calls it.
+__device__ __forceinline__ void gv_inv_rms(const bf16_t* __restrict__ x, int M, int K, float eps,
+                                           float* s_part /* [GV_WARPS][GV_MAX_M] */,
+                                           float* s_inv /* [GV_MAX_M] */) {
+    const int k8 = K >> 3;
+    const uint4* x4 = (const uint4*)x;
+    float ss[GV_MAX_M];
+#pragma unroll
+    for (int m = 0; m < GV_MAX_M; ++m) ss[m] = 0.0f;
+    for (int i = threadIdx.x; i < k8; i += GV_THREADS) {
+        uint4 v[GV_MAX_M];  // every row's load in flight before the first is used
+#pragma unroll
+        for (int m = 0; m < GV_MAX_M; ++m) v[m] = gv_ld_act(x4 + (size_t)m * k8 + i, m < M);
+#pragma unroll
+        for (int m = 0; m < GV_MAX_M; ++m) {
+            float f[8];
+            unpack8(v[m], f);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) ss[m] += f[j] * f[j];
+        }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int m = 0; m < GV_MAX_M; ++m) {
+        if (m < M) {
+            const float v = warp_sum(ss[m]);
+            if (lane == 0) s_part[warp * GV_MAX_M + m] = v;
+        }
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < M) {
+        float total = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < GV_WARPS; ++wi) total += s_part[wi * GV_MAX_M + threadIdx.x];
+        s_inv[threadIdx.x] = rsqrtf(total / (float)K + eps);
+    }
+    __syncthreads();
+}
+
 template <int RT, int CH>
 struct GvFrag {
     uint4 w[RT][2][CH];  // [sub-tile][row g, row g + 8][chunk]
@@ -53,8 +140,8 @@ struct GvFrag {
 };
 
 template <int RT, int CH>
-__device__ __forceinline__ void gv_load(GvFrag<RT, CH>& f, const uint4* const (&wr)[RT][2],
-                                        const uint4* xr, bool has_x, int c0, int k8) {
+__device__ __forceinline__ void gv_load_w(GvFrag<RT, CH>& f, const uint4* const (&wr)[RT][2],
+                                          int c0, int k8) {
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
         const int ch = c0 + 4 * c;
@@ -66,7 +153,39 @@ __device__ __forceinline__ void gv_load(GvFrag<RT, CH>& f, const uint4* const (&
                 f.w[j][h][c] = ok ? gv_ld_weights(wr[j][h] + ch) : make_uint4(0, 0, 0, 0);
             }
         }
-        f.x[c] = (ok && has_x) ? gv_ld_x(xr + ch) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+// L2 prefetch of chunks [c_beg, c_end) of the lane's weight rows, one prefetch per 128 bytes
+// (8 chunks): the four lanes t of a row group take every fourth such piece.
+template <int RT>
+__device__ __forceinline__ void gv_prefetch_w(const uint4* const (&wr)[RT][2], int c_beg,
+                                              int c_end, int t) {
+    for (int c = c_beg + 8 * t; c < c_end; c += 32) {
+#pragma unroll
+        for (int j = 0; j < RT; ++j) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) gv_prefetch_l2(wr[j][h] + c);
+        }
+    }
+}
+
+// x chunks of the lane's token row (zeros past k or past the M rows), normalised with NORM
+// once every chunk's loads are in flight.
+template <int RT, int CH, bool NORM>
+__device__ __forceinline__ void gv_load_x(GvFrag<RT, CH>& f, const uint4* xr, const uint4* nw,
+                                          bool has_x, int c0, int k8, float inv) {
+    uint4 g[CH];
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+        const int ch = c0 + 4 * c;
+        const bool ok = has_x && ch < k8;
+        f.x[c] = gv_ld_act(xr + ch, ok);
+        if (NORM) g[c] = gv_ld_const(nw + ch, ok);
+    }
+    if (NORM) {
+#pragma unroll
+        for (int c = 0; c < CH; ++c) f.x[c] = gv_rmsnorm8(f.x[c], g[c], inv);
     }
 }
 
@@ -88,13 +207,18 @@ __device__ __forceinline__ void gv_mma(float (&acc)[RT][4], const GvFrag<RT, CH>
 
 // One block: rows base + 16 j + r (mode 0/1), or features f = base + 8 j + r' with gate row f
 // and up row inter + f (mode 2); r < 16, r' < 8, j < RT; tokens m < M; the k range of split
-// blockIdx.y.
-template <int RT, int CH>
+// blockIdx.y. With NORM, x is normalised by rmsnorm with weight norm_w and eps. Before
+// pdl_wait each warp loads its first step's weights and prefetches the next pf_steps steps'
+// into L2.
+template <int RT, int CH, bool NORM>
 __device__ __forceinline__ void gemv_impl(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
-                                          const bf16_t* __restrict__ w, int M, int K, int N,
-                                          int mode, int splits, float* __restrict__ ws,
-                                          unsigned int* __restrict__ counters) {
+                                          const bf16_t* __restrict__ w,
+                                          const bf16_t* __restrict__ norm_w, float eps, int M,
+                                          int K, int N, int mode, int splits,
+                                          float* __restrict__ ws,
+                                          unsigned int* __restrict__ counters, int pf_steps) {
     __shared__ float red[GV_WARPS][RT * 128];
+    __shared__ float s_norm[GV_WARPS * GV_MAX_M + GV_MAX_M];
     __shared__ int is_last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -115,6 +239,7 @@ __device__ __forceinline__ void gemv_impl(bf16_t* __restrict__ y, const bf16_t* 
     }
     const bool has_x = g < M;
     const uint4* xr = (const uint4*)(x + (size_t)min(g, M - 1) * K);
+    const uint4* nw = (const uint4*)norm_w;
 
     const int k8 = K >> 3;
     const int cps = 4 * CH;  // chunks of 8 per warp step
@@ -130,18 +255,39 @@ __device__ __forceinline__ void gemv_impl(bf16_t* __restrict__ y, const bf16_t* 
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
     }
+    GvFrag<RT, CH> cur, nxt;
     if (s0 < s1) {
-        GvFrag<RT, CH> cur, nxt;
-        gv_load<RT, CH>(cur, wr, xr, has_x, s0 * cps + t, k8);
+        gv_load_w<RT, CH>(cur, wr, s0 * cps + t, k8);
+        // the next pf_steps steps into L2
+        const int pf_end = min(s1, s0 + 1 + min(max(pf_steps, 0), steps)) * cps;
+        gv_prefetch_w<RT>(wr, (s0 + 1) * cps, min(pf_end, k8), t);
+    }
+
+    pdl_wait();  // from here on: memory that earlier kernels write
+
+    float inv = 1.0f;
+    if (NORM) {
+        gv_inv_rms(x, M, K, eps, s_norm, s_norm + GV_WARPS * GV_MAX_M);
+        inv = s_norm[GV_WARPS * GV_MAX_M + min(g, M - 1)];
+    }
+    if (s0 < s1) {
+        gv_load_x<RT, CH, NORM>(cur, xr, nw, has_x, s0 * cps + t, k8, inv);
         for (int s = s0; s < s1; ++s) {
             const bool more = s + 1 < s1;
-            if (more) gv_load<RT, CH>(nxt, wr, xr, has_x, (s + 1) * cps + t, k8);
+            const int c1 = (s + 1) * cps + t;
+            if (more) gv_load_w<RT, CH>(nxt, wr, c1, k8);
+            // With NORM, x is loaded and normalised after the MMAs, once the current step's
+            // registers are free: before them, the normalisation's registers would hold the
+            // next step's weight loads back behind the x loads' latency.
+            if (more && !NORM) gv_load_x<RT, CH, NORM>(nxt, xr, nw, has_x, c1, k8, inv);
             gv_mma<RT, CH>(acc, cur);
+            if (more && NORM) gv_load_x<RT, CH, NORM>(nxt, xr, nw, has_x, c1, k8, inv);
             if (more) cur = nxt;
         }
     }
+    pdl_launch_dependents();
 
-    // acc[j][q]: row g + 8 (q >> 1) of sub-tile j, token 2t + (q & 1)
+// acc[j][q]: row g + 8 (q >> 1) of sub-tile j, token 2t + (q & 1)
 #pragma unroll
     for (int j = 0; j < RT; ++j) {
 #pragma unroll
@@ -232,14 +378,33 @@ __device__ __forceinline__ void gemv_impl(bf16_t* __restrict__ y, const bf16_t* 
 extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
     gemv_bf16_r16(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
                   const bf16_t* __restrict__ w, int M, int K, int N, int mode, int splits,
-                  float* __restrict__ ws, unsigned int* __restrict__ counters) {
-    gemv_impl<1, 4>(y, x, w, M, K, N, mode, splits, ws, counters);
+                  float* __restrict__ ws, unsigned int* __restrict__ counters, int pf_steps) {
+    gemv_impl<1, 4, false>(y, x, w, nullptr, 0.0f, M, K, N, mode, splits, ws, counters,
+                           pf_steps);
 }
 
 // 32 rows per block (x fetched half as often per weight byte), 2 chunks per lane and step.
 extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
     gemv_bf16_r32(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
                   const bf16_t* __restrict__ w, int M, int K, int N, int mode, int splits,
-                  float* __restrict__ ws, unsigned int* __restrict__ counters) {
-    gemv_impl<2, 2>(y, x, w, M, K, N, mode, splits, ws, counters);
+                  float* __restrict__ ws, unsigned int* __restrict__ counters, int pf_steps) {
+    gemv_impl<2, 2, false>(y, x, w, nullptr, 0.0f, M, K, N, mode, splits, ws, counters,
+                           pf_steps);
+}
+
+// The same with y = rmsnorm(x) · wᵀ: x is the raw residual stream, norm_w the norm's weight.
+extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
+    gemv_rms_bf16_r16(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
+                      const bf16_t* __restrict__ w, const bf16_t* __restrict__ norm_w, float eps,
+                      int M, int K, int N, int mode, int splits, float* __restrict__ ws,
+                      unsigned int* __restrict__ counters, int pf_steps) {
+    gemv_impl<1, 4, true>(y, x, w, norm_w, eps, M, K, N, mode, splits, ws, counters, pf_steps);
+}
+
+extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
+    gemv_rms_bf16_r32(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
+                      const bf16_t* __restrict__ w, const bf16_t* __restrict__ norm_w, float eps,
+                      int M, int K, int N, int mode, int splits, float* __restrict__ ws,
+                      unsigned int* __restrict__ counters, int pf_steps) {
+    gemv_impl<2, 2, true>(y, x, w, norm_w, eps, M, K, N, mode, splits, ws, counters, pf_steps);
 }

@@ -26,6 +26,8 @@ __device__ __forceinline__ void prefill_attn_impl(
     __shared__ __align__(16) bf16_t sK[PF_BK * LD];
     __shared__ __align__(16) bf16_t sV[PF_BK * LD];
 
+    pdl_wait();
+    pdl_launch_dependents();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tig = lane & 3;
     const int seq = tiles[2 * blockIdx.x], qoff = tiles[2 * blockIdx.x + 1];

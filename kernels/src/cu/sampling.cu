@@ -63,6 +63,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     __shared__ float sv[32];
     __shared__ int si[32];
     __shared__ float s_chunk[SAMPLE_THREADS];
+    pdl_wait();
+    pdl_launch_dependents();
     const bf16_t* row = logits + (size_t)blockIdx.x * vocab;
     const float* p = params + blockIdx.x * 5;
     const float temperature = p[0], top_p = p[1], min_p = p[3], u = p[4];
@@ -151,5 +153,28 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
             run += s_chunk[i];
         }
         out[blockIdx.x] = pick;
+    }
+}
+
+// In-place edits of bf16 logits [rows, vocab], one thread per entry (row, token, rep, add):
+// l = logits[row, token]; with rep != 1, l = l > 0 ? l / rep : l * rep (repetition penalty);
+// then l += add (frequency and presence penalties, logit bias, -inf masks); rounded to bf16.
+// No two entries name the same (row, token); entries outside the buffer are skipped.
+struct LogitEdit {
+    unsigned int row, token;
+    float rep, add;
+};
+
+extern "C" __global__ void logit_edits_bf16(bf16_t* __restrict__ logits, int rows, int vocab,
+                                            const LogitEdit* __restrict__ edits, int n) {
+    pdl_wait();
+    pdl_launch_dependents();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const LogitEdit e = edits[i];
+        if (e.row >= (unsigned int)rows || e.token >= (unsigned int)vocab) continue;
+        bf16_t* p = logits + (size_t)e.row * vocab + e.token;
+        float l = bf2f(*p);
+        if (e.rep != 1.0f) l = l > 0.0f ? l / e.rep : l * e.rep;
+        *p = f2bf(l + e.add);
     }
 }

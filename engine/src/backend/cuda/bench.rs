@@ -6,7 +6,9 @@
 //!   memory roofline (weight bytes per step ÷ device copy bandwidth measured in the same run)
 //!   and compute floor of the prefill (FLOPs ÷ bf16 GEMM rate measured in the same run), as
 //!   JSON and a table. `--gemv both` runs the batch with the decode GEMV and again with
-//!   cuBLASLt only (as `SGL_DISABLE_GEMV=1` would); `--ttft-input N` adds a batch-1 TTFT of an
+//!   cuBLASLt only (as `SGL_DISABLE_GEMV=1` would); `--gemv ablate` runs the decode forms one
+//!   by one: GEMV with RMSNorm fused and programmatic dependent launch (the default), without
+//!   PDL, without the norm fusion, and cuBLASLt; `--ttft-input N` adds a batch-1 TTFT of an
 //!   N-token prompt (median of 3) to the report.
 //! - `check --model DIR --prompts FILE --out DIR`: runs the prompts of FILE greedily (the
 //!   transformers comparison script writes FILE and reads what this writes).
@@ -83,23 +85,49 @@ pub fn bench_main(args: &[String]) -> Result<()> {
                 input_len: arg_usize(args, "--input", 128)?,
                 output_len: arg_usize(args, "--output", 256)?,
             };
-            let modes: &[bool] = match arg(args, "--gemv").unwrap_or("on") {
-                "on" => &[true],
-                "off" => &[false],
-                "both" => &[true, false],
+            let pdl = b.kernels.pdl();
+            let fuse = b.norm_fusion();
+            // (GEMV, norm fusion, PDL)
+            let modes: &[(bool, bool, bool)] = match arg(args, "--gemv").unwrap_or("on") {
+                "on" => &[(true, fuse, pdl)],
+                "off" => &[(false, false, pdl)],
+                "both" => &[(true, fuse, pdl), (false, false, pdl)],
+                "ablate" => &[
+                    (true, true, true),
+                    (true, true, false),
+                    (true, false, true),
+                    (false, false, true),
+                ],
                 other => {
                     return Err(EngineError::InvalidArgument(format!(
-                        "--gemv expects on, off or both, got {other}"
+                        "--gemv expects on, off, both or ablate, got {other}"
                     )));
                 }
             };
             let mut reports = Vec::new();
-            for &on in modes {
-                b.set_gemv(on)?;
+            for &(gemv, fuse, pdl) in modes {
+                b.set_decode_form(gemv, fuse, pdl)?;
                 let r = bench_one_batch(&mut b, &a)?;
                 println!("{}", serde_json::to_string(&r).unwrap_or_default());
                 reports.push(r);
             }
+            if reports.len() > 2 {
+                println!("| decode form | ms/step | tok/s | of roofline |");
+                println!("|---|---|---|---|");
+                for r in &reports {
+                    println!(
+                        "| GEMV {}, norm fused {}, PDL {} | {:.3} | {:.1} | {:.1}% |",
+                        r.gemv,
+                        r.norm_fused,
+                        r.pdl,
+                        r.decode_ms_per_step,
+                        r.decode_tok_s,
+                        100.0 * r.roofline_fraction
+                    );
+                }
+            }
+            let first = modes[0];
+            b.set_decode_form(first.0, first.1, first.2)?;
             if let [with, without] = &reports[..] {
                 let e = gemv_consistency(&mut b)?;
                 println!(
@@ -123,7 +151,6 @@ pub fn bench_main(args: &[String]) -> Result<()> {
                 let n: usize = n.parse().map_err(|_| {
                     EngineError::InvalidArgument(format!("--ttft-input expects a number, got {n}"))
                 })?;
-                b.set_gemv(modes[0])?;
                 ttft_only(&mut b, n)?;
             }
             Ok(())
@@ -186,6 +213,10 @@ pub struct OneBatchReport {
     pub cuda_graph: bool,
     /// Decode-sized GEMMs on the GEMV kernel (else cuBLASLt).
     pub gemv: bool,
+    /// RMSNorm inside the decode GEMVs, o_proj and down added into the residual.
+    pub norm_fused: bool,
+    /// Kernels launched with programmatic dependent launch.
+    pub pdl: bool,
     pub ttft_ms: f64,
     pub prefill_tok_s: f64,
     pub decode_ms_per_step: f64,
@@ -339,6 +370,8 @@ pub fn bench_one_batch(b: &mut CudaBackend, a: &BenchOneBatchArgs) -> Result<One
         output_len: a.output_len,
         cuda_graph: !b.opts.disable_cuda_graph && a.batch_size <= b.opts.cuda_graph_max_bs,
         gemv: b.gemv_enabled(),
+        norm_fused: b.fused_norm(a.batch_size),
+        pdl: b.kernels.pdl(),
         ttft_ms: ttft * 1e3,
         prefill_tok_s: (a.batch_size * a.input_len) as f64 / ttft,
         decode_ms_per_step: step * 1e3,

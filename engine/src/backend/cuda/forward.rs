@@ -189,14 +189,6 @@ enum AttnInputs {
     },
 }
 
-fn htod(s: &CudaStream, dst: Dptr<i32>, src: &[i32]) -> Result<()> {
-    if src.is_empty() {
-        return Ok(());
-    }
-    // SAFETY: dst was sized by the caller to hold src; pageable memory is staged before return.
-    unsafe { dres::memcpy_htod_async(dst.addr(), src, s.cu_stream()) }.map_err(cuda_err)
-}
-
 impl CudaBackend {
     fn shape(&self) -> AttnShape {
         AttnShape {
@@ -297,8 +289,10 @@ impl CudaBackend {
             self.scratch.meta = zeros(&s, meta.len().next_multiple_of(1 << 16))?;
         }
         let m = dptr(&self.scratch.meta, &s);
-        htod(&s, m, &meta)?;
+        self.upload(m, &meta)?;
         let at = |k: usize| m.add(offs[k]);
+        let first_token: Vec<usize> = q_indptr.iter().map(|&t| t as usize).collect();
+        self.apply_prev(at(0), &first_token)?;
         let attn = if decode {
             let mut plan = self
                 .kernels
@@ -340,6 +334,7 @@ impl CudaBackend {
             )));
         }
         let h = self.cfg.hidden_size;
+        let fused = self.fused_norm(tokens);
         for c0 in (0..n).step_by(LOGIT_ROWS) {
             let c = (n - c0).min(LOGIT_ROWS);
             let rows = at(7).add(c0);
@@ -349,13 +344,15 @@ impl CudaBackend {
                 self.kernels
                     .gather_rows(&s, dptr(&sc.sel_x, &s), dptr(&sc.x, &s), rows, c, h)
                     .map_err(cuda_err)?;
-                self.kernels
-                    .gather_rows(&s, dptr(&sc.sel_d, &s), dptr(&sc.delta, &s), rows, c, h)
-                    .map_err(cuda_err)?;
+                if !fused {
+                    self.kernels
+                        .gather_rows(&s, dptr(&sc.sel_d, &s), dptr(&sc.delta, &s), rows, c, h)
+                        .map_err(cuda_err)?;
+                }
             }
             self.head(
                 dptr(&self.scratch.sel_x, &s),
-                dptr(&self.scratch.sel_d, &s),
+                (!fused).then(|| dptr(&self.scratch.sel_d, &s)),
                 dptr(&self.scratch.sel_n, &s),
                 c,
                 c0,
@@ -364,11 +361,12 @@ impl CudaBackend {
         Ok((0..n).collect())
     }
 
-    /// Final norm (with the last residual add) and LM head for `rows` rows into logits row `at`.
+    /// Final norm (with the last residual add, unless the layers already added every delta
+    /// into `x`) and LM head for `rows` rows into logits row `at`.
     fn head(
         &self,
         x: Dptr<bf16>,
-        d: Dptr<bf16>,
+        d: Option<Dptr<bf16>>,
         normed: Dptr<bf16>,
         rows: usize,
         at: usize,
@@ -383,7 +381,7 @@ impl CudaBackend {
                     s,
                     normed,
                     x,
-                    Some(d),
+                    d,
                     dptr(&self.w.norm, s),
                     rows,
                     h,
@@ -397,6 +395,98 @@ impl CudaBackend {
     /// Whether a GEMM of `tokens` rows takes the GEMV kernel.
     fn gemv_for(&self, tokens: usize) -> bool {
         self.use_gemv && tokens <= GEMV_MAX_TOKENS
+    }
+
+    /// Whether a pass of `tokens` rows runs the decode layer form: RMSNorm inside the qkv and
+    /// gate/up GEMVs, o_proj and down added straight into the residual stream `x` (so no
+    /// separate norm launches and no `delta`). `SGL_DISABLE_GEMV_NORM=1` turns it off.
+    pub(super) fn fused_norm(&self, tokens: usize) -> bool {
+        self.fuse_norm && self.gemv_for(tokens)
+    }
+
+    /// `y = rmsnorm(x) · wᵀ` (Store or SwiGlu epilogue): one GEMV that normalises x as it
+    /// reads it, or, where the GEMV cannot take the shape, the norm into `normed` and the
+    /// unfused path.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_linear(
+        &self,
+        x: Dptr<bf16>,
+        norm_w: Dptr<bf16>,
+        w: Dptr<bf16>,
+        y: Dptr<bf16>,
+        scratch: (Dptr<bf16>, Dptr<bf16>),
+        tokens: usize,
+        k: usize,
+        n: usize,
+        epilogue: GemvEpilogue,
+    ) -> Result<()> {
+        let s = &self.stream;
+        let eps = self.cfg.rms_norm_eps;
+        // SAFETY: x: tokens x k, w: n x k, y sized for the epilogue (Scratch sizes).
+        let r = unsafe {
+            self.kernels.gemv_rmsnorm(
+                s,
+                y,
+                x,
+                norm_w,
+                eps,
+                w,
+                tokens,
+                k,
+                n,
+                epilogue,
+                &self.gemv_ws,
+            )
+        };
+        match r {
+            Err(KernelError::Unsupported(_)) => {}
+            other => return other.map_err(cuda_err),
+        }
+        let (normed, gate_up) = scratch;
+        // SAFETY: normed: tokens x k (Scratch).
+        unsafe {
+            self.kernels
+                .add_rmsnorm(s, normed, x, None, norm_w, tokens, k, eps)
+                .map_err(cuda_err)?;
+        }
+        match epilogue {
+            GemvEpilogue::SwiGlu => self.gate_up_act(normed, w, gate_up, y, tokens, k, n / 2),
+            _ => self.linear(normed, w, y, tokens, k, n),
+        }
+    }
+
+    /// `y += x · wᵀ` (the residual add of o_proj and down): the GEMV's accumulate epilogue,
+    /// or cuBLASLt with beta 1.
+    fn linear_add(
+        &self,
+        x: Dptr<bf16>,
+        w: Dptr<bf16>,
+        y: Dptr<bf16>,
+        tokens: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<()> {
+        let s = &self.stream;
+        // SAFETY: x: tokens x k, w: n x k, y: tokens x n.
+        let r = unsafe {
+            self.kernels.gemv(
+                s,
+                y,
+                x,
+                w,
+                tokens,
+                k,
+                n,
+                GemvEpilogue::Accumulate,
+                &self.gemv_ws,
+            )
+        };
+        match r {
+            Err(KernelError::Unsupported(_)) => {}
+            other => return other.map_err(cuda_err),
+        }
+        // SAFETY: as above.
+        unsafe { self.gemm.linear(x, w, y, tokens, k, n, true) }.map_err(cuda_err)
     }
 
     /// `y = x · wᵀ` (tokens x k times n x k): the GEMV for decode-sized batches, else cuBLASLt.
@@ -491,14 +581,29 @@ impl CudaBackend {
         let shape = self.shape();
         // SAFETY: every buffer was sized for at least `t` tokens (Scratch, Graphs); inputs were
         // validated (slots inside the pool, ids inside the vocabulary).
+        let fused = self.fused_norm(t);
         unsafe {
             k.embedding(s, x, dptr(&self.w.embed, s), inp.ids, t, h, c.vocab_size)
                 .map_err(cuda_err)?;
             for (l, lw) in self.w.layers.iter().enumerate() {
-                let first = if l == 0 { None } else { Some(delta) };
-                k.add_rmsnorm(s, normed, x, first, dptr(&lw.input_norm, s), t, h, e)
-                    .map_err(cuda_err)?;
-                self.linear(normed, dptr(&lw.qkv, s), qkv, t, h, qkv_w)?;
+                if fused {
+                    self.norm_linear(
+                        x,
+                        dptr(&lw.input_norm, s),
+                        dptr(&lw.qkv, s),
+                        qkv,
+                        (normed, gate_up),
+                        t,
+                        h,
+                        qkv_w,
+                        GemvEpilogue::Store,
+                    )?;
+                } else {
+                    let first = if l == 0 { None } else { Some(delta) };
+                    k.add_rmsnorm(s, normed, x, first, dptr(&lw.input_norm, s), t, h, e)
+                        .map_err(cuda_err)?;
+                    self.linear(normed, dptr(&lw.qkv, s), qkv, t, h, qkv_w)?;
+                }
                 let (kc, vc) = self.kv_layer(l);
                 k.rope_kv_store(
                     s,
@@ -562,11 +667,27 @@ impl CudaBackend {
                         )
                         .map_err(cuda_err)?,
                 }
-                self.linear(attn, dptr(&lw.o, s), delta, t, q_w, h)?;
-                k.add_rmsnorm(s, normed, x, Some(delta), dptr(&lw.post_norm, s), t, h, e)
-                    .map_err(cuda_err)?;
-                self.gate_up_act(normed, dptr(&lw.gate_up, s), gate_up, act, t, h, inter)?;
-                self.linear(act, dptr(&lw.down, s), delta, t, inter, h)?;
+                if fused {
+                    self.linear_add(attn, dptr(&lw.o, s), x, t, q_w, h)?;
+                    self.norm_linear(
+                        x,
+                        dptr(&lw.post_norm, s),
+                        dptr(&lw.gate_up, s),
+                        act,
+                        (normed, gate_up),
+                        t,
+                        h,
+                        2 * inter,
+                        GemvEpilogue::SwiGlu,
+                    )?;
+                    self.linear_add(act, dptr(&lw.down, s), x, t, inter, h)?;
+                } else {
+                    self.linear(attn, dptr(&lw.o, s), delta, t, q_w, h)?;
+                    k.add_rmsnorm(s, normed, x, Some(delta), dptr(&lw.post_norm, s), t, h, e)
+                        .map_err(cuda_err)?;
+                    self.gate_up_act(normed, dptr(&lw.gate_up, s), gate_up, act, t, h, inter)?;
+                    self.linear(act, dptr(&lw.down, s), delta, t, inter, h)?;
+                }
                 if let (Some(d), AttnInputs::Prefill { .. }) = (&self.dump, inp.attn) {
                     self.dump_layer(d, l, x, delta, t)?;
                 }
@@ -624,8 +745,10 @@ impl CudaBackend {
             meta[ptr_o + i + 1] = indices.len() as i32;
         }
         let m = dptr(&self.graphs.meta, &s);
-        htod(&s, m, &meta)?;
-        htod(&s, m.add(idx_o), &indices)?;
+        self.upload(m, &meta)?;
+        self.upload(m.add(idx_o), &indices)?;
+        let seqs: Vec<usize> = (0..batch.len()).collect();
+        self.apply_prev(m.add(ids_o), &seqs)?;
         if !self.graphs.graphs.contains_key(&bs) {
             let g = self.capture(bs)?;
             self.graphs.graphs.insert(bs, Graph(g));
@@ -675,7 +798,7 @@ impl CudaBackend {
         // Warm up once outside capture: cuBLASLt plans are made then, not inside the graph.
         self.layers(&inputs)?;
         let x = dptr(&self.scratch.x, s);
-        let d = dptr(&self.scratch.delta, s);
+        let d = (!self.fused_norm(bs)).then(|| dptr(&self.scratch.delta, s));
         let n = dptr(&self.scratch.normed, s);
         self.head(x, d, n, bs, 0)?;
         s.synchronize().map_err(cuda_err)?;
@@ -721,10 +844,29 @@ impl CudaBackend {
     /// Sample one token from each logits row in `rows` with `params[i]` for `rows[i]`.
     pub(super) fn sample_device(&self, rows: &[usize], params: &[SampleInput]) -> Result<Vec<u32>> {
         let s = &self.stream;
-        let v = self.cfg.vocab_size;
         let n = rows.iter().max().map_or(0, |m| m + 1);
         if n == 0 {
             return Ok(Vec::new());
+        }
+        let out = self.sample_rows(rows, params)?;
+        let mut host = vec![0i32; n];
+        // SAFETY: host holds n ints.
+        unsafe { dres::memcpy_dtoh_async(&mut host, out.addr(), s.cu_stream()) }
+            .map_err(cuda_err)?;
+        s.synchronize().map_err(cuda_err)?;
+        Ok(rows.iter().map(|&r| host[r] as u32).collect())
+    }
+
+    /// Queue the sampling of each logits row in `rows` with `params[i]` for `rows[i]`; returns
+    /// the device buffer whose entry `r` receives row `r`'s token (rows nobody samples from
+    /// are sampled greedily).
+    pub(super) fn sample_rows(&self, rows: &[usize], params: &[SampleInput]) -> Result<Dptr<i32>> {
+        let s = &self.stream;
+        let v = self.cfg.vocab_size;
+        let n = rows.iter().max().map_or(0, |m| m + 1);
+        let out = dptr(&self.scratch.sampled, s);
+        if n == 0 {
+            return Ok(out);
         }
         // Rows this pass computed but nobody samples from get greedy parameters.
         let mut table = vec![[0.0f32, 1.0, 0.0, 0.0, 0.0]; n];
@@ -737,22 +879,21 @@ impl CudaBackend {
                 p.uniform,
             ];
         }
-        let params: Vec<f32> = table.into_iter().flatten().collect();
+        let words: Vec<i32> = table
+            .into_iter()
+            .flatten()
+            .map(|x| x.to_bits() as i32)
+            .collect();
         let p = dptr(&self.scratch.params, s);
-        // SAFETY: params holds 5 floats per logits row; n <= logit rows.
-        unsafe { dres::memcpy_htod_async(p.addr(), &params, s.cu_stream()) }.map_err(cuda_err)?;
-        let out = dptr(&self.scratch.sampled, s);
-        // SAFETY: n rows of logits were written by this pass.
+        // SAFETY: the parameter buffer holds floats, uploaded as their bit patterns.
+        let p_words = unsafe { Dptr::<i32>::from_raw(p.addr()) };
+        self.upload(p_words, &words)?;
+        // SAFETY: n rows of logits were written by this pass; params holds 5 floats per row.
         unsafe {
             self.kernels
                 .sample(s, out, dptr(&self.scratch.logits, s), p, n, v)
         }
         .map_err(cuda_err)?;
-        let mut host = vec![0i32; n];
-        // SAFETY: host holds n ints.
-        unsafe { dres::memcpy_dtoh_async(&mut host, out.addr(), s.cu_stream()) }
-            .map_err(cuda_err)?;
-        s.synchronize().map_err(cuda_err)?;
-        Ok(rows.iter().map(|&r| host[r] as u32).collect())
+        Ok(out)
     }
 }

@@ -13,8 +13,10 @@
 
 mod bench;
 mod forward;
+mod overlap;
 mod weights;
 
+use std::cell::Cell;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -22,7 +24,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use half::bf16;
 use sgl_kernels::{Gemm, GemvWorkspace, Kernels, MAX_DECODE_SPLITS};
 
-use super::{Backend, SampleInput, SeqInput};
+use super::{Backend, DeviceSampling, SampleInput, SeqInput};
 use crate::error::{EngineError, Result};
 use crate::model::config::ModelConfig;
 
@@ -92,6 +94,8 @@ pub struct CudaBackend {
     /// GEMMs of at most `GEMV_MAX_TOKENS` rows take the GEMV kernel (`SGL_DISABLE_GEMV=1`:
     /// cuBLASLt for every GEMM, for A/B comparisons).
     use_gemv: bool,
+    /// Decode passes fold RMSNorm into the GEMVs (`SGL_DISABLE_GEMV_NORM=1`: separate norms).
+    fuse_norm: bool,
     cfg: ModelConfig,
     pub(crate) w: weights::Weights,
     /// [layer][k | v][slot][kv_heads * head_dim]; slot `capacity` is the padding rows' spare.
@@ -104,6 +108,11 @@ pub struct CudaBackend {
     device_name: String,
     /// `SGL_CUDA_DUMP_DIR`: every prefill pass writes each layer's output hidden states there.
     dump: Option<forward::Dump>,
+    /// Pinned memory that uploads go through, and the sampled tokens of launched passes.
+    staging: overlap::Staging,
+    outputs: overlap::PassOutputs,
+    /// Input tokens the pass being launched takes from the previous one.
+    pending_prev: Cell<Vec<(usize, u32)>>,
 }
 
 impl CudaBackend {
@@ -183,6 +192,8 @@ impl CudaBackend {
             (capacity * per_slot) as f64 / 1e9
         );
         let graphs = forward::Graphs::new(&stream, max_bs, capacity, cfg)?;
+        let staging = overlap::Staging::new(&ctx)?;
+        let outputs = overlap::PassOutputs::new(&ctx, &stream, opts.max_forward_tokens.max(1))?;
         Ok(CudaBackend {
             ctx,
             stream,
@@ -190,6 +201,7 @@ impl CudaBackend {
             gemm,
             gemv_ws,
             use_gemv,
+            fuse_norm: std::env::var("SGL_DISABLE_GEMV_NORM").as_deref() != Ok("1"),
             cfg: cfg.clone(),
             w,
             kv,
@@ -200,6 +212,9 @@ impl CudaBackend {
             opts: opts.clone(),
             device_name,
             dump: forward::Dump::from_env(),
+            staging,
+            outputs,
+            pending_prev: Cell::new(Vec::new()),
         })
     }
 
@@ -216,6 +231,24 @@ impl CudaBackend {
 
     pub fn gemv_enabled(&self) -> bool {
         self.use_gemv
+    }
+
+    /// Whether decode passes fold RMSNorm into the GEMVs.
+    pub fn norm_fusion(&self) -> bool {
+        self.fuse_norm
+    }
+
+    /// Choose the decode form (for A/B benchmarks): the GEMV, the norm fusion inside it, and
+    /// programmatic dependent launch. Drops the captured graphs when anything changes.
+    pub fn set_decode_form(&mut self, gemv: bool, fuse_norm: bool, pdl: bool) -> Result<()> {
+        if (gemv, fuse_norm, pdl) != (self.use_gemv, self.fuse_norm, self.kernels.pdl()) {
+            self.stream.synchronize().map_err(cuda_err)?;
+            self.graphs.clear();
+            self.use_gemv = gemv;
+            self.fuse_norm = fuse_norm;
+            self.kernels.set_pdl(pdl);
+        }
+        Ok(())
     }
 
     pub fn weight_bytes(&self) -> usize {
@@ -280,6 +313,7 @@ impl CudaBackend {
         temperature: f32,
     ) -> Result<Vec<u32>> {
         self.validate(batch)?;
+        self.begin_sync();
         let rows = self.run(batch)?;
         let params: Vec<SampleInput> = (0..rows.len())
             .map(|i| SampleInput {
@@ -291,6 +325,13 @@ impl CudaBackend {
             })
             .collect();
         self.sample_device(&rows, &params)
+    }
+
+    /// A synchronous pass reuses the staging memory (nothing launched is still in flight).
+    fn begin_sync(&mut self) {
+        if self.outputs_idle() {
+            self.staging.flip();
+        }
     }
 }
 
@@ -338,6 +379,7 @@ fn merge_groups<T: Copy>(
 impl Backend for CudaBackend {
     fn forward(&mut self, batch: &[SeqInput<'_>]) -> Result<Vec<f32>> {
         self.validate(batch)?;
+        self.begin_sync();
         if let Some((decodes, prompts)) = split_mixed(batch) {
             let v = self.cfg.vocab_size;
             let mut outs = Vec::with_capacity(2);
@@ -361,51 +403,27 @@ impl Backend for CudaBackend {
         true
     }
 
-    fn forward_sample(
+    fn overlaps(&self) -> bool {
+        true
+    }
+
+    fn launch_sample(
         &mut self,
         batch: &[SeqInput<'_>],
-        params: &[SampleInput],
-    ) -> Result<Vec<u32>> {
-        self.validate(batch)?;
-        if let Some(i) = batch.iter().position(|s| s.num_logits > 1) {
-            return Err(EngineError::Internal(format!(
-                "sequence {i} asks for {} logits rows; device sampling takes one per sequence",
-                batch[i].num_logits
-            )));
+        sampling: DeviceSampling<'_>,
+    ) -> Result<()> {
+        self.launch_pass(batch, sampling)
+    }
+
+    fn collect(&mut self) -> Result<Vec<u32>> {
+        self.collect_pass()
+    }
+
+    fn discard_launched(&mut self) {
+        if let Err(e) = self.stream.synchronize() {
+            tracing::error!("CUDA: {e}");
         }
-        let wanted = batch.iter().filter(|s| s.num_logits > 0).count();
-        if wanted != params.len() {
-            return Err(EngineError::Internal(format!(
-                "{} sampling parameter sets for {wanted} sequences with logits",
-                params.len(),
-            )));
-        }
-        // The i-th sequence's parameters, for sequences with logits.
-        let mut param_of = vec![None; batch.len()];
-        let mut next = params.iter();
-        for (i, s) in batch.iter().enumerate() {
-            if s.num_logits > 0 {
-                param_of[i] = next.next().copied();
-            }
-        }
-        let sample_group = |me: &mut Self, idx: &[usize]| -> Result<Vec<u32>> {
-            let sub: Vec<SeqInput<'_>> = idx.iter().map(|&i| batch[i]).collect();
-            let ps: Vec<SampleInput> = idx.iter().filter_map(|&i| param_of[i]).collect();
-            let rows = me.run(&sub)?;
-            me.sample_device(&rows, &ps)
-        };
-        if let Some((decodes, prompts)) = split_mixed(batch) {
-            let a = sample_group(self, &decodes)?;
-            let b = sample_group(self, &prompts)?;
-            let one = |i: usize| usize::from(batch[i].num_logits > 0);
-            return Ok(merge_groups(
-                batch.len(),
-                [(&decodes, &a), (&prompts, &b)],
-                one,
-            ));
-        }
-        let all: Vec<usize> = (0..batch.len()).collect();
-        sample_group(self, &all)
+        self.discard_passes();
     }
 
     fn vocab_size(&self) -> usize {
@@ -418,10 +436,16 @@ impl Backend for CudaBackend {
 
     fn describe(&self) -> String {
         format!(
-            "cuda ({}), bf16, {} KV slots, decode GEMV {}, cuda graphs {}",
+            "cuda ({}), bf16, {} KV slots, decode GEMV {}{}, PDL {}, cuda graphs {}",
             self.device_name,
             self.capacity,
             if self.use_gemv { "on" } else { "off" },
+            if self.use_gemv && self.fuse_norm {
+                " (RMSNorm fused)"
+            } else {
+                ""
+            },
+            if self.kernels.pdl() { "on" } else { "off" },
             if self.opts.disable_cuda_graph {
                 "off".to_string()
             } else {
