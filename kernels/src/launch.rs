@@ -5,14 +5,18 @@
 //! launch attribute `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION` lets a kernel start
 //! while the one before it on the stream drains, and each kernel waits for its predecessors
 //! (`griddepcontrol.wait`) before it touches memory they write or read; the GEMV streams its
-//! first weights before that wait. `SGL_DISABLE_PDL=1` (read by [`Kernels::load`]) or
-//! [`Kernels::set_pdl`] switches to plain launches. Both work under CUDA graph capture.
+//! first weights before that wait. A kernel lets the next one launch once each block's work is
+//! done (see [`Kernels::set_pdl_early_trigger`]). `SGL_DISABLE_PDL=1` (read by
+//! [`Kernels::load`]) or [`Kernels::set_pdl`] switches to plain launches. Both work under CUDA
+//! graph capture.
 #![allow(clippy::too_many_arguments)]
 
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, sys};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, sys,
+};
 use half::bf16;
 
 use crate::source::{KERNEL_NAMES, cached_ptx};
@@ -91,6 +95,7 @@ pub struct AttnShape {
 }
 
 pub struct Kernels {
+    module: Arc<CudaModule>,
     embedding: CudaFunction,
     add_rmsnorm: CudaFunction,
     rope_kv_store: CudaFunction,
@@ -98,6 +103,10 @@ pub struct Kernels {
     gather_rows: CudaFunction,
     /// [head_dim 64, 128] x [group 1, 2, 4, 8]
     decode: [[CudaFunction; 4]; 2],
+    /// The same, merging the splits in the launch.
+    decode_merged: [[CudaFunction; 4]; 2],
+    /// The same, with RoPE and the K/V store of a decode pass.
+    decode_rope: [[CudaFunction; 4]; 2],
     merge: CudaFunction,
     /// [head_dim 64, 128]
     prefill: [CudaFunction; 2],
@@ -113,6 +122,8 @@ pub struct Kernels {
     pdl_supported: bool,
     /// Launches use programmatic dependent launch.
     pdl: bool,
+    /// See [`Kernels::set_pdl_early_trigger`].
+    pdl_early_trigger: bool,
     /// See [`Kernels::set_gemv_prefetch`].
     gemv_prefetch: u32,
 }
@@ -159,6 +170,17 @@ impl Kernels {
             debug_assert!(KERNEL_NAMES.contains(&name));
             Ok(module.load_function(name)?)
         };
+        let decode_set = |prefix: &str| -> Result<[[CudaFunction; 4]; 2]> {
+            let set = |d: usize| -> Result<[CudaFunction; 4]> {
+                Ok([
+                    f(&format!("{prefix}_d{d}_g1"))?,
+                    f(&format!("{prefix}_d{d}_g2"))?,
+                    f(&format!("{prefix}_d{d}_g4"))?,
+                    f(&format!("{prefix}_d{d}_g8"))?,
+                ])
+            };
+            Ok([set(64)?, set(128)?])
+        };
         let num_sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             as u32;
@@ -168,26 +190,16 @@ impl Kernels {
             .ok()
             .and_then(|v| v.trim().parse::<u32>().ok())
             .unwrap_or(GEMV_PREFETCH_STEPS);
-        Ok(Kernels {
+        let mut k = Kernels {
+            module: module.clone(),
             embedding: f("embedding_gather_bf16")?,
             add_rmsnorm: f("add_rmsnorm_bf16")?,
             rope_kv_store: f("rope_kv_store_bf16")?,
             silu_mul: f("silu_mul_bf16")?,
             gather_rows: f("gather_rows_bf16")?,
-            decode: [
-                [
-                    f("decode_attn_d64_g1")?,
-                    f("decode_attn_d64_g2")?,
-                    f("decode_attn_d64_g4")?,
-                    f("decode_attn_d64_g8")?,
-                ],
-                [
-                    f("decode_attn_d128_g1")?,
-                    f("decode_attn_d128_g2")?,
-                    f("decode_attn_d128_g4")?,
-                    f("decode_attn_d128_g8")?,
-                ],
-            ],
+            decode: decode_set("decode_attn")?,
+            decode_merged: decode_set("decode_attn_merged")?,
+            decode_rope: decode_set("decode_attn_rope")?,
             merge: f("attn_merge_splits")?,
             prefill: [f("prefill_attn_d64")?, f("prefill_attn_d128")?],
             sample: f("sample_bf16")?,
@@ -198,8 +210,13 @@ impl Kernels {
             num_sms,
             pdl_supported,
             pdl,
+            pdl_early_trigger: false,
             gemv_prefetch,
-        })
+        };
+        if std::env::var("SGL_PDL_EARLY_TRIGGER").as_deref() == Ok("1") {
+            k.set_pdl_early_trigger(true, &ctx.default_stream())?;
+        }
+        Ok(k)
     }
 
     pub fn num_sms(&self) -> u32 {
@@ -216,6 +233,33 @@ impl Kernels {
     /// stays off on devices older than sm_90.
     pub fn set_pdl(&mut self, on: bool) {
         self.pdl = on && self.pdl_supported;
+    }
+
+    /// Where kernels let the next kernel launch under PDL: by default once each block's work
+    /// is done (a dependent launched earlier parks resident blocks that take slots from this
+    /// kernel's own blocks or neighbours); `true` (or `SGL_PDL_EARLY_TRIGGER=1` at load) right
+    /// after each kernel's wait, as early as allowed. Results do not depend on it. Writes a
+    /// module variable through `s` and synchronizes it: call it with no kernel of this module
+    /// in flight. The GEMV always lets its dependents launch after its weight stream.
+    pub fn set_pdl_early_trigger(&mut self, on: bool, s: &Arc<CudaStream>) -> Result<()> {
+        if !self.pdl_supported {
+            // no trigger in the kernels before sm_90
+            self.pdl_early_trigger = on;
+            return Ok(());
+        }
+        let mut global = self.module.get_global("sgl_pdl_early_trigger", s)?;
+        // SAFETY: the variable is one `int` (4 bytes, checked by transmute_mut's length).
+        let mut flag = unsafe { global.transmute_mut::<i32>(1) }.ok_or_else(|| {
+            KernelError::Unsupported("sgl_pdl_early_trigger is not an int".into())
+        })?;
+        s.memcpy_htod(&[i32::from(on)], &mut flag)?;
+        s.synchronize()?;
+        self.pdl_early_trigger = on;
+        Ok(())
+    }
+
+    pub fn pdl_early_trigger(&self) -> bool {
+        self.pdl_early_trigger
     }
 
     /// Weight steps (beyond the first, which goes to registers) each GEMV warp prefetches into
@@ -527,6 +571,187 @@ impl Kernels {
         let grid = (batch as u32, shape.n_heads as u32, 1);
         // SAFETY: as above.
         unsafe { self.launch(s, &self.merge, grid, shape.head_dim as u32, &mut a) }
+    }
+
+    /// [`Kernels::decode_attn`] in one launch: the last split block of each (sequence, KV head)
+    /// to finish merges the splits (in split order, so the output equals the two-launch form
+    /// bit for bit whatever the timing). `counters`: `batch * n_kv_heads` u32, zero before the
+    /// first launch; every launch leaves them at zero. Launches on one stream may share the
+    /// counters and partial buffers (as the GEMV workspace).
+    ///
+    /// # Safety
+    /// As [`Kernels::decode_attn`]; counters: batch x n_kv_heads, used by no other stream.
+    pub unsafe fn decode_attn_merged(
+        &self,
+        s: &CudaStream,
+        plan: DecodeAttnPlan,
+        out: Dptr<bf16>,
+        out_stride: usize,
+        q: Dptr<bf16>,
+        q_stride: usize,
+        k_cache: Dptr<bf16>,
+        v_cache: Dptr<bf16>,
+        kv_indptr: Dptr<i32>,
+        kv_indices: Dptr<i32>,
+        partial_o: Dptr<f32>,
+        partial_ml: Dptr<f32>,
+        counters: Dptr<u32>,
+        batch: usize,
+        shape: AttnShape,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe {
+            self.decode_attn_one_launch(
+                s, plan, out, out_stride, q, q_stride, k_cache, v_cache, kv_indptr, kv_indices,
+                None, partial_o, partial_ml, counters, batch, shape,
+            )
+        }
+    }
+
+    /// A decode pass's RoPE, K/V store and attention in one launch: replaces
+    /// [`Kernels::rope_kv_store`] followed by [`Kernels::decode_attn_merged`] (same results bit
+    /// for bit, the pool included) when every sequence of the batch adds one token. `qkv`: the
+    /// raw fused rows `[q heads | k heads | v heads]` x head_dim of the batch's new tokens
+    /// (q and k not rotated; not modified). `positions[b]`: the new token's position;
+    /// `kv_indptr`/`kv_indices` list each sequence's slots with the new token's slot last, and
+    /// its k (rotated) and v are written there. `inv_freq`: head_dim / 2, as for
+    /// [`Kernels::rope_kv_store`]. Counters as for [`Kernels::decode_attn_merged`].
+    ///
+    /// # Safety
+    /// qkv: batch rows of (n_heads + 2 n_kv_heads) x head_dim; positions: batch; the rest as
+    /// [`Kernels::decode_attn_merged`]; every sequence at least one key.
+    pub unsafe fn decode_attn_rope(
+        &self,
+        s: &CudaStream,
+        plan: DecodeAttnPlan,
+        out: Dptr<bf16>,
+        out_stride: usize,
+        qkv: Dptr<bf16>,
+        k_cache: Dptr<bf16>,
+        v_cache: Dptr<bf16>,
+        positions: Dptr<i32>,
+        inv_freq: Dptr<f32>,
+        kv_indptr: Dptr<i32>,
+        kv_indices: Dptr<i32>,
+        partial_o: Dptr<f32>,
+        partial_ml: Dptr<f32>,
+        counters: Dptr<u32>,
+        batch: usize,
+        shape: AttnShape,
+    ) -> Result<()> {
+        let q_stride = (shape.n_heads + 2 * shape.n_kv_heads) * shape.head_dim;
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe {
+            self.decode_attn_one_launch(
+                s,
+                plan,
+                out,
+                out_stride,
+                qkv,
+                q_stride,
+                k_cache,
+                v_cache,
+                kv_indptr,
+                kv_indices,
+                Some((positions, inv_freq)),
+                partial_o,
+                partial_ml,
+                counters,
+                batch,
+                shape,
+            )
+        }
+    }
+
+    /// # Safety
+    /// As [`Kernels::decode_attn_rope`] with `rope`, else as [`Kernels::decode_attn_merged`].
+    unsafe fn decode_attn_one_launch(
+        &self,
+        s: &CudaStream,
+        plan: DecodeAttnPlan,
+        out: Dptr<bf16>,
+        out_stride: usize,
+        q: Dptr<bf16>,
+        q_stride: usize,
+        k_cache: Dptr<bf16>,
+        v_cache: Dptr<bf16>,
+        kv_indptr: Dptr<i32>,
+        kv_indices: Dptr<i32>,
+        rope: Option<(Dptr<i32>, Dptr<f32>)>,
+        partial_o: Dptr<f32>,
+        partial_ml: Dptr<f32>,
+        counters: Dptr<u32>,
+        batch: usize,
+        shape: AttnShape,
+    ) -> Result<()> {
+        if batch == 0 {
+            return Ok(());
+        }
+        let group = shape.n_heads / shape.n_kv_heads;
+        let (di, gi) = (dim_index(shape.head_dim)?, group_index(group)?);
+        let (o, po, pml, ca, qa, kc, vc, ip, ix) = (
+            out.addr(),
+            partial_o.addr(),
+            partial_ml.addr(),
+            counters.addr(),
+            q.addr(),
+            k_cache.addr(),
+            v_cache.addr(),
+            kv_indptr.addr(),
+            kv_indices.addr(),
+        );
+        let (os, qs) = (out_stride as i32, q_stride as i32);
+        let kvs = (shape.n_kv_heads * shape.head_dim) as i32;
+        let nh = shape.n_heads as i32;
+        let scale_log2 = std::f32::consts::LOG2_E / (shape.head_dim as f32).sqrt();
+        let grid = (batch as u32, shape.n_kv_heads as u32, plan.splits);
+        match rope {
+            None => {
+                let mut a = [
+                    arg(&o),
+                    arg(&os),
+                    arg(&po),
+                    arg(&pml),
+                    arg(&ca),
+                    arg(&qa),
+                    arg(&qs),
+                    arg(&kc),
+                    arg(&vc),
+                    arg(&kvs),
+                    arg(&ip),
+                    arg(&ix),
+                    arg(&nh),
+                    arg(&scale_log2),
+                ];
+                let f = &self.decode_merged[di][gi];
+                // SAFETY: argument types match the kernel; the caller guarantees the extents.
+                unsafe { self.launch(s, f, grid, 128, &mut a) }
+            }
+            Some((positions, inv_freq)) => {
+                let (pa, fa) = (positions.addr(), inv_freq.addr());
+                let mut a = [
+                    arg(&o),
+                    arg(&os),
+                    arg(&po),
+                    arg(&pml),
+                    arg(&ca),
+                    arg(&qa),
+                    arg(&qs),
+                    arg(&kc),
+                    arg(&vc),
+                    arg(&kvs),
+                    arg(&ip),
+                    arg(&ix),
+                    arg(&pa),
+                    arg(&fa),
+                    arg(&nh),
+                    arg(&scale_log2),
+                ];
+                let f = &self.decode_rope[di][gi];
+                // SAFETY: as above.
+                unsafe { self.launch(s, f, grid, 128, &mut a) }
+            }
+        }
     }
 
     /// Causal prefill attention for a packed variable-length batch whose queries may start

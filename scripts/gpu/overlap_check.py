@@ -3,8 +3,9 @@
 
 1. greedy requests one at a time (batch 1 every step; with overlap each step takes its input
    token from the pass in flight), lengths 1..40, with and without a stop token id;
-2. 8 greedy requests at once, all of the same length and `ignore_eos` (every step batches the
-   same sequences in both modes, so the arithmetic is identical);
+2. 8 greedy prompts in one request, all of the same length and `ignore_eos` (every step batches
+   the same sequences in both modes, so the arithmetic is identical); the same 8 from separate
+   clients at once must each end at max_new_tokens;
 3. seeded sampling (temperature 0.8, top-p 0.9) one at a time;
 4. penalties and logit_bias sampled on the GPU (logits edits), against the same request with
    `return_logprob` (which takes the host path: logits copied out, penalties applied on the
@@ -86,16 +87,22 @@ def run(engine, ckpt, extra):
         body["sampling_params"] = dict(body["sampling_params"], stop_token_ids=[stop], ignore_eos=False)
         r = post("/generate", body)
         out["stop"] = (r["output_ids"], r["meta_info"]["finish_reason"])
+        # one body with 8 prompts: queued together, so both modes batch them identically
+        r = post("/generate", {"input_ids": [b["input_ids"] for b in batch],
+                               "sampling_params": batch[0]["sampling_params"]})
+        out["batch"] = [x["output_ids"] for x in r]
+        # 8 separate clients at once: the batches depend on arrival times, so only lengths are
+        # compared (every request must end at its max_new_tokens)
         res = [None] * len(batch)
 
         def one(i):
-            res[i] = post("/generate", batch[i])["output_ids"]
+            res[i] = len(post("/generate", batch[i])["output_ids"])
         ts = [threading.Thread(target=one, args=(i,)) for i in range(len(batch))]
         for t in ts:
             t.start()
         for t in ts:
             t.join()
-        out["batch"] = res
+        out["concurrent_lengths"] = res
         out["sampled"] = [post("/generate", b)["output_ids"] for b in sampled]
         out["penal_device"] = [post("/generate", b)["output_ids"] for b in penal]
         out["penal_host"] = [post("/generate", dict(b, return_logprob=True))["output_ids"] for b in penal]
@@ -113,8 +120,14 @@ def main():
     for key in ["single", "batch", "sampled", "penal_device"]:
         same = on[key] == off[key]
         ok &= same
+        first = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None)
+                 for x, y in zip(on[key], off[key])]
         print(f"| overlap vs sync: {key} | {'equal' if same else 'DIFFERENT'} | "
-              f"{sum(len(x) for x in on[key])} tokens |")
+              f"{sum(len(x) for x in on[key])} tokens | first differing position per request: {first} |")
+    lens_ok = on["concurrent_lengths"] == [32] * 8 == off["concurrent_lengths"]
+    ok &= lens_ok
+    print(f"| 8 concurrent clients end at max_new_tokens | {'yes' if lens_ok else 'NO'} | "
+          f"{on['concurrent_lengths']} / {off['concurrent_lengths']} |")
     ids, reason = on["stop"]
     stop_ok = (on["stop"] == off["stop"] and reason.get("type") == "stop" and len(ids) <= 5
                and ids[-1] not in ids[:-1])

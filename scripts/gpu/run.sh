@@ -6,7 +6,8 @@
 # transformers as the peer. Every stage has its own time limit, so one slow stage cannot eat
 # the call. Expects the binaries in .dev/gpu (see scripts/gpu/README.md). Writes to $OUT.
 #
-# Knobs (environment): SKIP_OFFLINE=1 (stop after the checks and batch-1 benchmarks), GEMV_MODE (ablate: bench-one-batch --gemv mode), SKIP_OVERLAP_CHECK=1,
+# Knobs (environment): SCHED_BATCH1=1 (one request through the scheduler, overlap on and off),
+# SKIP_RANDOM=1 (no offline random run), SKIP_OFFLINE=1 (stop after the checks and batch-1 benchmarks), GEMV_MODE (ablate: bench-one-batch --gemv mode), SKIP_OVERLAP_CHECK=1,
 # OVERLAP_AB=1 (the offline random run again with --disable-overlap-schedule), NUM_PROMPTS (300), GSP_GROUPS (16), GSP_PER_GROUP (16),
 # GSP_SYSTEM_LEN (2048), GSP_QUESTION_LEN (128), GSP_OUTPUT_LEN (256), SKIP_HF_PEER=1,
 # SKIP_CHECKS=1 (no kernel checks, GEMV micro-benchmark or batch-1 benchmark), CHECK=1 (also the transformers greedy comparison; adds minutes), BUDGET_S (540: stages that would start past it are skipped).
@@ -72,8 +73,18 @@ if [ -z "$SKIP_OVERLAP_CHECK" ]; then
     | grep -E "^\||CHECK|Error|error" | tee $OUT/overlap-check.txt
 fi
 
+if [ -n "$SCHED_BATCH1" ]; then
+  for mode in overlap sync; do
+    extra=""; [ $mode = sync ] && extra="--disable-overlap-schedule"
+    stage "one request (in 128, out 256) through the scheduler, $mode" 90 $E bench-offline-throughput \
+      --model $W/ckpt --dataset-name random --num-prompts 1 --random-input-len 128 --random-output-len 256 \
+      --random-range-ratio 1 --warmup-requests 2 $extra 2>&1 | keep | tee $OUT/sched-batch1-$mode.txt
+  done
+fi
+
 if [ -n "$SKIP_OFFLINE" ]; then echo "== offline benchmarks skipped (SKIP_OFFLINE)"; echo "== done in $(elapsed)s"; exit 0; fi
 N=${NUM_PROMPTS:-300}
+if [ -z "$SKIP_RANDOM" ]; then
 [ "$N" -lt 1000 ] && echo "== offline random SCALED DOWN from 1000 to $N prompts (scheduler path, see the head of run.sh)"
 echo "== offline random: $N prompts, in/out uniform 1..1024, through the scheduler"
 stage "offline random" ${OFFLINE_TIMEOUT:-150} $E bench-offline-throughput --model $W/ckpt --dataset-name random \
@@ -84,7 +95,9 @@ if [ -n "$OVERLAP_AB" ]; then
     --dataset-name random --num-prompts $N --random-input-len 1024 --random-output-len 1024 \
     --disable-overlap-schedule 2>&1 | keep | tee $OUT/offline-random-sync.txt
 fi
+fi
 
+if [ -n "$SKIP_GSP" ]; then echo "== shared-prefix benchmarks skipped (SKIP_GSP)"; echo "== done in $(elapsed)s"; exit 0; fi
 G=${GSP_GROUPS:-16}; P=${GSP_PER_GROUP:-16}
 [ "$G" -lt 64 ] && echo "== generated-shared-prefix SCALED DOWN from 64 to $G groups (scheduler path, see the head of run.sh)"
 GSP="--dataset-name generated-shared-prefix --gsp-num-groups $G --gsp-prompts-per-group $P \

@@ -393,6 +393,188 @@ fn check_decode(c: &mut Ctx, hd: usize, nh: usize, nkv: usize) -> R<()> {
     Ok(())
 }
 
+/// The one-launch decode attention forms against the unfused kernels, bit for bit: for a batch
+/// of sequences of `lens` keys each (the last the new token), random raw qkv rows and
+/// positions, and several split counts: `decode_attn_merged` on rotated q against
+/// `decode_attn` + `attn_merge_splits`, and `decode_attn_rope` on the raw rows against
+/// `rope_kv_store` + `decode_attn` + merge: outputs, the K and V pools (the new tokens' slots
+/// NaN before), the qkv rows left unmodified, and the arrival counters back at zero; each
+/// fused launch runs twice, into NaN-poisoned outputs.
+fn check_decode_fused(c: &mut Ctx, hd: usize, nh: usize, nkv: usize, lens: &[usize]) -> R<()> {
+    let b = lens.len();
+    let total: usize = lens.iter().sum();
+    let n_slots = total + 16;
+    let row = (nh + 2 * nkv) * hd;
+    let kv_row = nkv * hd;
+    let (mut k, mut v, _, _) = random_cache(c, n_slots, nkv, hd)?;
+    let perm = c.rng.perm(n_slots);
+    let mut indptr = vec![0i32];
+    let mut idx: Vec<i32> = Vec::new();
+    let mut new_slots = Vec::new();
+    for &l in lens {
+        idx.extend(perm[idx.len()..idx.len() + l].iter().map(|&x| x as i32));
+        indptr.push(idx.len() as i32);
+        new_slots.push(*idx.last().unwrap_or(&0));
+    }
+    for &sl in &new_slots {
+        for j in 0..kv_row {
+            k[sl as usize * kv_row + j] = f32::NAN;
+            v[sl as usize * kv_row + j] = f32::NAN;
+        }
+    }
+    let qkv = bf(&(0..b * row).map(|_| c.rng.sym()).collect::<Vec<_>>());
+    let positions: Vec<i32> = lens
+        .iter()
+        .map(|&l| (l - 1 + c.rng.below(5000)) as i32)
+        .collect();
+    let inv = llama3_inv_freq(hd);
+    let shape = AttnShape {
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+    };
+    let (dip, dix, dpos, dsl, dinv) = (
+        c.up(&indptr)?,
+        c.up(&idx)?,
+        c.up(&positions)?,
+        c.up(&new_slots)?,
+        c.up(&inv)?,
+    );
+    let counters = c.s.alloc_zeros::<u32>(b * nkv)?;
+    let max_len = *lens.iter().max().unwrap_or(&1);
+    let (mut differ, mut compared, mut nonfinite) = (0usize, 0usize, 0usize);
+    let mut splits = Vec::new();
+    for plan in [
+        c.k.decode_plan(b, nkv, max_len),
+        sgl_kernels::DecodeAttnPlan { splits: 1 },
+        sgl_kernels::DecodeAttnPlan { splits: 3 },
+        sgl_kernels::DecodeAttnPlan { splits: 7 },
+        sgl_kernels::DecodeAttnPlan {
+            splits: sgl_kernels::MAX_DECODE_SPLITS,
+        },
+    ] {
+        splits.push(plan.splits);
+        let parts = b * nh * plan.splits as usize;
+        let po = c.s.alloc_zeros::<f32>(parts * hd)?;
+        let pml = c.s.alloc_zeros::<f32>(parts * 2)?;
+        // unfused: rope_kv_store, then decode_attn + merge
+        let (dq1, dk1, dv1) = (c.up(&qkv)?, c.up(&bf(&k))?, c.up(&bf(&v))?);
+        let out1 = c.poisoned(b * nh * hd)?;
+        // SAFETY: shapes as allocated; new_slots inside the pool.
+        unsafe {
+            c.k.rope_kv_store(
+                &c.s,
+                c.p(&dq1),
+                c.p(&dk1),
+                c.p(&dv1),
+                c.p(&dpos),
+                c.p(&dsl),
+                c.p(&dinv),
+                b,
+                shape,
+            )?;
+            c.k.decode_attn(
+                &c.s,
+                plan,
+                c.p(&out1),
+                nh * hd,
+                c.p(&dq1),
+                row,
+                c.p(&dk1),
+                c.p(&dv1),
+                c.p(&dip),
+                c.p(&dix),
+                c.p(&po),
+                c.p(&pml),
+                b,
+                shape,
+            )?;
+        }
+        let want = c.down(&out1)?;
+        nonfinite += want.iter().filter(|x| !x.is_finite()).count();
+        let bits = |d: &CudaSlice<bf16>| -> R<Vec<u16>> {
+            c.s.synchronize()?;
+            Ok(c.s.clone_dtoh(d)?.iter().map(|x| x.to_bits()).collect())
+        };
+        let (want_o, want_k, want_v) = (bits(&out1)?, bits(&dk1)?, bits(&dv1)?);
+        for _ in 0..2 {
+            // merged, on the rotated rows
+            let out2 = c.poisoned(b * nh * hd)?;
+            // SAFETY: as above; counters: b x nkv, zero.
+            unsafe {
+                c.k.decode_attn_merged(
+                    &c.s,
+                    plan,
+                    c.p(&out2),
+                    nh * hd,
+                    c.p(&dq1),
+                    row,
+                    c.p(&dk1),
+                    c.p(&dv1),
+                    c.p(&dip),
+                    c.p(&dix),
+                    c.p(&po),
+                    c.p(&pml),
+                    c.p(&counters),
+                    b,
+                    shape,
+                )?
+            };
+            differ += diff_bits(&bits(&out2)?, &want_o);
+            compared += want_o.len();
+        }
+        // rope form on the raw rows and a pool whose new slots are still NaN
+        let (dq3, dk3, dv3) = (c.up(&qkv)?, c.up(&bf(&k))?, c.up(&bf(&v))?);
+        for _ in 0..2 {
+            let out3 = c.poisoned(b * nh * hd)?;
+            // SAFETY: as above.
+            unsafe {
+                c.k.decode_attn_rope(
+                    &c.s,
+                    plan,
+                    c.p(&out3),
+                    nh * hd,
+                    c.p(&dq3),
+                    c.p(&dk3),
+                    c.p(&dv3),
+                    c.p(&dpos),
+                    c.p(&dinv),
+                    c.p(&dip),
+                    c.p(&dix),
+                    c.p(&po),
+                    c.p(&pml),
+                    c.p(&counters),
+                    b,
+                    shape,
+                )?
+            };
+            differ += diff_bits(&bits(&out3)?, &want_o);
+            differ += diff_bits(&bits(&dk3)?, &want_k);
+            differ += diff_bits(&bits(&dv3)?, &want_v);
+            compared += want_o.len() + want_k.len() + want_v.len();
+        }
+        let raw: Vec<u16> = qkv.iter().map(|x| x.to_bits()).collect();
+        differ += diff_bits(&bits(&dq3)?, &raw);
+        compared += raw.len();
+        c.s.synchronize()?;
+        let left = c.s.clone_dtoh(&counters)?;
+        differ += left.iter().filter(|&&x| x != 0).count();
+        compared += left.len();
+    }
+    c.record(
+        &format!(
+            "decode_attn_merged / decode_attn_rope d{hd} {nh}/{nkv} heads, lens {lens:?}, splits {splits:?}: bits vs rope_kv_store + decode_attn + merge ({differ} of {compared} differ, {nonfinite} reference outputs not finite)"
+        ),
+        if nonfinite == 0 {
+            differ as f64 / compared as f64
+        } else {
+            f64::INFINITY
+        },
+        0.0,
+    );
+    Ok(())
+}
+
 fn check_prefill(c: &mut Ctx, hd: usize, nh: usize, nkv: usize) -> R<()> {
     // (prefix already cached, new query tokens)
     let seqs = [(0usize, 1usize), (0, 70), (150, 200), (37, 64), (0, 513)];
@@ -1047,7 +1229,71 @@ struct DecodeModel {
     kv_indices: CudaSlice<i32>,
     partial_o: CudaSlice<f32>,
     partial_ml: CudaSlice<f32>,
+    counters: CudaSlice<u32>,
     ws: GemvWorkspace,
+}
+
+/// How a decode step's attention runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum AttnForm {
+    /// rope_kv_store, decode_attn, attn_merge_splits
+    Separate,
+    /// rope_kv_store, decode_attn_merged
+    Merged,
+    /// decode_attn_rope (RoPE, K/V store, attention and merge in one launch)
+    Rope,
+    /// left out (ablation)
+    Skip,
+}
+
+/// Which parts of a decode step run: the full step, or an ablation of it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Variant {
+    /// norms fused into the GEMVs, else add_rmsnorm before a plain GEMV
+    fused: bool,
+    /// without fused norms: leave the add_rmsnorm launches out (ablation)
+    norms: bool,
+    attn: AttnForm,
+    /// the layers' GEMVs
+    gemvs: bool,
+    lm_head: bool,
+}
+
+impl Variant {
+    const FULL: Variant = Variant {
+        fused: true,
+        norms: true,
+        attn: AttnForm::Separate,
+        gemvs: true,
+        lm_head: true,
+    };
+    fn with_attn(self, attn: AttnForm) -> Self {
+        Variant { attn, ..self }
+    }
+    fn separate_norms(self) -> Self {
+        Variant {
+            fused: false,
+            ..self
+        }
+    }
+    fn without_norms(self) -> Self {
+        Variant {
+            norms: false,
+            ..self
+        }
+    }
+    fn without_lm_head(self) -> Self {
+        Variant {
+            lm_head: false,
+            ..self
+        }
+    }
+    fn without_layer_gemvs(self) -> Self {
+        Variant {
+            gemvs: false,
+            ..self
+        }
+    }
 }
 
 const HIDDEN: usize = 4096;
@@ -1133,6 +1379,7 @@ impl DecodeModel {
             kv_indices: s.clone_htod(&(0..ctx as i32).collect::<Vec<_>>())?,
             partial_o: s.alloc_zeros::<f32>(parts * shape.head_dim)?,
             partial_ml: s.alloc_zeros::<f32>(parts * 2)?,
+            counters: s.alloc_zeros::<u32>(shape.n_kv_heads)?,
             ws: k.gemv_workspace(s)?,
         })
     }
@@ -1144,12 +1391,6 @@ impl DecodeModel {
             + self.gate_up_w.len()
             + self.down_w.len()
             + self.lm_head.len())
-    }
-
-    /// Kernel launches of one step.
-    fn launches(&self, fused: bool) -> usize {
-        let per_layer = if fused { 7 } else { 9 };
-        self.layers * per_layer + if fused { 1 } else { 2 }
     }
 
     /// Reset the residual stream to the step's input (a device copy, outside any graph).
@@ -1166,7 +1407,8 @@ impl DecodeModel {
         Ok(())
     }
 
-    /// `y = norm(x) · wᵀ`, fused or as add_rmsnorm then the GEMV.
+    /// `y = norm(x) · wᵀ`, fused or as add_rmsnorm then the GEMV (the norm left out where
+    /// `v.norms` is off). Returns the launches made.
     ///
     /// # Safety
     /// y, w, norm and the scratch buffers cover the shapes (all of this model).
@@ -1175,29 +1417,33 @@ impl DecodeModel {
         &self,
         k: &Kernels,
         s: &CudaStream,
-        fused: bool,
+        v: Variant,
         y: Dptr<bf16>,
         norm: Dptr<bf16>,
         w: Dptr<bf16>,
         n: usize,
         epi: GemvEpilogue,
-    ) -> R<()> {
+    ) -> R<usize> {
         let x = dptr(&self.x, s);
         // SAFETY: as the caller guarantees.
         unsafe {
-            if fused {
+            if v.fused {
                 k.gemv_rmsnorm(s, y, x, norm, EPS, w, 1, HIDDEN, n, epi, &self.ws)?;
+                Ok(1)
             } else {
                 let normed = dptr(&self.normed, s);
-                k.add_rmsnorm(s, normed, x, None, norm, 1, HIDDEN, EPS)?;
+                if v.norms {
+                    k.add_rmsnorm(s, normed, x, None, norm, 1, HIDDEN, EPS)?;
+                }
                 k.gemv(s, y, normed, w, 1, HIDDEN, n, epi, &self.ws)?;
+                Ok(1 + usize::from(v.norms))
             }
         }
-        Ok(())
     }
 
-    /// Launch one decode step on `s` (which may be capturing).
-    fn step(&self, k: &Kernels, s: &CudaStream, fused: bool) -> R<()> {
+    /// Launch one decode step (or the parts of it `v` keeps) on `s` (which may be capturing).
+    /// Returns the launches made.
+    fn step(&self, k: &Kernels, s: &CudaStream, v: Variant) -> R<usize> {
         use GemvEpilogue::*;
         let sh = self.shape;
         let qkv_n = (sh.n_heads + 2 * sh.n_kv_heads) * sh.head_dim;
@@ -1210,6 +1456,18 @@ impl DecodeModel {
             dptr(&self.act, s),
         );
         let norms = dptr(&self.norms, s);
+        let (positions, slots, inv_freq) = (
+            dptr(&self.positions, s),
+            dptr(&self.slots, s),
+            dptr(&self.inv_freq, s),
+        );
+        let (ip, ix) = (dptr(&self.kv_indptr, s), dptr(&self.kv_indices, s));
+        let (po, pml, cnt) = (
+            dptr(&self.partial_o, s),
+            dptr(&self.partial_ml, s),
+            dptr(&self.counters, s),
+        );
+        let mut launches = 0;
         for l in 0..self.layers {
             let kc = dptr(&self.k_cache, s).add(l * kv_layer);
             let vc = dptr(&self.v_cache, s).add(l * kv_layer);
@@ -1219,65 +1477,67 @@ impl DecodeModel {
             let wd = dptr(&self.down_w, s).add(l * HIDDEN * INTER);
             // SAFETY: every buffer was allocated for these shapes in `new`.
             unsafe {
-                self.norm_gemv(
-                    k,
-                    s,
-                    fused,
-                    qkv,
-                    norms.add(2 * l * HIDDEN),
-                    wq,
-                    qkv_n,
-                    Store,
-                )?;
-                k.rope_kv_store(
-                    s,
-                    qkv,
-                    kc,
-                    vc,
-                    dptr(&self.positions, s),
-                    dptr(&self.slots, s),
-                    dptr(&self.inv_freq, s),
-                    1,
-                    sh,
-                )?;
-                k.decode_attn(
-                    s,
-                    self.plan,
-                    attn,
-                    q_dim,
-                    qkv,
-                    qkv_n,
-                    kc,
-                    vc,
-                    dptr(&self.kv_indptr, s),
-                    dptr(&self.kv_indices, s),
-                    dptr(&self.partial_o, s),
-                    dptr(&self.partial_ml, s),
-                    1,
-                    sh,
-                )?;
-                k.gemv(s, x, attn, wo, 1, q_dim, HIDDEN, Accumulate, &self.ws)?;
-                let post = norms.add((2 * l + 1) * HIDDEN);
-                self.norm_gemv(k, s, fused, act, post, wgu, 2 * INTER, SwiGlu)?;
-                k.gemv(s, x, act, wd, 1, INTER, HIDDEN, Accumulate, &self.ws)?;
+                if v.gemvs {
+                    let input = norms.add(2 * l * HIDDEN);
+                    launches += self.norm_gemv(k, s, v, qkv, input, wq, qkv_n, Store)?;
+                }
+                if matches!(v.attn, AttnForm::Separate | AttnForm::Merged) {
+                    k.rope_kv_store(s, qkv, kc, vc, positions, slots, inv_freq, 1, sh)?;
+                    launches += 1;
+                }
+                match v.attn {
+                    AttnForm::Separate => {
+                        k.decode_attn(
+                            s, self.plan, attn, q_dim, qkv, qkv_n, kc, vc, ip, ix, po, pml, 1, sh,
+                        )?;
+                        launches += 2;
+                    }
+                    AttnForm::Merged => {
+                        k.decode_attn_merged(
+                            s, self.plan, attn, q_dim, qkv, qkv_n, kc, vc, ip, ix, po, pml, cnt, 1,
+                            sh,
+                        )?;
+                        launches += 1;
+                    }
+                    AttnForm::Rope => {
+                        k.decode_attn_rope(
+                            s, self.plan, attn, q_dim, qkv, kc, vc, positions, inv_freq, ip, ix,
+                            po, pml, cnt, 1, sh,
+                        )?;
+                        launches += 1;
+                    }
+                    AttnForm::Skip => {}
+                }
+                if v.gemvs {
+                    k.gemv(s, x, attn, wo, 1, q_dim, HIDDEN, Accumulate, &self.ws)?;
+                    let post = norms.add((2 * l + 1) * HIDDEN);
+                    launches += 1 + self.norm_gemv(k, s, v, act, post, wgu, 2 * INTER, SwiGlu)?;
+                    k.gemv(s, x, act, wd, 1, INTER, HIDDEN, Accumulate, &self.ws)?;
+                    launches += 1;
+                }
             }
         }
-        let logits = dptr(&self.logits, s);
-        let final_norm = norms.add(2 * self.layers * HIDDEN);
-        let lm = dptr(&self.lm_head, s);
-        // SAFETY: as above.
-        unsafe { self.norm_gemv(k, s, fused, logits, final_norm, lm, self.vocab, Store) }
+        if v.lm_head {
+            let logits = dptr(&self.logits, s);
+            let final_norm = norms.add(2 * self.layers * HIDDEN);
+            let lm = dptr(&self.lm_head, s);
+            // SAFETY: as above.
+            launches +=
+                unsafe { self.norm_gemv(k, s, v, logits, final_norm, lm, self.vocab, Store)? };
+        }
+        Ok(launches)
     }
 
-    /// The step captured into a CUDA graph on `s` (not the legacy default stream).
-    fn capture(&self, k: &Kernels, s: &Arc<CudaStream>, fused: bool) -> R<CudaGraph> {
+    /// The step captured into a CUDA graph on `s` (not the legacy default stream), and its
+    /// launch count.
+    fn capture(&self, k: &Kernels, s: &Arc<CudaStream>, v: Variant) -> R<(CudaGraph, usize)> {
         use cudarc::driver::sys;
         s.synchronize()?;
         s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let body = self.step(k, s, fused);
+        let body = self.step(k, s, v);
         let graph = s.end_capture(sys::CUgraphInstantiate_flags(0));
-        body?;
-        graph?.ok_or_else(|| "empty decode graph".into())
+        let launches = body?;
+        Ok((graph?.ok_or("empty decode graph")?, launches))
     }
 
     /// The step's outputs: logits and the final residual stream, as bf16 bit patterns.
@@ -1294,57 +1554,72 @@ impl DecodeModel {
 }
 
 /// Programmatic dependent launch against plain launches: a 3-layer decode step (Llama-3.1-8B
-/// layer shapes, 32000-token head, 300 cached keys) run eagerly without PDL is the reference;
-/// eager with PDL, and CUDA graphs with and without PDL (each replayed 8 times, fused norms and
-/// separate ones, GEMVs prefetching their whole weight slices into L2) must give bit-identical
-/// logits and residual stream. A kernel that touched
-/// its predecessor's data before `griddepcontrol.wait` would show here as a difference.
+/// layer shapes, 32000-token head, 300 cached keys) run eagerly without PDL is the reference
+/// (one with fused norms, one with separate ones); eager with PDL, and CUDA graphs with and
+/// without PDL (PDL with the trigger at the end of each block's work and right after the
+/// wait; each graph replayed 8 times, GEMVs prefetching their whole weight slices into L2)
+/// must give bit-identical logits and residual stream, for every attention form (rope_kv_store
+/// then decode_attn and its merge, or decode_attn_merged; or decode_attn_rope). A kernel that
+/// touched its predecessor's data before `griddepcontrol.wait` would show here as a difference.
 fn check_pdl_decode(c: &mut Ctx) -> R<()> {
     let s = c.s.context().new_stream()?;
     let m = DecodeModel::new(&c.k, &s, &mut c.rng, 3, 32000, 300)?;
     let pdl_default = c.k.pdl();
+    let early_default = c.k.pdl_early_trigger();
     c.k.set_pdl(true);
     let pdl_note = if c.k.pdl() {
         "PDL supported"
     } else {
         "no PDL before sm_90: plain launches only"
     };
-    for fused in [true, false] {
+    let mut want = Vec::new();
+    for v in [Variant::FULL, Variant::FULL.separate_norms()] {
         c.k.set_pdl(false);
         m.reset(&s)?;
-        m.step(&c.k, &s, fused)?;
-        let want = m.outputs(&s)?;
+        m.step(&c.k, &s, v)?;
+        want.push(m.outputs(&s)?);
+    }
+    for v in [
+        Variant::FULL,
+        Variant::FULL.separate_norms(),
+        Variant::FULL.with_attn(AttnForm::Merged),
+        Variant::FULL.with_attn(AttnForm::Rope),
+        Variant::FULL.separate_norms().with_attn(AttnForm::Rope),
+    ] {
+        let want = &want[usize::from(!v.fused)];
         let finite = want
             .iter()
             .filter(|&&b| bf16::from_bits(b).is_finite())
             .count();
         let mut differ = 0usize;
         let mut runs = 0usize;
-        for pdl in [true, false] {
+        for (pdl, early) in [(true, false), (true, true), (false, false)] {
             c.k.set_pdl(pdl);
+            c.k.set_pdl_early_trigger(early, &s)?;
             if pdl {
                 m.reset(&s)?;
-                m.step(&c.k, &s, fused)?;
-                differ += diff_bits(&m.outputs(&s)?, &want);
+                m.step(&c.k, &s, v)?;
+                differ += diff_bits(&m.outputs(&s)?, want);
                 runs += 1;
             }
             // graphs prefetch whole weight slices (results must not depend on it)
             let pf_default = c.k.gemv_prefetch();
             c.k.set_gemv_prefetch(u32::MAX);
-            let g = m.capture(&c.k, &s, fused);
+            let g = m.capture(&c.k, &s, v);
             c.k.set_gemv_prefetch(pf_default);
-            let g = g?;
+            let (g, _) = g?;
             for _ in 0..8 {
                 m.reset(&s)?;
                 g.launch()?;
-                differ += diff_bits(&m.outputs(&s)?, &want);
+                differ += diff_bits(&m.outputs(&s)?, want);
                 runs += 1;
             }
         }
         c.record(
             &format!(
-                "decode step, {} norms: eager/graph x PDL on/off vs eager without PDL ({runs} runs, {differ} values differ, {finite} of {} finite; {pdl_note})",
-                if fused { "fused" } else { "separate" },
+                "decode step, {} norms, attention {:?}: eager/graph x PDL on (end/early trigger)/off vs eager without PDL, separate attention ({runs} runs, {differ} values differ, {finite} of {} finite; {pdl_note})",
+                if v.fused { "fused" } else { "separate" },
+                v.attn,
                 want.len()
             ),
             if finite == want.len() {
@@ -1356,6 +1631,7 @@ fn check_pdl_decode(c: &mut Ctx) -> R<()> {
         );
     }
     c.k.set_pdl(pdl_default);
+    c.k.set_pdl_early_trigger(early_default, &s)?;
     Ok(())
 }
 
@@ -1364,9 +1640,12 @@ fn diff_bits(a: &[u16], b: &[u16]) -> usize {
 }
 
 /// One batch-1 decode step of Llama-3.1-8B (32 layers, 128256-token head, 256 cached keys)
-/// captured in a CUDA graph: fused or separate norms, PDL on or off, and a sweep of the GEMV's
-/// L2 prefetch depth before its wait. Prints ms per step and the copy-bandwidth floor of its
-/// weight bytes over the step time.
+/// captured in a CUDA graph: fused or separate norms, PDL on or off (trigger at the end of each
+/// block's work, or right after the wait), a sweep of the GEMV's L2 prefetch depth before its
+/// wait, the three attention forms, and ablations (the same graph without attention, without
+/// the LM head, without norms, attention alone) that show each kernel family's marginal cost in
+/// the graph. Prints ms per step, launches, and the copy-bandwidth floor of the weight bytes
+/// the variant streams over its step time.
 fn bench_decode(c: &mut Ctx) -> R<()> {
     let copy_bw = copy_bandwidth(c)?;
     let s = c.s.context().new_stream()?;
@@ -1374,6 +1653,7 @@ fn bench_decode(c: &mut Ctx) -> R<()> {
     let m = DecodeModel::new(&c.k, &s, &mut c.rng, 32, 128256, 256)?;
     s.synchronize()?;
     let bytes = m.weight_bytes() as f64;
+    let lm_bytes = 2.0 * m.lm_head.len() as f64;
     let floor_ms = bytes / copy_bw * 1e3;
     println!(
         "decode model ready in {:.1}s: {:.2} GB of weights, copy-rate floor {floor_ms:.3} ms/step, attention {} splits",
@@ -1382,37 +1662,149 @@ fn bench_decode(c: &mut Ctx) -> R<()> {
         m.plan.splits
     );
     let (pdl_default, pf_default) = (c.k.pdl(), c.k.gemv_prefetch());
+    let early_default = c.k.pdl_early_trigger();
     println!(
-        "\n| norms | PDL | GEMV L2 prefetch steps | launches | ms / step | of floor |\n|---|---|---|---|---|---|"
+        "\n| step | norms | attention | PDL | GEMV L2 prefetch steps | launches | ms / step | of floor |\n|---|---|---|---|---|---|---|---|"
     );
-    // (fused norms, PDL, prefetch steps): the default first, then the prefetch sweep
-    let mut configs = vec![(true, true, pf_default), (true, false, pf_default)];
-    configs.extend([0, 1, 2, 4, 16, u32::MAX].map(|pf| (true, true, pf)));
-    configs.extend([(false, true, pf_default), (false, false, pf_default)]);
-    for (fused, pdl, pf) in configs {
+    use AttnForm::*;
+    let full = Variant::FULL;
+    let no_attn = full.with_attn(Skip);
+    let attn_only = Variant {
+        gemvs: false,
+        lm_head: false,
+        ..full
+    };
+    // (name, variant, PDL, early trigger, prefetch steps)
+    let mut configs = vec![
+        ("full", full, true, false, pf_default),
+        ("full", full, true, true, pf_default),
+        ("full", full, false, false, pf_default),
+    ];
+    for pf in [0, 2, 4, u32::MAX] {
+        configs.push(("full", full, true, false, pf));
+    }
+    for attn in [Merged, Rope] {
+        configs.push(("full", full.with_attn(attn), true, false, pf_default));
+        configs.push(("full", full.with_attn(attn), true, true, pf_default));
+        configs.push(("full", full.with_attn(attn), false, false, pf_default));
+    }
+    configs.extend([
+        ("full", full.separate_norms(), true, false, pf_default),
+        ("full", full.separate_norms(), false, false, pf_default),
+        (
+            "no attention (GEMVs only)",
+            no_attn,
+            true,
+            false,
+            pf_default,
+        ),
+        ("no attention (GEMVs only)", no_attn, true, true, pf_default),
+        (
+            "no attention (GEMVs only)",
+            no_attn,
+            false,
+            false,
+            pf_default,
+        ),
+        (
+            "GEMVs only, norms left out",
+            no_attn.separate_norms().without_norms(),
+            true,
+            false,
+            pf_default,
+        ),
+        (
+            "no LM head",
+            full.without_lm_head(),
+            true,
+            false,
+            pf_default,
+        ),
+        (
+            "no LM head",
+            full.with_attn(Rope).without_lm_head(),
+            true,
+            false,
+            pf_default,
+        ),
+        (
+            "LM head only",
+            no_attn.without_layer_gemvs(),
+            true,
+            false,
+            pf_default,
+        ),
+        ("attention only", attn_only, true, false, pf_default),
+        ("attention only", attn_only, false, false, pf_default),
+        (
+            "attention only",
+            attn_only.with_attn(Merged),
+            true,
+            false,
+            pf_default,
+        ),
+        (
+            "attention only",
+            attn_only.with_attn(Rope),
+            true,
+            false,
+            pf_default,
+        ),
+        (
+            "attention only",
+            attn_only.with_attn(Rope),
+            false,
+            false,
+            pf_default,
+        ),
+    ]);
+    for (name, v, pdl, early, pf) in configs {
         c.k.set_pdl(pdl);
+        c.k.set_pdl_early_trigger(early, &s)?;
         c.k.set_gemv_prefetch(pf);
         if pdl && !c.k.pdl() {
             println!("(PDL needs sm_90: skipped)");
             continue;
         }
-        let g = m.capture(&c.k, &s, fused)?;
+        let (g, launches) = m.capture(&c.k, &s, v)?;
         let us = time_on(&s, 20, |_| Ok(g.launch()?))?;
+        let var_bytes = if v.gemvs {
+            bytes - if v.lm_head { 0.0 } else { lm_bytes }
+        } else if v.lm_head {
+            lm_bytes
+        } else {
+            0.0
+        };
+        let of_floor = if var_bytes > 0.0 {
+            format!("{:.1}%", 100.0 * var_bytes / copy_bw / (us * 1e-6))
+        } else {
+            "-".to_string()
+        };
         println!(
-            "| {} | {} | {} | {} | {:.3} | {:.1}% |",
-            if fused { "fused" } else { "add_rmsnorm" },
-            if pdl { "on" } else { "off" },
+            "| {name} | {} | {:?} | {} | {} | {launches} | {:.3} | {of_floor} |",
+            if v.fused {
+                "fused"
+            } else if v.norms {
+                "add_rmsnorm"
+            } else {
+                "none"
+            },
+            v.attn,
+            match (pdl, early) {
+                (false, _) => "off",
+                (true, false) => "on, end trigger",
+                (true, true) => "on, early trigger",
+            },
             if pf == u32::MAX {
                 "all".to_string()
             } else {
                 pf.to_string()
             },
-            m.launches(fused),
             us / 1e3,
-            100.0 * floor_ms / (us / 1e3)
         );
     }
     c.k.set_pdl(pdl_default);
+    c.k.set_pdl_early_trigger(early_default, &s)?;
     c.k.set_gemv_prefetch(pf_default);
     Ok(())
 }
@@ -1556,6 +1948,21 @@ fn main() -> R<()> {
     check_decode(&mut c, 128, 8, 8)?;
     check_decode(&mut c, 64, 16, 2)?;
     check_decode(&mut c, 128, 16, 8)?;
+    let fused_shapes = [
+        (128, 32, 8),
+        (128, 8, 8),
+        (128, 16, 8),
+        (128, 16, 2),
+        (64, 8, 8),
+        (64, 16, 8),
+        (64, 16, 4),
+        (64, 32, 4),
+    ];
+    for (hd, nh, nkv) in fused_shapes {
+        check_decode_fused(&mut c, hd, nh, nkv, &[300])?;
+        check_decode_fused(&mut c, hd, nh, nkv, &[1, 130, 257])?;
+        check_decode_fused(&mut c, hd, nh, nkv, &[2, 17, 33, 300, 1029, 2500, 64, 129])?;
+    }
     check_prefill(&mut c, 128, 32, 8)?;
     check_prefill(&mut c, 64, 8, 4)?;
     if std::env::args().nth(1).as_deref() == Some("bench-gemv") {

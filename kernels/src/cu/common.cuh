@@ -26,6 +26,12 @@ __device__ __forceinline__ bf16_t f2bf(float f) {
 // at once. pdl_launch_dependents() lets the next kernel start launching once every block of
 // this one has called it (or exited); the next kernel still waits for this one to finish
 // before it touches shared data, so the call only decides how early its prologue may run.
+//
+// Kernels call it through pdl_trigger_end() once a block's work is done: a dependent launched
+// earlier would park resident blocks in griddepcontrol.wait, holding multiprocessor slots
+// (registers, shared memory) that this kernel's own blocks or a neighbour could use.
+// `sgl_pdl_early_trigger` (set by the host, zero by default) moves the trigger to right
+// after each kernel's wait instead (pdl_trigger_early()), for comparison.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -35,6 +41,20 @@ __device__ __forceinline__ void pdl_wait() {
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ int sgl_pdl_early_trigger;
+
+__device__ __forceinline__ void pdl_trigger_early() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (sgl_pdl_early_trigger) pdl_launch_dependents();
+#endif
+}
+
+__device__ __forceinline__ void pdl_trigger_end() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (!sgl_pdl_early_trigger) pdl_launch_dependents();
 #endif
 }
 

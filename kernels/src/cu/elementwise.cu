@@ -1,7 +1,7 @@
 // Row-wise and element-wise kernels of the Llama forward pass. Rounding follows PyTorch's bf16
 // modules (each op's output rounded to bf16) so the engine tracks transformers closely.
-// Each kernel waits for the kernels before it (pdl_wait) before it touches memory, then lets
-// the next kernel start launching: its blocks take only the slots these leave free, and wait.
+// Each kernel waits for the kernels before it (pdl_wait) before it touches memory, and lets the
+// next kernel start launching once a block's work is done (see pdl_trigger_end).
 
 // out[t, :] = table[ids[t], :]; ids outside the table give a zero row.
 extern "C" __global__ void embedding_gather_bf16(bf16_t* __restrict__ out,
@@ -9,7 +9,7 @@ extern "C" __global__ void embedding_gather_bf16(bf16_t* __restrict__ out,
                                                  const unsigned int* __restrict__ ids,
                                                  int hidden, int vocab) {
     pdl_wait();
-    pdl_launch_dependents();
+    pdl_trigger_early();
     const int t = blockIdx.x;
     const unsigned int id = ids[t];
     const int nvec = hidden / 8;
@@ -20,6 +20,7 @@ extern "C" __global__ void embedding_gather_bf16(bf16_t* __restrict__ out,
     }
     const uint4* src = (const uint4*)(table + (size_t)id * hidden);
     for (int i = threadIdx.x; i < nvec; i += blockDim.x) dst[i] = src[i];
+    pdl_trigger_end();
 }
 
 // With `delta`: residual = bf16(residual + delta). Then out = rmsnorm(residual) * weight, as
@@ -30,7 +31,7 @@ extern "C" __global__ void add_rmsnorm_bf16(bf16_t* __restrict__ out, bf16_t* __
                                             const bf16_t* __restrict__ weight, int hidden,
                                             float eps) {
     pdl_wait();
-    pdl_launch_dependents();
+    pdl_trigger_early();
     __shared__ float scratch[32];
     const size_t row = (size_t)blockIdx.x * hidden;
     uint4* res = (uint4*)(residual + row);
@@ -61,6 +62,7 @@ extern "C" __global__ void add_rmsnorm_bf16(bf16_t* __restrict__ out, bf16_t* __
         for (int j = 0; j < 8; ++j) x[j] = g[j] * rbf(x[j] * inv);
         o[i] = pack8(x);
     }
+    pdl_trigger_end();
 }
 
 // Rotate-half RoPE on q and k of a fused qkv row ([q heads | k heads | v heads] x head_dim),
@@ -74,7 +76,7 @@ extern "C" __global__ void rope_kv_store_bf16(bf16_t* __restrict__ qkv,
                                               const float* __restrict__ inv_freq, int n_heads,
                                               int n_kv_heads, int head_dim) {
     pdl_wait();
-    pdl_launch_dependents();
+    pdl_trigger_early();
     const int t = blockIdx.x;
     const int half = head_dim / 2;
     const int row_len = (n_heads + 2 * n_kv_heads) * head_dim;
@@ -106,6 +108,7 @@ extern "C" __global__ void rope_kv_store_bf16(bf16_t* __restrict__ qkv,
     for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
         ((uint4*)(v_cache + kv_row))[i] = ((const uint4*)v)[i];
     }
+    pdl_trigger_end();
 }
 
 // out[t, i] = bf16(bf16(silu(gate[t, i])) * up[t, i]) with gate_up = [gate | up] per row.
@@ -113,7 +116,7 @@ extern "C" __global__ void silu_mul_bf16(bf16_t* __restrict__ out,
                                          const bf16_t* __restrict__ gate_up, int n_tokens,
                                          int inter) {
     pdl_wait();
-    pdl_launch_dependents();
+    pdl_trigger_early();
     const int nvec_row = inter / 8;
     const size_t total = (size_t)n_tokens * nvec_row;
     for (size_t v = (size_t)blockIdx.x * blockDim.x + threadIdx.x; v < total;
@@ -127,6 +130,7 @@ extern "C" __global__ void silu_mul_bf16(bf16_t* __restrict__ out,
         for (int j = 0; j < 8; ++j) g[j] = rbf(g[j] / (1.0f + expf(-g[j]))) * u[j];
         ((uint4*)(out + t * inter))[i] = pack8(g);
     }
+    pdl_trigger_end();
 }
 
 // out[i, :] = src[rows[i], :] for bf16 rows of `width` elements (width % 8 == 0).
@@ -134,11 +138,12 @@ extern "C" __global__ void gather_rows_bf16(bf16_t* __restrict__ out,
                                             const bf16_t* __restrict__ src,
                                             const int* __restrict__ rows, int width) {
     pdl_wait();
-    pdl_launch_dependents();
+    pdl_trigger_early();
     const int i = blockIdx.x;
     const uint4* s = (const uint4*)(src + (size_t)rows[i] * width);
     uint4* d = (uint4*)(out + (size_t)i * width);
     for (int j = threadIdx.x; j < width / 8; j += blockDim.x) d[j] = s[j];
+    pdl_trigger_end();
 }
 
 // dst[pairs[2 i]] = src[pairs[2 i + 1]] for i < n: the next step's input token ids taken from
@@ -146,8 +151,9 @@ extern "C" __global__ void gather_rows_bf16(bf16_t* __restrict__ out,
 extern "C" __global__ void copy_tokens_i32(int* __restrict__ dst, const int* __restrict__ src,
                                            const int* __restrict__ pairs, int n) {
     pdl_wait();
-    pdl_launch_dependents();
+    pdl_trigger_early();
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         dst[pairs[2 * i]] = src[pairs[2 * i + 1]];
     }
+    pdl_trigger_end();
 }

@@ -27,7 +27,7 @@ __device__ __forceinline__ void prefill_attn_impl(
     __shared__ __align__(16) bf16_t sV[PF_BK * LD];
 
     pdl_wait();
-    pdl_launch_dependents();
+    pdl_trigger_early();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tig = lane & 3;
     const int seq = tiles[2 * blockIdx.x], qoff = tiles[2 * blockIdx.x + 1];
@@ -164,6 +164,7 @@ __device__ __forceinline__ void prefill_attn_impl(
         __syncthreads();
     }
 
+    pdl_trigger_end();
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);

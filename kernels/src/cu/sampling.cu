@@ -64,7 +64,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     __shared__ int si[32];
     __shared__ float s_chunk[SAMPLE_THREADS];
     pdl_wait();
-    pdl_launch_dependents();
+    pdl_trigger_early();
     const bf16_t* row = logits + (size_t)blockIdx.x * vocab;
     const float* p = params + blockIdx.x * 5;
     const float temperature = p[0], top_p = p[1], min_p = p[3], u = p[4];
@@ -82,6 +82,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     block_max_arg(mv, mi, sv, si);
     if (!(temperature > 0.0f)) {
         if (threadIdx.x == 0) out[blockIdx.x] = mi;
+        pdl_trigger_end();
         return;
     }
     const float mx = mv;
@@ -154,6 +155,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         }
         out[blockIdx.x] = pick;
     }
+    pdl_trigger_end();
 }
 
 // In-place edits of bf16 logits [rows, vocab], one thread per entry (row, token, rep, add):
@@ -168,7 +170,7 @@ struct LogitEdit {
 extern "C" __global__ void logit_edits_bf16(bf16_t* __restrict__ logits, int rows, int vocab,
                                             const LogitEdit* __restrict__ edits, int n) {
     pdl_wait();
-    pdl_launch_dependents();
+    pdl_trigger_early();
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         const LogitEdit e = edits[i];
         if (e.row >= (unsigned int)rows || e.token >= (unsigned int)vocab) continue;
@@ -177,4 +179,5 @@ extern "C" __global__ void logit_edits_bf16(bf16_t* __restrict__ logits, int row
         if (e.rep != 1.0f) l = l > 0.0f ? l / e.rep : l * e.rep;
         *p = f2bf(l + e.add);
     }
+    pdl_trigger_end();
 }

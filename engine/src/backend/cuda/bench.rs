@@ -86,17 +86,18 @@ pub fn bench_main(args: &[String]) -> Result<()> {
                 output_len: arg_usize(args, "--output", 256)?,
             };
             let pdl = b.kernels.pdl();
-            let fuse = b.norm_fusion();
-            // (GEMV, norm fusion, PDL)
-            let modes: &[(bool, bool, bool)] = match arg(args, "--gemv").unwrap_or("on") {
-                "on" => &[(true, fuse, pdl)],
-                "off" => &[(false, false, pdl)],
-                "both" => &[(true, fuse, pdl), (false, false, pdl)],
+            let (fuse, attn) = (b.norm_fusion(), b.attn_fusion());
+            // (GEMV, norm fusion, decode attention fusion, PDL)
+            let modes: &[(bool, bool, bool, bool)] = match arg(args, "--gemv").unwrap_or("on") {
+                "on" => &[(true, fuse, attn, pdl)],
+                "off" => &[(false, false, attn, pdl)],
+                "both" => &[(true, fuse, attn, pdl), (false, false, attn, pdl)],
                 "ablate" => &[
-                    (true, true, true),
-                    (true, true, false),
-                    (true, false, true),
-                    (false, false, true),
+                    (true, true, true, true),
+                    (true, true, true, false),
+                    (true, true, false, true),
+                    (true, false, false, true),
+                    (false, false, false, true),
                 ],
                 other => {
                     return Err(EngineError::InvalidArgument(format!(
@@ -105,8 +106,8 @@ pub fn bench_main(args: &[String]) -> Result<()> {
                 }
             };
             let mut reports = Vec::new();
-            for &(gemv, fuse, pdl) in modes {
-                b.set_decode_form(gemv, fuse, pdl)?;
+            for &(gemv, fuse, attn, pdl) in modes {
+                b.set_decode_form(gemv, fuse, attn, pdl)?;
                 let r = bench_one_batch(&mut b, &a)?;
                 println!("{}", serde_json::to_string(&r).unwrap_or_default());
                 reports.push(r);
@@ -116,9 +117,10 @@ pub fn bench_main(args: &[String]) -> Result<()> {
                 println!("|---|---|---|---|");
                 for r in &reports {
                     println!(
-                        "| GEMV {}, norm fused {}, PDL {} | {:.3} | {:.1} | {:.1}% |",
+                        "| GEMV {}, norm fused {}, attention fused {}, PDL {} | {:.3} | {:.1} | {:.1}% |",
                         r.gemv,
                         r.norm_fused,
+                        r.attn_fused,
                         r.pdl,
                         r.decode_ms_per_step,
                         r.decode_tok_s,
@@ -127,7 +129,7 @@ pub fn bench_main(args: &[String]) -> Result<()> {
                 }
             }
             let first = modes[0];
-            b.set_decode_form(first.0, first.1, first.2)?;
+            b.set_decode_form(first.0, first.1, first.2, first.3)?;
             if let [with, without] = &reports[..] {
                 let e = gemv_consistency(&mut b)?;
                 println!(
@@ -215,6 +217,8 @@ pub struct OneBatchReport {
     pub gemv: bool,
     /// RMSNorm inside the decode GEMVs, o_proj and down added into the residual.
     pub norm_fused: bool,
+    /// RoPE, K/V store, attention and split merge in one decode kernel.
+    pub attn_fused: bool,
     /// Kernels launched with programmatic dependent launch.
     pub pdl: bool,
     pub ttft_ms: f64,
@@ -371,6 +375,7 @@ pub fn bench_one_batch(b: &mut CudaBackend, a: &BenchOneBatchArgs) -> Result<One
         cuda_graph: !b.opts.disable_cuda_graph && a.batch_size <= b.opts.cuda_graph_max_bs,
         gemv: b.gemv_enabled(),
         norm_fused: b.fused_norm(a.batch_size),
+        attn_fused: b.attn_fusion(),
         pdl: b.kernels.pdl(),
         ttft_ms: ttft * 1e3,
         prefill_tok_s: (a.batch_size * a.input_len) as f64 / ttft,

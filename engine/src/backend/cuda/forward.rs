@@ -37,6 +37,8 @@ pub(super) struct Scratch {
     pub logits: CudaSlice<bf16>,
     partial_o: CudaSlice<f32>,
     partial_ml: CudaSlice<f32>,
+    /// Arrival counters of the one-launch decode attention (sequence x KV head; left at 0).
+    attn_counters: CudaSlice<u32>,
     /// partial rows (batch x splits) the buffers hold, per head
     partial_rows: usize,
     meta: CudaSlice<i32>,
@@ -72,6 +74,7 @@ impl Scratch {
             logits: zeros(s, LOGIT_ROWS.max(tokens.min(1024)) * cfg.vocab_size)?,
             partial_o: zeros(s, partial_rows * cfg.num_heads * cfg.head_dim)?,
             partial_ml: zeros(s, partial_rows * cfg.num_heads * 2)?,
+            attn_counters: zeros(s, tokens * cfg.num_kv_heads)?,
             partial_rows,
             meta: zeros(s, 8 * tokens + 4096)?,
             sampled: zeros(s, LOGIT_ROWS.max(tokens.min(1024)))?,
@@ -605,67 +608,100 @@ impl CudaBackend {
                     self.linear(normed, dptr(&lw.qkv, s), qkv, t, h, qkv_w)?;
                 }
                 let (kc, vc) = self.kv_layer(l);
-                k.rope_kv_store(
-                    s,
-                    qkv,
-                    kc,
-                    vc,
-                    inp.positions,
-                    inp.slots,
-                    dptr(&self.inv_freq, s),
-                    t,
-                    shape,
-                )
-                .map_err(cuda_err)?;
-                match inp.attn {
+                if let (
+                    true,
                     AttnInputs::Decode {
                         batch,
                         plan,
                         kv_indptr,
                         kv_indices,
-                    } => k
-                        .decode_attn(
-                            s,
-                            plan,
-                            attn,
-                            q_w,
-                            qkv,
-                            qkv_w,
-                            kc,
-                            vc,
-                            kv_indptr,
-                            kv_indices,
-                            dptr(&sc.partial_o, s),
-                            dptr(&sc.partial_ml, s),
-                            batch,
-                            shape,
-                        )
-                        .map_err(cuda_err)?,
-                    AttnInputs::Prefill {
-                        tiles,
-                        n_tiles,
-                        q_indptr,
+                    },
+                ) = (self.fuse_attn, inp.attn)
+                {
+                    // One launch: RoPE, the new token's K/V store, attention and the merge of
+                    // the splits (the new slot is each sequence's last index).
+                    k.decode_attn_rope(
+                        s,
+                        plan,
+                        attn,
+                        q_w,
+                        qkv,
+                        kc,
+                        vc,
+                        inp.positions,
+                        dptr(&self.inv_freq, s),
                         kv_indptr,
                         kv_indices,
-                        prefix_lens,
-                    } => k
-                        .prefill_attn(
-                            s,
-                            attn,
-                            q_w,
-                            qkv,
-                            qkv_w,
-                            kc,
-                            vc,
+                        dptr(&sc.partial_o, s),
+                        dptr(&sc.partial_ml, s),
+                        dptr(&sc.attn_counters, s),
+                        batch,
+                        shape,
+                    )
+                    .map_err(cuda_err)?;
+                } else {
+                    k.rope_kv_store(
+                        s,
+                        qkv,
+                        kc,
+                        vc,
+                        inp.positions,
+                        inp.slots,
+                        dptr(&self.inv_freq, s),
+                        t,
+                        shape,
+                    )
+                    .map_err(cuda_err)?;
+                    match inp.attn {
+                        AttnInputs::Decode {
+                            batch,
+                            plan,
+                            kv_indptr,
+                            kv_indices,
+                        } => k
+                            .decode_attn(
+                                s,
+                                plan,
+                                attn,
+                                q_w,
+                                qkv,
+                                qkv_w,
+                                kc,
+                                vc,
+                                kv_indptr,
+                                kv_indices,
+                                dptr(&sc.partial_o, s),
+                                dptr(&sc.partial_ml, s),
+                                batch,
+                                shape,
+                            )
+                            .map_err(cuda_err)?,
+                        AttnInputs::Prefill {
                             tiles,
                             n_tiles,
                             q_indptr,
                             kv_indptr,
                             kv_indices,
                             prefix_lens,
-                            shape,
-                        )
-                        .map_err(cuda_err)?,
+                        } => k
+                            .prefill_attn(
+                                s,
+                                attn,
+                                q_w,
+                                qkv,
+                                qkv_w,
+                                kc,
+                                vc,
+                                tiles,
+                                n_tiles,
+                                q_indptr,
+                                kv_indptr,
+                                kv_indices,
+                                prefix_lens,
+                                shape,
+                            )
+                            .map_err(cuda_err)?,
+                    }
                 }
                 if fused {
                     self.linear_add(attn, dptr(&lw.o, s), x, t, q_w, h)?;
@@ -770,9 +806,15 @@ impl CudaBackend {
     fn graph_inputs(&self, bs: usize) -> Inputs {
         let max_bs = self.graphs.max_bs;
         let m = dptr(&self.graphs.meta, &self.stream);
-        let plan =
-            self.kernels
-                .decode_plan(bs, self.cfg.num_kv_heads, self.cfg.max_position_embeddings);
+        // A graph serves every context length; its attention splits are planned for
+        // `SGL_DECODE_GRAPH_PLAN_LEN` keys (default: the model's longest context).
+        let plan_len = std::env::var("SGL_DECODE_GRAPH_PLAN_LEN")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(self.cfg.max_position_embeddings);
+        let plan = self
+            .kernels
+            .decode_plan(bs, self.cfg.num_kv_heads, plan_len);
         let cap = (self.scratch.partial_rows / bs).max(1) as u32;
         // SAFETY: ids are stored as i32 bit patterns of valid token ids.
         let ids = unsafe { Dptr::<u32>::from_raw(m.addr()) };

@@ -96,6 +96,9 @@ pub struct CudaBackend {
     use_gemv: bool,
     /// Decode passes fold RMSNorm into the GEMVs (`SGL_DISABLE_GEMV_NORM=1`: separate norms).
     fuse_norm: bool,
+    /// Decode passes run RoPE, the K/V store, attention and the split merge as one kernel
+    /// (`SGL_DISABLE_DECODE_ATTN_FUSION=1`: three launches).
+    fuse_attn: bool,
     cfg: ModelConfig,
     pub(crate) w: weights::Weights,
     /// [layer][k | v][slot][kv_heads * head_dim]; slot `capacity` is the padding rows' spare.
@@ -202,6 +205,7 @@ impl CudaBackend {
             gemv_ws,
             use_gemv,
             fuse_norm: std::env::var("SGL_DISABLE_GEMV_NORM").as_deref() != Ok("1"),
+            fuse_attn: std::env::var("SGL_DISABLE_DECODE_ATTN_FUSION").as_deref() != Ok("1"),
             cfg: cfg.clone(),
             w,
             kv,
@@ -238,17 +242,35 @@ impl CudaBackend {
         self.fuse_norm
     }
 
-    /// Choose the decode form (for A/B benchmarks): the GEMV, the norm fusion inside it, and
-    /// programmatic dependent launch. Drops the captured graphs when anything changes.
-    pub fn set_decode_form(&mut self, gemv: bool, fuse_norm: bool, pdl: bool) -> Result<()> {
-        if (gemv, fuse_norm, pdl) != (self.use_gemv, self.fuse_norm, self.kernels.pdl()) {
+    /// Choose the decode form (for A/B benchmarks): the GEMV, the norm fusion inside it, the
+    /// one-kernel decode attention, and programmatic dependent launch. Drops the captured graphs when anything changes.
+    pub fn set_decode_form(
+        &mut self,
+        gemv: bool,
+        fuse_norm: bool,
+        fuse_attn: bool,
+        pdl: bool,
+    ) -> Result<()> {
+        let now = (
+            self.use_gemv,
+            self.fuse_norm,
+            self.fuse_attn,
+            self.kernels.pdl(),
+        );
+        if (gemv, fuse_norm, fuse_attn, pdl) != now {
             self.stream.synchronize().map_err(cuda_err)?;
             self.graphs.clear();
             self.use_gemv = gemv;
             self.fuse_norm = fuse_norm;
+            self.fuse_attn = fuse_attn;
             self.kernels.set_pdl(pdl);
         }
         Ok(())
+    }
+
+    /// Whether decode passes run attention as one fused kernel.
+    pub fn attn_fusion(&self) -> bool {
+        self.fuse_attn
     }
 
     pub fn weight_bytes(&self) -> usize {
@@ -436,7 +458,7 @@ impl Backend for CudaBackend {
 
     fn describe(&self) -> String {
         format!(
-            "cuda ({}), bf16, {} KV slots, decode GEMV {}{}, PDL {}, cuda graphs {}",
+            "cuda ({}), bf16, {} KV slots, decode GEMV {}{}, fused decode attention {}, PDL {}, cuda graphs {}",
             self.device_name,
             self.capacity,
             if self.use_gemv { "on" } else { "off" },
@@ -445,6 +467,7 @@ impl Backend for CudaBackend {
             } else {
                 ""
             },
+            if self.fuse_attn { "on" } else { "off" },
             if self.kernels.pdl() { "on" } else { "off" },
             if self.opts.disable_cuda_graph {
                 "off".to_string()
