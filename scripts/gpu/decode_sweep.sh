@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Batch-1 decode in the engine for each decode-graph split plan (SGL_DECODE_GRAPH_PLAN_LEN),
-# attention form (SGL_DISABLE_DECODE_ATTN_FUSION) and PDL trigger point (SGL_PDL_EARLY_TRIGGER),
+# attention form (SGL_DECODE_ATTN_FUSION) and PDL trigger point (SGL_PDL_EARLY_TRIGGER),
 # then the TTFT of a 1024-token prompt per trigger point. Expects .dev/gpu/sgl-engine.
 W=/tmp/sgl; E=.dev/gpu/sgl-engine
 export SGL_KERNEL_CACHE=$W/kcache
@@ -8,7 +8,7 @@ export SGL_KERNEL_CACHE=$W/kcache
 for trig in end early; do
   for len in 131072 4096 1024 256; do
     for attn in fused separate; do
-      ex=""; [ $attn = separate ] && ex="SGL_DISABLE_DECODE_ATTN_FUSION=1"
+      ex="SGL_DECODE_ATTN_FUSION=1"; [ $attn = separate ] && ex="SGL_DECODE_ATTN_FUSION=0"
       tr=""; [ $trig = early ] && tr="SGL_PDL_EARLY_TRIGGER=1"
       r=$(env $ex $tr SGL_DECODE_GRAPH_PLAN_LEN=$len timeout 60 $E bench-one-batch --model $W/ckpt --batch 1 --input 128 --output 256 2>/dev/null | grep '^{' | tail -1)
       echo "trigger=$trig plan_len=$len attn=$attn $(echo "$r" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read() or "{}"); print(d.get("decode_ms_per_step"), d.get("roofline_fraction"), d.get("copy_bw_gb_s"))')"

@@ -97,7 +97,8 @@ pub struct CudaBackend {
     /// Decode passes fold RMSNorm into the GEMVs (`SGL_DISABLE_GEMV_NORM=1`: separate norms).
     fuse_norm: bool,
     /// Decode passes run RoPE, the K/V store, attention and the split merge as one kernel
-    /// (`SGL_DISABLE_DECODE_ATTN_FUSION=1`: three launches).
+    /// (`SGL_DECODE_ATTN_FUSION=1`; by default three launches, which are faster with the
+    /// many splits a decode graph is planned for).
     fuse_attn: bool,
     cfg: ModelConfig,
     pub(crate) w: weights::Weights,
@@ -205,7 +206,7 @@ impl CudaBackend {
             gemv_ws,
             use_gemv,
             fuse_norm: std::env::var("SGL_DISABLE_GEMV_NORM").as_deref() != Ok("1"),
-            fuse_attn: std::env::var("SGL_DISABLE_DECODE_ATTN_FUSION").as_deref() != Ok("1"),
+            fuse_attn: std::env::var("SGL_DECODE_ATTN_FUSION").as_deref() == Ok("1"),
             cfg: cfg.clone(),
             w,
             kv,
