@@ -38,16 +38,33 @@ impl Sampler {
     }
 }
 
+/// Index of the largest logit (the first of equal ones; 0 when none is above -inf or the row is
+/// empty). NaNs are never chosen. A row is ~50-150K logits and a greedy batch runs this once
+/// per sequence per step, so the maximum is found lane-wise over chunks (which the compiler
+/// vectorizes), then its first position.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_v {
-            best_v = v;
-            best = i;
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = logits.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            // `v > m` is false for NaN, so NaNs never become the maximum.
+            *m = if v > *m { v } else { *m };
         }
     }
-    best as u32
+    let mut best_v = lanes
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, |a, b| if b > a { b } else { a });
+    for &v in chunks.remainder() {
+        if v > best_v {
+            best_v = v;
+        }
+    }
+    if best_v == f32::NEG_INFINITY {
+        return 0;
+    }
+    logits.iter().position(|&v| v == best_v).unwrap_or(0) as u32
 }
 
 /// Log-softmax normalizer of a logits row: `logprob(i) = logits[i] - log_sum_exp(logits)`.
@@ -177,6 +194,40 @@ mod tests {
             top_k,
             min_p,
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn argmax_is_the_first_largest_finite_logit() {
+        fn reference(l: &[f32]) -> u32 {
+            let mut best = 0usize;
+            let mut best_v = f32::NEG_INFINITY;
+            for (i, &v) in l.iter().enumerate() {
+                if v > best_v {
+                    best_v = v;
+                    best = i;
+                }
+            }
+            best as u32
+        }
+        let mut rng = StdRng::seed_from_u64(9);
+        for len in [0usize, 1, 5, 15, 16, 17, 33, 1000, 49_152] {
+            for case in 0..4 {
+                let mut l: Vec<f32> = (0..len)
+                    .map(|_| (rng.random_range(0..40) as f32) / 4.0 - 5.0)
+                    .collect();
+                if case == 1 {
+                    l.iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+                }
+                if case == 2 && len > 3 {
+                    l[len / 2] = f32::NAN;
+                    l[len - 1] = 1e9;
+                }
+                if case == 3 && len > 0 {
+                    l[0] = f32::NAN;
+                }
+                assert_eq!(argmax(&l), reference(&l), "len {len} case {case}");
+            }
         }
     }
 

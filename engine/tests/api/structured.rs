@@ -229,7 +229,7 @@ async fn json_object_regex_and_ebnf() {
     let (status, r) = s
         .post(
             "/v1/completions",
-            &json!({"model": "default", "prompt": "A JSON object describing a book:",
+            &json!({"model": "default", "prompt": "A JSON object with a name and an age:",
                     "response_format": {"type": "json_object"}, "temperature": 0, "max_tokens": 300}),
         )
         .await;

@@ -1,6 +1,10 @@
 //! Causal attention of new tokens over the slot-indexed KV cache, which holds keys and values
 //! as f16 (like llama.cpp's default cache): half the memory traffic of f32, and at batched
-//! decode the cache, not the weights, is most of what a step reads.
+//! decode the cache, not the weights, is most of what a step reads. Each cache is head-major,
+//! `[KV head][slot][head_dim]`: a task reads one KV head's rows, and a sequence's slots are
+//! mostly consecutive, so those rows are mostly one contiguous run of memory that streams at
+//! full bandwidth (slot-major rows would interleave the other heads' bytes, which the hardware
+//! prefetchers fetch too).
 //!
 //! One task is one (new token, KV head, run of query heads sharing it, span of the context).
 //! It runs in two passes over the span:
@@ -17,8 +21,14 @@
 //! spans whose partial results (unnormalized output, maximum and sum per head) are merged at
 //! the end, as in split-K "flash decoding".
 //!
+//! The score pass prefetches each key row into L1 and its value row into L2 32 keys ahead:
+//! between two steps the weights stream through the caches, so cache rows come from DRAM.
+//!
 //! The AVX2 + FMA + F16C path is chosen at run time ([`Isa::detect`], so `SGL_CPU_ISA=scalar`
-//! turns it off); the scalar path computes the same quantities with `f32::exp`.
+//! turns it off); with AVX-512 (and `head_dim` a multiple of 16) the score and `P·V` passes use
+//! 16-lane accumulators, whose 32 registers hold a block's accumulators without spilling (the
+//! 8-lane versions spill with 3 heads). The scalar path computes the same quantities with
+//! `f32::exp`.
 
 use std::cell::RefCell;
 
@@ -44,6 +54,111 @@ pub fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
     for (d, &s) in dst.iter_mut().zip(src) {
         *d = f16::from_f32(s);
     }
+}
+
+/// Offset of KV head `kv_head`'s row of slot `slot` in a cache of `capacity` slots.
+pub fn cache_row(kv_head: usize, slot: usize, capacity: usize, head_dim: usize) -> usize {
+    (kv_head * capacity + slot) * head_dim
+}
+
+/// The cached rows a batch's attention reads (the slots of every sequence's positions before
+/// its new tokens), as runs of consecutive slots, for prefetching one layer's key rows while
+/// the previous layer's batched products run: those are compute-bound, while attention over a
+/// batch is bound by reading the rows from DRAM. (The score pass itself prefetches each value
+/// row while it reads the key row; prefetching values here too measured no better, the extra
+/// traffic slowing the products down.)
+pub struct KvRuns {
+    /// `(first slot, slots)`.
+    runs: Vec<(usize, usize)>,
+    /// Rows before each run.
+    before: Vec<usize>,
+    rows: usize,
+}
+
+impl KvRuns {
+    pub fn new(batch: &[SeqInput<'_>]) -> KvRuns {
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for s in batch {
+            for &slot in &s.kv_slots[..s.start_pos.min(s.kv_slots.len())] {
+                let slot = slot as usize;
+                match runs.last_mut() {
+                    Some((first, len)) if *first + *len == slot => *len += 1,
+                    _ => runs.push((slot, 1)),
+                }
+            }
+        }
+        let mut before = Vec::with_capacity(runs.len());
+        let mut rows = 0;
+        for &(_, len) in &runs {
+            before.push(rows);
+            rows += len;
+        }
+        KvRuns { runs, before, rows }
+    }
+
+    /// Prefetches (into L2) share `i` of `of` of the key rows of one layer's cache
+    /// (`kv_heads × capacity × head_dim`, see [`cache_row`]). The shares cover every row of
+    /// every KV head once.
+    pub fn prefetch_keys(
+        &self,
+        k_cache: &[f16],
+        kv_heads: usize,
+        head_dim: usize,
+        i: usize,
+        of: usize,
+    ) {
+        if kv_heads == 0 || head_dim == 0 {
+            return;
+        }
+        let capacity = k_cache.len() / (kv_heads * head_dim);
+        let row_bytes = head_dim * std::mem::size_of::<f16>();
+        self.share(kv_heads, i, of, |head, first, n| {
+            let at = cache_row(head, first, capacity, head_dim);
+            let start = k_cache.as_ptr().wrapping_add(at) as *const u8;
+            for off in (0..n * row_bytes).step_by(64) {
+                prefetch_l2(start.wrapping_add(off));
+            }
+        });
+    }
+
+    /// Calls `f(kv_head, first slot, slots)` for the runs of share `i` of `of` of the rows of
+    /// all `kv_heads` heads (rows `u % rows` of head `u / rows` for `u` in the share's range).
+    fn share(&self, kv_heads: usize, i: usize, of: usize, mut f: impl FnMut(usize, usize, usize)) {
+        let units = kv_heads * self.rows;
+        if units == 0 || of == 0 {
+            return;
+        }
+        let (from, to) = (i * units / of, ((i + 1) * units / of).min(units));
+        let mut u = from;
+        while u < to {
+            let head = u / self.rows;
+            let (r0, r1) = (u % self.rows, (to - head * self.rows).min(self.rows));
+            let mut run = self.before.partition_point(|&b| b <= r0).saturating_sub(1);
+            let mut r = r0;
+            while r < r1 {
+                let (first, len) = self.runs[run];
+                let in_run = r - self.before[run];
+                let n = (len - in_run).min(r1 - r);
+                f(head, first + in_run, n);
+                r += n;
+                run += 1;
+            }
+            u = head * self.rows + r1;
+        }
+    }
+}
+
+/// Prefetches the cache line at `p` into L2 (a no-op off x86-64).
+#[inline(always)]
+fn prefetch_l2(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is part of x86-64; a prefetch is only a hint and never faults, whatever the
+    // address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// A raw pointer that tasks of one `parallel_for` use to write disjoint parts of a buffer.
@@ -102,7 +217,8 @@ thread_local! {
 /// Causal attention of each new token over its sequence's cached keys/values.
 ///
 /// `q` holds `heads × head_dim` per new token (tokens of all sequences, in batch order); the KV
-/// caches hold `kv_heads × head_dim` f16 values per slot. Query head `h` reads KV head
+/// caches hold `kv_heads × capacity × head_dim` f16 values (KV head `h`, slot `s` at
+/// `(h * capacity + s) * head_dim`, see [`cache_row`]). Query head `h` reads KV head
 /// `h / (heads / kv_heads)`. Writes `out` in `q`'s layout.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
@@ -137,6 +253,7 @@ fn attention_for_threads(
     assert!(kv_heads > 0 && heads.is_multiple_of(kv_heads) && head_dim > 0);
     let qd = heads * head_dim;
     let kvd = kv_heads * head_dim;
+    let capacity = k_cache.len() / kvd;
     assert_eq!(q.len(), out.len(), "attention: q and out differ in length");
     assert!(
         q.len().is_multiple_of(qd),
@@ -152,9 +269,7 @@ fn attention_for_threads(
     for (si, s) in batch.iter().enumerate() {
         let end = s.start_pos + s.tokens.len();
         assert!(
-            s.kv_slots[..end]
-                .iter()
-                .all(|&x| (x as usize + 1) * kvd <= k_cache.len()),
+            s.kv_slots[..end].iter().all(|&x| (x as usize) < capacity),
             "attention: KV slot out of range"
         );
         owners.extend((s.start_pos..end).map(|p| (si, p)));
@@ -188,6 +303,8 @@ fn attention_for_threads(
     };
     let fast =
         cfg!(target_arch = "x86_64") && Isa::detect() != Isa::Scalar && head_dim.is_multiple_of(8);
+    // 512-bit vectors: 32 registers hold a tile's accumulators without spilling.
+    let wide = fast && Isa::detect() == Isa::Avx512Vnni && head_dim.is_multiple_of(16);
     let n_tasks = base_tasks * splits;
     let mut partial = if splits > 1 {
         vec![0f32; n_tasks * dims.partial_len()]
@@ -228,8 +345,8 @@ fn attention_for_threads(
             slots: &slots[from..to],
             k_cache,
             v_cache,
-            offset: kvh * head_dim,
-            kvd,
+            offset: cache_row(kvh, 0, capacity, head_dim),
+            stride: head_dim,
             head_dim,
             scale: dims.scale,
         };
@@ -241,11 +358,12 @@ fn attention_for_threads(
             #[cfg(target_arch = "x86_64")]
             if fast {
                 // SAFETY: `fast` implies AVX2, FMA and F16C were detected (`Isa::detect`) and
-                // `head_dim` is a multiple of 8; slots were checked against the caches above.
-                unsafe { x86::attend_span(&span, scores, o, max, sum) };
+                // `head_dim` is a multiple of 8; `wide` that AVX-512 F/BW/VL were too and it is
+                // a multiple of 16; slots were checked against the caches above.
+                unsafe { x86::attend_span(&span, wide, scores, o, max, sum) };
                 return;
             }
-            let _ = fast;
+            let _ = (fast, wide);
             attend_span_scalar(&span, scores, o, max, sum);
         });
         if splits == 1 {
@@ -307,7 +425,7 @@ fn merge_splits(dims: &Dims, partial: &[f32], base_tasks: usize, out: &mut [f32]
 }
 
 /// One task's inputs: `nh` query heads (`q`, `nh × head_dim`) against the keys and values of
-/// `slots` for the KV head at `offset` within each cache row of `kvd` values.
+/// `slots` for the KV head whose rows start at `offset`, slot `s`'s at `offset + s * stride`.
 struct Span<'a> {
     q: &'a [f32],
     nh: usize,
@@ -315,7 +433,7 @@ struct Span<'a> {
     k_cache: &'a [f16],
     v_cache: &'a [f16],
     offset: usize,
-    kvd: usize,
+    stride: usize,
     head_dim: usize,
     scale: f32,
 }
@@ -334,7 +452,7 @@ fn attend_span_scalar(
     let stride = n.next_multiple_of(8);
     let mut k = vec![0f32; hd];
     for (j, &slot) in sp.slots.iter().enumerate() {
-        let base = slot as usize * sp.kvd + sp.offset;
+        let base = slot as usize * sp.stride + sp.offset;
         for (kv, h) in k.iter_mut().zip(&sp.k_cache[base..base + hd]) {
             *kv = h.to_f32();
         }
@@ -357,7 +475,7 @@ fn attend_span_scalar(
     }
     o.fill(0.0);
     for (j, &slot) in sp.slots.iter().enumerate() {
-        let base = slot as usize * sp.kvd + sp.offset;
+        let base = slot as usize * sp.stride + sp.offset;
         for (kv, h) in k.iter_mut().zip(&sp.v_cache[base..base + hd]) {
             *kv = h.to_f32();
         }
@@ -477,15 +595,18 @@ mod x86 {
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
     }
 
-    /// Same contract as `attend_span_scalar`.
+    /// Same contract as `attend_span_scalar`. `wide`: the score and `P·V` passes run on
+    /// 512-bit vectors.
     ///
     /// # Safety
-    /// AVX2, FMA and F16C available; `sp.head_dim` a multiple of 8; every slot's row lies
-    /// within both caches; `scores` holds `sp.nh × sp.slots.len()` rounded up to 8; `o` holds
+    /// AVX2, FMA and F16C available; `sp.head_dim` a multiple of 8; with `wide`, AVX-512
+    /// F/BW/VL available and `sp.head_dim` a multiple of 16; every slot's row lies within both
+    /// caches; `scores` holds `sp.nh × sp.slots.len()` rounded up to 8; `o` holds
     /// `sp.nh × head_dim`; `max` and `sum` hold `sp.nh`.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn attend_span(
         sp: &Span<'_>,
+        wide: bool,
         scores: &mut [f32],
         o: &mut [f32],
         max: &mut [f32],
@@ -505,12 +626,16 @@ mod x86 {
         let mut h0 = 0;
         while h0 < nh {
             let run = (nh - h0).min(3);
-            // SAFETY: the caller's contract covers the rows and buffers read and written.
+            // SAFETY: the caller's contract covers the rows and buffers read and written, and
+            // the AVX-512 features when `wide`.
             unsafe {
-                match run {
-                    1 => scores_run::<1>(sp, h0, scores, stride),
-                    2 => scores_run::<2>(sp, h0, scores, stride),
-                    _ => scores_run::<3>(sp, h0, scores, stride),
+                match (wide, run) {
+                    (false, 1) => scores_run::<1>(sp, h0, scores, stride),
+                    (false, 2) => scores_run::<2>(sp, h0, scores, stride),
+                    (false, _) => scores_run::<3>(sp, h0, scores, stride),
+                    (true, 1) => scores_run_512::<1>(sp, h0, scores, stride),
+                    (true, 2) => scores_run_512::<2>(sp, h0, scores, stride),
+                    (true, _) => scores_run_512::<3>(sp, h0, scores, stride),
                 }
             }
             h0 += run;
@@ -539,9 +664,29 @@ mod x86 {
             max[g] = mx;
             sum[g] = hsum(total);
         }
-        // Pass 3: P·V, up to 3 heads and 32 dimensions at a time.
+        // Pass 3: P·V, up to 3 heads and 32 dimensions (64 when `wide`) at a time.
         let mut h0 = 0;
-        while h0 < nh {
+        while wide && h0 < nh {
+            let run = (nh - h0).min(3);
+            let mut d0 = 0;
+            while d0 < hd {
+                let width = if hd - d0 >= 64 { 4 } else { 1 };
+                // SAFETY: as for pass 1; `d0 + 16 * width <= hd`.
+                unsafe {
+                    match (run, width) {
+                        (1, 4) => pv_run_512::<1, 4>(sp, h0, d0, scores, stride, o),
+                        (2, 4) => pv_run_512::<2, 4>(sp, h0, d0, scores, stride, o),
+                        (_, 4) => pv_run_512::<3, 4>(sp, h0, d0, scores, stride, o),
+                        (1, _) => pv_run_512::<1, 1>(sp, h0, d0, scores, stride, o),
+                        (2, _) => pv_run_512::<2, 1>(sp, h0, d0, scores, stride, o),
+                        _ => pv_run_512::<3, 1>(sp, h0, d0, scores, stride, o),
+                    }
+                }
+                d0 += 16 * width;
+            }
+            h0 += run;
+        }
+        while !wide && h0 < nh {
             let run = (nh - h0).min(3);
             let mut d0 = 0;
             while d0 < hd {
@@ -564,6 +709,31 @@ mod x86 {
         }
     }
 
+    /// How many keys ahead of the one in use the score pass prefetches its key and value rows
+    /// (about a DRAM latency's worth of score work).
+    const PREFETCH_KEYS: usize = 32;
+
+    /// Prefetches the key row (into L1) and the value row (into L2, for pass 3) of key `j` of
+    /// the span, if it has one. The cache rows are scattered over memory that the weights
+    /// streamed through since the last step, so nearly every row comes from DRAM.
+    #[inline(always)]
+    fn prefetch_key(sp: &Span<'_>, j: usize) {
+        let Some(&slot) = sp.slots.get(j) else {
+            return;
+        };
+        let at = slot as usize * sp.stride + sp.offset;
+        let k = sp.k_cache.as_ptr().wrapping_add(at) as *const i8;
+        let v = sp.v_cache.as_ptr().wrapping_add(at) as *const i8;
+        for off in (0..sp.head_dim * std::mem::size_of::<f16>()).step_by(64) {
+            // SAFETY: SSE is part of x86-64; a prefetch is only a hint and never faults, and
+            // the addresses are formed with wrapping arithmetic and never dereferenced.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(k.wrapping_add(off));
+                _mm_prefetch::<_MM_HINT_T1>(v.wrapping_add(off));
+            }
+        }
+    }
+
     /// Scaled scores of heads `h0..h0 + H` against every key of the span, 4 keys at a time.
     ///
     /// # Safety
@@ -580,13 +750,15 @@ mod x86 {
         let q = sp.q[h0 * hd..(h0 + H) * hd].as_ptr();
         let kc = sp.k_cache.as_ptr();
         let scale = _mm_set1_ps(sp.scale);
+        (0..PREFETCH_KEYS.min(n)).for_each(|j| prefetch_key(sp, j));
         let mut j = 0;
         while j < n {
+            (j + PREFETCH_KEYS..j + PREFETCH_KEYS + 4).for_each(|j| prefetch_key(sp, j));
             // Rows of keys j..j + 4; past the end, repeat the last key (results dropped).
             let rows: [*const f16; 4] = std::array::from_fn(|i| {
                 let slot = sp.slots[(j + i).min(n - 1)] as usize;
                 // SAFETY: the caller guarantees this slot's row lies within the cache.
-                unsafe { kc.add(slot * sp.kvd + sp.offset) }
+                unsafe { kc.add(slot * sp.stride + sp.offset) }
             });
             let mut acc = [[_mm256_setzero_ps(); 4]; H];
             for c in (0..hd).step_by(8) {
@@ -619,6 +791,131 @@ mod x86 {
         }
     }
 
+    /// Sums of each of 4 vectors of 16: `[sum a0, sum a1, sum a2, sum a3]`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    fn hsum4_512(a: [__m512; 4]) -> __m128 {
+        let half = |v: __m512| {
+            _mm256_add_ps(
+                _mm512_castps512_ps256(v),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
+            )
+        };
+        hsum4([half(a[0]), half(a[1]), half(a[2]), half(a[3])])
+    }
+
+    /// 16 f16 values at `p` as f32.
+    ///
+    /// # Safety
+    /// AVX-512 F available; 16 values readable at `p`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    unsafe fn load16(p: *const f16) -> __m512 {
+        // SAFETY: the caller guarantees 32 readable bytes at `p`.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+    }
+
+    /// `scores_run` on 512-bit vectors: per block of 4 keys, one 16-lane accumulator per
+    /// (key, head), 12 of them for 3 heads, which 32 registers hold with the key rows.
+    ///
+    /// # Safety
+    /// As `attend_span` with `wide`, with `h0 + H <= sp.nh`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    unsafe fn scores_run_512<const H: usize>(
+        sp: &Span<'_>,
+        h0: usize,
+        scores: &mut [f32],
+        stride: usize,
+    ) {
+        let (hd, n) = (sp.head_dim, sp.slots.len());
+        let q = sp.q[h0 * hd..(h0 + H) * hd].as_ptr();
+        let kc = sp.k_cache.as_ptr();
+        let scale = _mm_set1_ps(sp.scale);
+        (0..PREFETCH_KEYS.min(n)).for_each(|j| prefetch_key(sp, j));
+        let mut j = 0;
+        while j < n {
+            (j + PREFETCH_KEYS..j + PREFETCH_KEYS + 4).for_each(|j| prefetch_key(sp, j));
+            // Rows of keys j..j + 4; past the end, repeat the last key (results dropped).
+            let rows: [*const f16; 4] = std::array::from_fn(|i| {
+                let slot = sp.slots[(j + i).min(n - 1)] as usize;
+                // SAFETY: the caller guarantees this slot's row lies within the cache.
+                unsafe { kc.add(slot * sp.stride + sp.offset) }
+            });
+            let mut acc = [[_mm512_setzero_ps(); 4]; H];
+            for c in (0..hd).step_by(16) {
+                // SAFETY: `c + 16 <= hd` within each key row and each query head.
+                unsafe {
+                    let k: [__m512; 4] = std::array::from_fn(|i| load16(rows[i].add(c)));
+                    for (h, acc) in acc.iter_mut().enumerate() {
+                        let qv = _mm512_loadu_ps(q.add(h * hd + c));
+                        for i in 0..4 {
+                            acc[i] = _mm512_fmadd_ps(qv, k[i], acc[i]);
+                        }
+                    }
+                }
+            }
+            let valid = (n - j).min(4);
+            for (h, acc) in acc.iter().enumerate() {
+                let s = _mm_mul_ps(hsum4_512(*acc), scale);
+                let dst = &mut scores[(h0 + h) * stride + j..];
+                if valid == 4 {
+                    // SAFETY: `j + 4 <= n <= stride`, so 4 floats fit in `dst`.
+                    unsafe { _mm_storeu_ps(dst.as_mut_ptr(), s) };
+                } else {
+                    let mut tmp = [0f32; 4];
+                    // SAFETY: `tmp` holds 4 floats.
+                    unsafe { _mm_storeu_ps(tmp.as_mut_ptr(), s) };
+                    dst[..valid].copy_from_slice(&tmp[..valid]);
+                }
+            }
+            j += 4;
+        }
+    }
+
+    /// `pv_run` on 512-bit vectors: `o[h][d0..d0 + 16W] = sum_j p[h][j] v_j[d0..d0 + 16W]`
+    /// for heads `h0..h0 + H`.
+    ///
+    /// # Safety
+    /// As `attend_span` with `wide`, with `h0 + H <= sp.nh` and `d0 + 16 * W <= head_dim`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    // Index loops keep the accumulators in registers: one value vector feeds every head.
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn pv_run_512<const H: usize, const W: usize>(
+        sp: &Span<'_>,
+        h0: usize,
+        d0: usize,
+        probs: &[f32],
+        stride: usize,
+        o: &mut [f32],
+    ) {
+        let hd = sp.head_dim;
+        let vc = sp.v_cache.as_ptr();
+        let mut acc = [[_mm512_setzero_ps(); W]; H];
+        for (j, &slot) in sp.slots.iter().enumerate() {
+            // SAFETY: the slot's row lies within the cache and `d0 + 16W <= head_dim`; `j` is
+            // within each head's row of `probs`.
+            unsafe {
+                let row = vc.add(slot as usize * sp.stride + sp.offset + d0);
+                let p: [__m512; H] = std::array::from_fn(|h| {
+                    _mm512_set1_ps(*probs.get_unchecked((h0 + h) * stride + j))
+                });
+                for w in 0..W {
+                    let v = load16(row.add(16 * w));
+                    for h in 0..H {
+                        acc[h][w] = _mm512_fmadd_ps(p[h], v, acc[h][w]);
+                    }
+                }
+            }
+        }
+        for (h, acc) in acc.iter().enumerate() {
+            for (w, a) in acc.iter().enumerate() {
+                let dst = &mut o[(h0 + h) * hd + d0 + 16 * w..][..16];
+                // SAFETY: `dst` holds 16 floats.
+                unsafe { _mm512_storeu_ps(dst.as_mut_ptr(), *a) };
+            }
+        }
+    }
+
     /// `o[h][d0..d0 + 8W] = sum_j p[h][j] v_j[d0..d0 + 8W]` for heads `h0..h0 + H`.
     ///
     /// # Safety
@@ -642,7 +939,7 @@ mod x86 {
             // SAFETY: the slot's row lies within the cache and `d0 + 8W <= head_dim`; `j` is
             // within each head's row of `probs`.
             unsafe {
-                let row = vc.add(slot as usize * sp.kvd + sp.offset + d0);
+                let row = vc.add(slot as usize * sp.stride + sp.offset + d0);
                 let p: [__m256; H] = std::array::from_fn(|h| {
                     _mm256_set1_ps(*probs.get_unchecked((h0 + h) * stride + j))
                 });
@@ -704,7 +1001,8 @@ mod tests {
                     let kvh = h / (heads / kv_heads);
                     let qh = &q[t * heads * hd + h * hd..][..hd];
                     let slots = &s.kv_slots[..=s.start_pos + i];
-                    let at = |sl: u32, d: usize| sl as usize * kv_heads * hd + kvh * hd + d;
+                    let cap = k.len() / (kv_heads * hd);
+                    let at = |sl: u32, d: usize| cache_row(kvh, sl as usize, cap, hd) + d;
                     let scores: Vec<f64> = slots
                         .iter()
                         .map(|&sl| {
@@ -817,6 +1115,42 @@ mod tests {
         check(18, 1, 16, 9, 2, 1.0);
         // Head dimension not a multiple of 8 (portable path).
         check(4, 2, 6, 11, 1, 1.0);
+    }
+
+    #[test]
+    fn key_prefetch_shares_cover_every_row_once() {
+        let toks = [1u32; 2];
+        let a: Vec<u32> = vec![5, 6, 7, 20, 21, 9, 0, 0];
+        let b: Vec<u32> = vec![40, 41, 42, 43, 44, 45, 46, 47, 3, 4];
+        let batch = [
+            SeqInput {
+                tokens: &toks,
+                start_pos: 6,
+                kv_slots: &a,
+                num_logits: 1,
+            },
+            SeqInput {
+                tokens: &toks,
+                start_pos: 8,
+                kv_slots: &b,
+                num_logits: 1,
+            },
+        ];
+        let runs = KvRuns::new(&batch);
+        let mut want: Vec<(usize, usize)> = (0..3)
+            .flat_map(|h| a[..6].iter().chain(&b[..8]).map(move |&s| (h, s as usize)))
+            .collect();
+        want.sort_unstable();
+        for of in [1, 2, 5, 7, 100] {
+            let mut got = Vec::new();
+            for i in 0..of {
+                runs.share(3, i, of, |h, first, n| {
+                    got.extend((first..first + n).map(|s| (h, s)))
+                });
+            }
+            got.sort_unstable();
+            assert_eq!(got, want, "{of} shares");
+        }
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The CPU backend: the Llama forward pass over our own quantized kernels, with the KV cache
-//! held as one f16 row per slot and layer.
+//! held as f16, per layer and KV head one row per slot (see `attention`).
 
 mod attention;
 pub mod kernels;
@@ -13,14 +13,15 @@ use crate::model::config::ModelConfig;
 use crate::model::llama::LlamaWeights;
 
 use half::f16;
-use kernels::{matmul, matmul_multi};
+use kernels::{matmul, matmul_multi, matmul_multi_with};
 
 pub struct CpuBackend {
     cfg: ModelConfig,
     weights: LlamaWeights,
-    /// Per layer: `capacity × kv_dim` keys, then values, as f16.
-    k_cache: Vec<Vec<f16>>,
-    v_cache: Vec<Vec<f16>>,
+    /// Per layer: keys, then values, as f16, `kv_heads × capacity × head_dim` (head-major, see
+    /// `attention::cache_row`).
+    k_cache: Vec<KvBuffer>,
+    v_cache: Vec<KvBuffer>,
     capacity: usize,
     rope: ops::RopeTable,
 }
@@ -46,11 +47,11 @@ impl CpuBackend {
             cfg.head_dim
         );
         let k_cache = (0..cfg.num_layers)
-            .map(|_| vec![f16::ZERO; per_layer])
-            .collect();
+            .map(|_| KvBuffer::new(per_layer))
+            .collect::<Result<_>>()?;
         let v_cache = (0..cfg.num_layers)
-            .map(|_| vec![f16::ZERO; per_layer])
-            .collect();
+            .map(|_| KvBuffer::new(per_layer))
+            .collect::<Result<_>>()?;
         let rope = ops::RopeTable::new(&cfg.rope_inv_freq(), max_positions);
         Ok(CpuBackend {
             cfg,
@@ -98,6 +99,39 @@ impl CpuBackend {
     }
 }
 
+/// One layer's keys or values: zeroed f16 values on huge pages where the OS provides them
+/// (see [`kernels::HugeBytes`]); attention reads a few hundred bytes from each of thousands of
+/// slots per layer and step.
+struct KvBuffer {
+    bytes: kernels::HugeBytes,
+    len: usize,
+}
+
+impl KvBuffer {
+    /// `len` zeroed f16 values.
+    fn new(len: usize) -> Result<KvBuffer> {
+        let size = len
+            .checked_mul(std::mem::size_of::<f16>())
+            .ok_or_else(|| EngineError::Load("KV cache size overflows".into()))?;
+        let bytes = kernels::HugeBytes::zeroed(size);
+        if !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<f16>()) {
+            return Err(EngineError::Load("KV cache buffer is misaligned".into()));
+        }
+        Ok(KvBuffer { bytes, len })
+    }
+
+    fn as_slice(&self) -> &[f16] {
+        // SAFETY: the buffer holds `len` f16 (2 bytes each) and is aligned for f16 (checked in
+        // `new`); any bit pattern is a valid f16; it lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.bytes.as_ptr() as *const f16, self.len) }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [f16] {
+        // SAFETY: as in `as_slice`, and `&mut self` makes this the only live view.
+        unsafe { std::slice::from_raw_parts_mut(self.bytes.as_mut_ptr() as *mut f16, self.len) }
+    }
+}
+
 impl Backend for CpuBackend {
     fn forward(&mut self, batch: &[SeqInput<'_>]) -> Result<Vec<f32>> {
         self.check_batch(batch)?;
@@ -125,6 +159,7 @@ impl Backend for CpuBackend {
             }
         }
 
+        let kv_runs = attention::KvRuns::new(batch);
         let mut x = vec![0f32; t_total * h];
         for (i, &t) in tokens.iter().enumerate() {
             self.weights
@@ -162,22 +197,20 @@ impl Backend for CpuBackend {
                 hd,
                 cfg.rope_interleaved,
             );
-            let kc = &mut self.k_cache[l];
-            let vc = &mut self.v_cache[l];
+            let kc = self.k_cache[l].as_mut_slice();
+            let vc = self.v_cache[l].as_mut_slice();
             for (i, &slot) in slots.iter().enumerate() {
-                attention::f32_to_f16(
-                    &k[i * kvd..(i + 1) * kvd],
-                    &mut kc[slot * kvd..(slot + 1) * kvd],
-                );
-                attention::f32_to_f16(
-                    &v[i * kvd..(i + 1) * kvd],
-                    &mut vc[slot * kvd..(slot + 1) * kvd],
-                );
+                for kvh in 0..cfg.num_kv_heads {
+                    let src = i * kvd + kvh * hd..i * kvd + (kvh + 1) * hd;
+                    let at = attention::cache_row(kvh, slot, self.capacity, hd);
+                    attention::f32_to_f16(&k[src.clone()], &mut kc[at..at + hd]);
+                    attention::f32_to_f16(&v[src], &mut vc[at..at + hd]);
+                }
             }
             attention::attention(
                 &q,
-                &self.k_cache[l],
-                &self.v_cache[l],
+                self.k_cache[l].as_slice(),
+                self.v_cache[l].as_slice(),
                 batch,
                 cfg.num_heads,
                 cfg.num_kv_heads,
@@ -187,11 +220,21 @@ impl Backend for CpuBackend {
             matmul(&lw.wo, &attn, t_total, &mut o);
             ops::add_in_place(&mut x, &o);
             ops::rms_norm(&x, &lw.ffn_norm, cfg.rms_norm_eps, h, &mut hbuf);
-            matmul_multi(
+            // A batch's gate and up products are compute-bound: meanwhile, pull the next
+            // layer's cached key rows (which its attention reads) toward the caches.
+            let next_keys = (l + 1 < self.k_cache.len() && t_total > 1).then(|| {
+                let k = self.k_cache[l + 1].as_slice();
+                let runs = &kv_runs;
+                move |i: usize, of: usize| runs.prefetch_keys(k, cfg.num_kv_heads, hd, i, of)
+            });
+            matmul_multi_with(
                 &[&lw.w_gate, &lw.w_up],
                 &hbuf,
                 t_total,
                 &mut [&mut gate, &mut up],
+                next_keys
+                    .as_ref()
+                    .map(|f| f as &(dyn Fn(usize, usize) + Sync)),
             );
             ops::silu_mul(&mut gate, &up);
             matmul(&lw.w_down, &gate, t_total, &mut o);

@@ -26,9 +26,20 @@ pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     }
 }
 
+/// Values per task when [`silu_mul`] is spread over the kernel pool (a batch's worth; one
+/// token's row stays on the calling thread).
+const SILU_CHUNK: usize = 4096;
+
 /// `gate = silu(gate) * up`.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "silu_mul: lengths differ");
+    super::kernels::parallel_chunks_mut(gate, SILU_CHUNK, |i, g| {
+        silu_mul_serial(g, &up[i * SILU_CHUNK..i * SILU_CHUNK + g.len()]);
+    });
+}
+
+/// [`silu_mul`] on the calling thread.
+fn silu_mul_serial(gate: &mut [f32], up: &[f32]) {
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if super::kernels::Isa::detect() != super::kernels::Isa::Scalar {

@@ -133,18 +133,23 @@ const SERIAL_BELOW: usize = 24 << 10;
 fn matmul_packed(isa: Isa, w: &Weight, acts: &QuantActs, n: usize, out: &OutPtr) {
     let chunks = group_chunks(w, n, 1.0);
     parallel_for(chunks.len(), |c| {
-        run_group_chunk(isa, w, acts, n, chunks[c].clone(), out)
+        run_group_chunk(isa, w, acts, n, chunks[c].clone(), out, None)
     });
 }
 
+/// Work interleaved with a product's own: `f(i, of)`, called once for each `i in 0..of` from
+/// the product's tasks, one call after each row group (see `matmul_multi_with`).
+pub(crate) type SideWork<'a> = &'a (dyn Fn(usize, usize) + Sync);
+
 /// Several block-quantized weights with the same columns against the same activations: one
-/// activation quantization and one pool job for all of them.
+/// activation quantization and one pool job for all of them. `side` runs between row groups.
 pub(crate) fn matmul_packed_multi(
     isa: Isa,
     ws: &[&Weight],
     x: &[f32],
     n: usize,
     outs: &mut [&mut [f32]],
+    side: Option<SideWork<'_>>,
 ) {
     let cols = ws[0].cols();
     let acts = QuantActs::new(isa, x, n, cols);
@@ -165,9 +170,17 @@ pub(crate) fn matmul_packed_multi(
             group_chunks(w, n, share).into_iter().map(move |c| (k, c))
         })
         .collect();
+    // Row groups before each task's, for numbering the side work.
+    let mut before = Vec::with_capacity(tasks.len());
+    let mut groups = 0;
+    for (_, chunk) in &tasks {
+        before.push(groups);
+        groups += chunk.len();
+    }
     parallel_for(tasks.len(), |t| {
         let (k, ref chunk) = tasks[t];
-        run_group_chunk(isa, ws[k], &acts, n, chunk.clone(), &outs[k]);
+        let side = side.map(|f| (f, before[t], groups));
+        run_group_chunk(isa, ws[k], &acts, n, chunk.clone(), &outs[k], side);
     });
 }
 
@@ -197,7 +210,11 @@ fn group_chunks(w: &Weight, n: usize, share: f64) -> Vec<Range<usize>> {
         .collect()
 }
 
-/// Row groups `chunk` of `w` against all `n` activation rows, into `out`.
+/// Most tiles in one pass of `TOKENS_PER_PASS` activation rows.
+const MAX_TILES: usize = TOKENS_PER_PASS.div_ceil(MAX_T);
+
+/// Row groups `chunk` of `w` against all `n` activation rows, into `out`. With `side` =
+/// `(f, first, of)`, calls `f(first + j, of)` after the chunk's `j`-th row group.
 fn run_group_chunk(
     isa: Isa,
     w: &Weight,
@@ -205,56 +222,90 @@ fn run_group_chunk(
     n: usize,
     chunk: Range<usize>,
     out: &OutPtr,
+    side: Option<(SideWork<'_>, usize, usize)>,
 ) {
     let rows = w.rows();
-    let mut tile = [[0.0f32; GROUP]; MAX_T];
+    let mut res = [[0.0f32; GROUP]; MAX_T];
     for pass in (0..n).step_by(TOKENS_PER_PASS) {
         let pass_end = (pass + TOKENS_PER_PASS).min(n);
-        for g in chunk.clone() {
+        // Tiles of near-equal size (e.g. 9 rows: 5 + 4, not 8 + 1), their activation rows
+        // resolved once for every row group of the chunk.
+        let len = pass_end - pass;
+        let n_tiles = len.div_ceil(MAX_T);
+        let mut tiles: [Option<Tile>; MAX_TILES] = Default::default();
+        let mut i = pass;
+        for (j, tile) in tiles[..n_tiles].iter_mut().enumerate() {
+            let t = len / n_tiles + usize::from(j < len % n_tiles);
+            *tile = Some(Tile::new(isa, acts, i, t));
+            i += t;
+        }
+        for (j, g) in chunk.clone().enumerate() {
+            if pass == 0
+                && let Some((f, first, of)) = side
+            {
+                f(first + j, of);
+            }
             let r0 = g * GROUP;
             let valid = GROUP.min(rows - r0);
-            // Tiles of near-equal size (e.g. 9 rows: 5 + 4, not 8 + 1).
-            let len = pass_end - pass;
-            let tiles = len.div_ceil(MAX_T);
-            let mut i = pass;
-            for j in 0..tiles {
-                let t = len / tiles + usize::from(j < len % tiles);
-                group_tile(isa, w, g, acts, i, t, &mut tile);
-                for (k, res) in tile[..t].iter().enumerate() {
-                    // SAFETY: each row group of `w` belongs to one task only and (i + k) is
-                    // visited once per group, so output ranges never overlap.
-                    let o = unsafe { out.slice((i + k) * rows + r0, valid) };
-                    o.copy_from_slice(&res[..valid]);
+            for tile in tiles.iter().map_while(Option::as_ref) {
+                group_tile(isa, w, g, acts, tile, &mut res);
+                for (k, res) in res[..tile.t].iter().enumerate() {
+                    let at = (tile.i0 + k) * rows + r0;
+                    // SAFETY: each row group of `w` belongs to one task only and each
+                    // activation row is visited once per group, so output ranges never
+                    // overlap.
+                    if valid == GROUP {
+                        unsafe { out.slice(at, GROUP) }.copy_from_slice(res);
+                    } else {
+                        unsafe { out.slice(at, valid) }.copy_from_slice(&res[..valid]);
+                    }
                 }
-                i += t;
             }
         }
     }
 }
 
-/// Row group `g` of `w` against activation rows `i..i + t`.
+/// Activation rows `i0..i0 + t` (`t <= MAX_T`) that one kernel call takes.
+struct Tile {
+    i0: usize,
+    t: usize,
+    /// The rows' pointers, for the x86 kernels.
+    #[cfg(target_arch = "x86_64")]
+    x86: Option<super::x86_quant::TileActs>,
+}
+
+impl Tile {
+    fn new(isa: Isa, acts: &QuantActs, i0: usize, t: usize) -> Tile {
+        Tile {
+            i0,
+            t,
+            #[cfg(target_arch = "x86_64")]
+            x86: (isa != Isa::Scalar).then(|| super::x86_quant::TileActs::new(acts, i0, t)),
+        }
+    }
+}
+
+/// Row group `g` of `w` against the activation rows of `tile`, into `out[..tile.t]`.
 fn group_tile(
     isa: Isa,
     w: &Weight,
     g: usize,
     acts: &QuantActs,
-    i: usize,
-    t: usize,
-    tile: &mut [[f32; GROUP]; MAX_T],
+    tile: &Tile,
+    out: &mut [[f32; GROUP]; MAX_T],
 ) {
     let group = w.group_data(g);
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `matmul_with` checked that this ISA is supported; `group` and `acts` come
-        // from the same weight and activation rows of `w.cols()` values.
-        Isa::Avx2 | Isa::Avx512Vnni => unsafe {
-            super::x86_quant::group_tile(isa, w.format(), group, acts.nb, acts, i, t, tile)
-        },
-        _ => {
-            for (k, res) in tile[..t].iter_mut().enumerate() {
-                packed::dot_group(w.format(), group, acts, i + k, res);
-            }
-        }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(x) = &tile.x86 {
+        // SAFETY: `matmul_with` checked that this ISA is supported (and `x86` is only set for
+        // a SIMD ISA); `group` and the tile come from the same weight and activation rows of
+        // `w.cols()` values.
+        unsafe { super::x86_quant::group_tile(isa, w.format(), group, acts.nb, x, out) };
+        return;
+    }
+    let _ = isa;
+    for (k, res) in out[..tile.t].iter_mut().enumerate() {
+        packed::dot_group(w.format(), group, acts, tile.i0 + k, res);
     }
 }
 

@@ -27,6 +27,7 @@
 //!
 //! `SGL_CPU_ISA=scalar|avx2|avx512` caps the instruction set (debugging, comparisons).
 
+mod buffer;
 mod dispatch;
 mod packed;
 mod pool;
@@ -40,6 +41,7 @@ mod x86_quant;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use buffer::HugeBytes;
 pub use dispatch::Isa;
 pub use pool::{num_threads, parallel_chunks_mut, parallel_for, set_num_threads};
 
@@ -135,7 +137,7 @@ pub struct Weight {
     format: WeightFormat,
     /// Float formats: bytes per row. Block formats: bytes per packed group of 16 rows.
     stride: usize,
-    bytes: Vec<u8>,
+    bytes: HugeBytes,
 }
 
 impl std::fmt::Debug for Weight {
@@ -197,7 +199,7 @@ impl Weight {
             cols,
             format,
             stride: row_bytes,
-            bytes,
+            bytes: HugeBytes::copy_of(&bytes),
         })
     }
 
@@ -278,6 +280,20 @@ pub fn matmul(w: &Weight, x: &[f32], n: usize, out: &mut [f32]) {
 /// them (bit-identical results), but quantizing `x` once and running one pool job for all
 /// weights (e.g. q, k, v, or gate and up). All weights must have the same `cols`.
 pub fn matmul_multi(ws: &[&Weight], x: &[f32], n: usize, outs: &mut [&mut [f32]]) {
+    matmul_multi_with(ws, x, n, outs, None);
+}
+
+/// [`matmul_multi`], calling `side(i, of)` once for each `i in 0..of` from the job's tasks,
+/// between row groups (when the weights are block-quantized; otherwise never), where `of` is
+/// the number of row groups of all weights. For memory prefetches of what comes next: a
+/// batched product is compute-bound and leaves most of the memory bandwidth idle.
+pub fn matmul_multi_with(
+    ws: &[&Weight],
+    x: &[f32],
+    n: usize,
+    outs: &mut [&mut [f32]],
+    side: Option<&(dyn Fn(usize, usize) + Sync)>,
+) {
     assert_eq!(ws.len(), outs.len(), "matmul_multi: one output per weight");
     let Some(first) = ws.first() else {
         return;
@@ -307,7 +323,7 @@ pub fn matmul_multi(ws: &[&Weight], x: &[f32], n: usize, outs: &mut [&mut [f32]]
             "matmul_multi: out must hold n x rows values"
         );
     }
-    dispatch::matmul_packed_multi(isa, ws, x, n, outs);
+    dispatch::matmul_packed_multi(isa, ws, x, n, outs, side);
 }
 
 /// [`matmul`] on a chosen instruction set (one of [`Isa::all_supported`]; panics otherwise), for

@@ -19,6 +19,7 @@
 //!
 //! The block groups of one row group are consecutive, row groups follow each other.
 
+use super::buffer::HugeBytes;
 use super::quant::QuantActs;
 use super::scalar::f16_at;
 use super::{BLOCK, WeightFormat};
@@ -57,12 +58,12 @@ pub(crate) fn int_offset(format: WeightFormat) -> i32 {
 }
 
 /// Packs GGUF rows (`rows` × `nb` blocks) into the layout above.
-pub(crate) fn pack(format: WeightFormat, rows: usize, nb: usize, gguf: &[u8]) -> Vec<u8> {
+pub(crate) fn pack(format: WeightFormat, rows: usize, nb: usize, gguf: &[u8]) -> HugeBytes {
     let bb = format.block_bytes();
     let bg = block_group_bytes(format);
     let hdr = header_bytes(format);
     let groups = rows.div_ceil(GROUP);
-    let mut out = vec![0u8; groups * nb * bg];
+    let mut out = HugeBytes::zeroed(groups * nb * bg);
     for r in 0..rows {
         let (g, lane) = (r / GROUP, r % GROUP);
         for b in 0..nb {

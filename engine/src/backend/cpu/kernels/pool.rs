@@ -15,7 +15,9 @@
 use std::any::Any;
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 use std::sync::{Mutex, OnceLock};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
@@ -25,21 +27,62 @@ const MAX_THREADS: usize = 256;
 /// How long an idle worker spins before it parks.
 const SPIN_FOR: Duration = Duration::from_micros(200);
 
-/// A wait for helpers longer than this (and than twice the caller's own average task) means
-/// a helper was descheduled mid-task: the cores are oversubscribed.
-const STALL: Duration = Duration::from_micros(100);
-/// This many jobs in a row that no helper joined (the caller ran out of tasks first) mean the
-/// helpers are not getting CPU time: the cores are oversubscribed, and a helper spinning for
-/// work only takes CPU time from the caller.
+/// Jobs a helper joined, per verdict on whether helping pays (see [`Ledger`]).
+const WINDOW_JOBS: u32 = 64;
+/// This many jobs in a row that no helper joined (the caller ran out of tasks first), though
+/// none had to be woken for them, mean the helpers are not getting CPU time: the cores are
+/// oversubscribed, and a helper spinning for work only takes CPU time from the caller.
 const MAX_MISSES: u32 = 16;
 /// Jobs shorter than this (the caller's share) are not counted as misses.
 const MISS_MIN_WORK: Duration = Duration::from_micros(10);
 /// Consecutive jobs no helper joined.
 static MISSES: AtomicU32 = AtomicU32::new(0);
-/// After a stall (or too many misses), jobs run on the calling thread alone for this long. On
-/// busy cores a helper that the OS preempts holds its task for a whole time slice
-/// (milliseconds), which costs far more than the parallelism gains on short jobs.
-const BACKOFF: Duration = Duration::from_millis(250);
+/// When helping stops paying (or too many misses), jobs run on the calling thread alone for
+/// this long, then helpers are tried again. On cores busy with other work a helper that the
+/// OS preempts holds its task for a whole time slice (milliseconds), which costs more than the
+/// parallelism gains.
+const BACKOFF: Duration = Duration::from_millis(100);
+
+/// What the helpers were worth over the current window of jobs, kept by the dispatching thread
+/// (one at a time: it holds the dispatch lock). Each job a helper joined adds the time the
+/// helpers' tasks would have cost the caller (their count × the caller's average task) and
+/// subtracts the time the caller waited for helpers after running out of tasks. A helper the OS
+/// preempts mid-task shows up as a long wait; an occasional one (a client thread or the HTTP
+/// runtime taking a core for a moment) costs far less than the helpers save, and only a window
+/// where the waits outweigh the help means the cores are oversubscribed.
+struct Ledger {
+    /// Nanoseconds saved minus nanoseconds waited, this window.
+    net_ns: AtomicI64,
+    /// Jobs a helper joined, this window.
+    jobs: AtomicU32,
+}
+
+static LEDGER: Ledger = Ledger {
+    net_ns: AtomicI64::new(0),
+    jobs: AtomicU32::new(0),
+};
+
+impl Ledger {
+    /// Records one job a helper joined; returns true when a window just closed with the
+    /// helpers costing more than they saved.
+    fn record(&self, saved: Duration, waited: Duration) -> bool {
+        let net = self.net_ns.load(Ordering::Relaxed) + saved.as_nanos() as i64
+            - waited.as_nanos() as i64;
+        let jobs = self.jobs.load(Ordering::Relaxed) + 1;
+        if jobs < WINDOW_JOBS {
+            self.net_ns.store(net, Ordering::Relaxed);
+            self.jobs.store(jobs, Ordering::Relaxed);
+            return false;
+        }
+        self.reset();
+        net < 0
+    }
+
+    fn reset(&self) {
+        self.net_ns.store(0, Ordering::Relaxed);
+        self.jobs.store(0, Ordering::Relaxed);
+    }
+}
 
 /// Configured thread count; 0 = not set yet (use available parallelism).
 static THREADS: AtomicUsize = AtomicUsize::new(0);
@@ -113,9 +156,12 @@ pub fn parallel_for<F: Fn(usize) + Sync>(n_tasks: usize, f: F) {
     let generation = (pool.state.load(Ordering::Relaxed) >> 32) + 1;
     pool.state
         .store((generation << 32) | OPEN, Ordering::SeqCst);
+    // Whether a helper had to be woken: it may then legitimately miss the job.
+    let mut woke = false;
     for (worker, thread) in workers.iter().take(helpers).enumerate() {
         if pool.sleeping[worker].load(Ordering::SeqCst) {
             thread.unpark();
+            woke = true;
         }
     }
 
@@ -138,20 +184,25 @@ pub fn parallel_for<F: Fn(usize) + Sync>(n_tasks: usize, f: F) {
         }
     }
     let waited = started.elapsed() - own_work;
-    let misses = if job.joined.load(Ordering::Relaxed) != 0 {
+    let joined = job.joined.load(Ordering::Relaxed) != 0;
+    let misses = if joined {
         MISSES.store(0, Ordering::Relaxed);
         0
-    } else if own_work > MISS_MIN_WORK {
+    } else if own_work > MISS_MIN_WORK && !woke {
         MISSES.fetch_add(1, Ordering::Relaxed) + 1
     } else {
-        // Too short to tell: a parked or just-woken helper may legitimately miss it.
+        // Too short to tell, or a helper was parked: a just-woken helper may legitimately
+        // miss it.
         0
     };
-    // A helper's last task should take about as long as one of ours; far longer means the
-    // helper lost its CPU while running it.
-    let longest_task_guess = 2 * own_work / own_tasks.max(1) as u32;
-    if (waited > STALL && waited > longest_task_guess) || misses >= MAX_MISSES {
+    // The helpers' tasks, at the caller's average task time, are what running the job alone
+    // would have added (no estimate when the helpers took every task).
+    let helped = n_tasks.saturating_sub(own_tasks) as u32;
+    let saved = own_work / own_tasks.max(1) as u32 * helped;
+    let losing = joined && own_tasks > 0 && LEDGER.record(saved, waited);
+    if losing || misses >= MAX_MISSES {
         MISSES.store(0, Ordering::Relaxed);
+        LEDGER.reset();
         start_backoff();
     }
     pool.job.store(std::ptr::null_mut(), Ordering::Relaxed);
@@ -219,7 +270,9 @@ fn backing_off() -> bool {
 fn start_backoff() {
     let until = (epoch().elapsed() + BACKOFF).as_nanos() as u64;
     BACKOFF_UNTIL.store(until, Ordering::Relaxed);
-    tracing::debug!("kernel pool: helpers starved of CPU; running single-threaded for {BACKOFF:?}");
+    tracing::debug!(
+        "kernel pool: helpers cost more than they save; running single-threaded for {BACKOFF:?}"
+    );
 }
 
 struct Pool {

@@ -5,6 +5,7 @@
 
 use super::BLOCK;
 use super::dispatch::Isa;
+use super::pool::{num_threads, parallel_chunks_mut};
 
 /// `n` activation rows of `nb` blocks each, structure-of-arrays.
 pub(crate) struct QuantActs {
@@ -20,7 +21,8 @@ pub(crate) struct QuantActs {
 }
 
 impl QuantActs {
-    /// Quantizes `n` rows of `cols` values (`cols` a multiple of 32).
+    /// Quantizes `n` rows of `cols` values (`cols` a multiple of 32). Batches (from
+    /// [`PARALLEL_BLOCKS`] blocks) are split by rows over the kernel pool.
     pub fn new(isa: Isa, x: &[f32], n: usize, cols: usize) -> QuantActs {
         debug_assert!(cols.is_multiple_of(BLOCK));
         debug_assert_eq!(x.len(), n * cols);
@@ -32,28 +34,26 @@ impl QuantActs {
             s: vec![0.0; n * nb],
             sq: vec![0; n * nb],
         };
-        let blocks = x
-            .chunks_exact(BLOCK)
-            .zip(acts.qs.chunks_exact_mut(BLOCK))
-            .zip(acts.d.iter_mut().zip(acts.sq.iter_mut()));
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 | Isa::Avx512Vnni => {
-                for ((x, q), (d, s)) in blocks {
-                    // SAFETY: `Isa::Avx2`/`Avx512Vnni` are only produced after run-time detection
-                    // of AVX2 and FMA (see `Isa::detect`); slices are exactly one block.
-                    (*d, *s) = unsafe { super::x86_avx2::quantize_block(x, q) };
-                }
-            }
-            _ => {
-                for ((x, q), (d, s)) in blocks {
-                    (*d, *s) = quantize_block(x, q);
-                }
-            }
-        }
-        for ((s, &d), &sq) in acts.s.iter_mut().zip(&acts.d).zip(&acts.sq) {
-            *s = d * sq as f32;
-        }
+        let rows_per_task = if n * nb >= PARALLEL_BLOCKS {
+            n.div_ceil(2 * num_threads()).max(1)
+        } else {
+            n.max(1)
+        };
+        let per_task = rows_per_task * nb;
+        let (d, sq, s) = (
+            RowsPtr(acts.d.as_mut_ptr()),
+            RowsPtr(acts.sq.as_mut_ptr()),
+            RowsPtr(acts.s.as_mut_ptr()),
+        );
+        let total = n * nb;
+        parallel_chunks_mut(&mut acts.qs, (per_task * BLOCK).max(1), |t, qs| {
+            let at = t * per_task;
+            let len = per_task.min(total - at);
+            // SAFETY: task `t` alone covers blocks `at..at + len` (its rows), which lie inside
+            // `d`, `sq` and `s` (`n * nb` each); the vectors outlive the job.
+            let (d, sq, s) = unsafe { (d.slice(at, len), sq.slice(at, len), s.slice(at, len)) };
+            quantize_rows(isa, &x[at * BLOCK..(at + len) * BLOCK], qs, d, sq, s);
+        });
         acts
     }
 
@@ -75,6 +75,56 @@ impl QuantActs {
     /// `sum(q)` of row `i`.
     pub fn row_sq(&self, i: usize) -> &[i32] {
         &self.sq[i * self.nb..(i + 1) * self.nb]
+    }
+}
+
+/// Blocks per call from which [`QuantActs::new`] runs on the kernel pool (a batch of a few
+/// rows; one row stays on the calling thread).
+const PARALLEL_BLOCKS: usize = 256;
+
+/// Quantizes the blocks of `x` into `qs`, with their scales `d`, sums `sq` and `s = d * sq`.
+fn quantize_rows(isa: Isa, x: &[f32], qs: &mut [i8], d: &mut [f32], sq: &mut [i32], s: &mut [f32]) {
+    let blocks = x
+        .chunks_exact(BLOCK)
+        .zip(qs.chunks_exact_mut(BLOCK))
+        .zip(d.iter_mut().zip(sq.iter_mut()));
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512Vnni => {
+            for ((x, q), (d, s)) in blocks {
+                // SAFETY: `Isa::Avx2`/`Avx512Vnni` are only produced after run-time detection
+                // of AVX2 and FMA (see `Isa::detect`); slices are exactly one block.
+                (*d, *s) = unsafe { super::x86_avx2::quantize_block(x, q) };
+            }
+        }
+        _ => {
+            for ((x, q), (d, s)) in blocks {
+                (*d, *s) = quantize_block(x, q);
+            }
+        }
+    }
+    for ((s, &d), &sq) in s.iter_mut().zip(d.iter()).zip(sq.iter()) {
+        *s = d * sq as f32;
+    }
+}
+
+/// A per-block array that the tasks of [`QuantActs::new`] write in disjoint ranges.
+#[derive(Clone, Copy)]
+struct RowsPtr<T>(*mut T);
+
+// SAFETY: only used by `QuantActs::new`, whose tasks write disjoint ranges of the array.
+unsafe impl<T: Send> Sync for RowsPtr<T> {}
+
+impl<T> RowsPtr<T> {
+    /// `array[at..at + len]`.
+    ///
+    /// # Safety
+    /// The range must lie inside the array, which must outlive the slice, and no other live
+    /// slice may overlap it.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, at: usize, len: usize) -> &mut [T] {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
     }
 }
 

@@ -305,6 +305,25 @@ fn activation_quantization_is_identical_across_isas() {
 }
 
 #[test]
+fn batched_activation_quantization_matches_row_by_row() {
+    // Enough blocks (37 rows x 10) for the pool to split the rows; an odd row count so the
+    // last task is shorter.
+    let mut rng = StdRng::seed_from_u64(4);
+    let (n, cols) = (37, 320);
+    let x = random_vec(&mut rng, n * cols, 2.0);
+    for isa in Isa::all_supported() {
+        let all = quant::QuantActs::new(isa, &x, n, cols);
+        for r in 0..n {
+            let one = quant::QuantActs::new(isa, &x[r * cols..(r + 1) * cols], 1, cols);
+            assert_eq!(all.row_qs(r), &one.qs[..], "{isa:?} row {r}");
+            assert_eq!(all.row_d(r), &one.d[..], "{isa:?} row {r}");
+            assert_eq!(all.row_s(r), &one.s[..], "{isa:?} row {r}");
+            assert_eq!(all.row_sq(r), &one.sq[..], "{isa:?} row {r}");
+        }
+    }
+}
+
+#[test]
 fn from_raw_rejects_bad_shapes() {
     assert!(matches!(
         Weight::from_raw(WeightFormat::Q4_1, 2, 48, vec![0; 60]),

@@ -26,55 +26,81 @@ const AVX2_T: usize = 4;
 /// Results of one call: `out[k]` = the 16 rows against activation row `i0 + k`.
 pub(crate) type TileOut = [[f32; GROUP]; MAX_T];
 
-/// The 16 rows of one packed row group (`group`: `nb` block groups) against activation rows
-/// `i0..i0 + t` (`1 <= t <= MAX_T`), into `out[..t]`.
+/// Activation rows `i0..i0 + t` (`1 <= t <= MAX_T`) of one tile, resolved to row pointers
+/// once (per task and tile) rather than once per row group.
+#[derive(Clone, Copy)]
+pub(crate) struct TileActs {
+    /// Rows from `i0` and, for the AVX2 kernels' second pass of [`AVX2_T`] rows, from
+    /// `i0 + AVX2_T` (a copy of the first when `t <= AVX2_T`).
+    x: [Acts; 2],
+    t: usize,
+    nb: usize,
+}
+
+impl TileActs {
+    /// Panics unless `1 <= t <= MAX_T` and the rows exist.
+    pub(crate) fn new(acts: &QuantActs, i0: usize, t: usize) -> TileActs {
+        assert!((1..=MAX_T).contains(&t) && i0 + t <= acts.qs.len() / (acts.nb * BLOCK).max(1));
+        let first = Acts::new(acts, i0);
+        let second = if t > AVX2_T {
+            Acts::new(acts, i0 + AVX2_T)
+        } else {
+            first
+        };
+        TileActs {
+            x: [first, second],
+            t,
+            nb: acts.nb,
+        }
+    }
+}
+
+/// The 16 rows of one packed row group (`group`: `nb` block groups) against the activation
+/// rows of `tile`, into `out[..tile.t]`.
 ///
 /// # Safety
 /// `isa` must have been detected on this CPU (AVX2+FMA+F16C for `Avx2`, plus AVX-512
-/// F/BW/VL/VNNI for `Avx512Vnni`). `group` must hold `nb` block groups of `format`, and `acts`
-/// rows of `nb` blocks.
-#[allow(clippy::too_many_arguments)]
+/// F/BW/VL/VNNI for `Avx512Vnni`). `group` must hold `nb` block groups of `format`, and the
+/// tile's rows `nb` blocks.
 pub(crate) unsafe fn group_tile(
     isa: Isa,
     format: WeightFormat,
     group: &[u8],
     nb: usize,
-    acts: &QuantActs,
-    i0: usize,
-    t: usize,
+    tile: &TileActs,
     out: &mut TileOut,
 ) {
-    assert!(group.len() >= nb * block_group_bytes(format) && acts.nb == nb);
-    assert!((1..=MAX_T).contains(&t) && i0 + t <= acts.qs.len() / (nb * BLOCK).max(1));
+    assert!(group.len() >= nb * block_group_bytes(format) && tile.nb == nb);
+    let t = tile.t;
     let g = group.as_ptr();
     if isa == Isa::Avx512Vnni {
-        let x = Acts::new(acts, i0);
+        let x = &tile.x[0];
         // SAFETY: the caller guarantees the ISA; sizes were checked above.
         unsafe {
             match t {
-                1 => vnni::<1>(format, g, nb, &x, out),
-                2 => vnni::<2>(format, g, nb, &x, out),
-                3 => vnni::<3>(format, g, nb, &x, out),
-                4 => vnni::<4>(format, g, nb, &x, out),
-                5 => vnni::<5>(format, g, nb, &x, out),
-                6 => vnni::<6>(format, g, nb, &x, out),
-                7 => vnni::<7>(format, g, nb, &x, out),
-                _ => vnni::<8>(format, g, nb, &x, out),
+                1 => vnni::<1>(format, g, nb, x, out),
+                2 => vnni::<2>(format, g, nb, x, out),
+                3 => vnni::<3>(format, g, nb, x, out),
+                4 => vnni::<4>(format, g, nb, x, out),
+                5 => vnni::<5>(format, g, nb, x, out),
+                6 => vnni::<6>(format, g, nb, x, out),
+                7 => vnni::<7>(format, g, nb, x, out),
+                _ => vnni::<8>(format, g, nb, x, out),
             }
         }
         return;
     }
-    for k0 in (0..t).step_by(AVX2_T) {
-        let x = Acts::new(acts, i0 + k0);
+    for (pass, k0) in (0..t).step_by(AVX2_T).enumerate() {
+        let x = &tile.x[pass];
         let out = &mut out[k0..];
         for half in 0..2 {
             macro_rules! go {
                 ($f:ident) => {
                     match (t - k0).min(AVX2_T) {
-                        1 => $f::<1>(format, g, nb, &x, half, out),
-                        2 => $f::<2>(format, g, nb, &x, half, out),
-                        3 => $f::<3>(format, g, nb, &x, half, out),
-                        _ => $f::<4>(format, g, nb, &x, half, out),
+                        1 => $f::<1>(format, g, nb, x, half, out),
+                        2 => $f::<2>(format, g, nb, x, half, out),
+                        3 => $f::<3>(format, g, nb, x, half, out),
+                        _ => $f::<4>(format, g, nb, x, half, out),
                     }
                 };
             }
@@ -92,6 +118,7 @@ pub(crate) unsafe fn group_tile(
 }
 
 /// Pointers to the activation rows `i0..i0 + MAX_T` (rows past the end alias row `i0`).
+#[derive(Clone, Copy)]
 struct Acts {
     q: [*const i8; MAX_T],
     d: [*const f32; MAX_T],
