@@ -102,12 +102,12 @@ G=${GSP_GROUPS:-16}; P=${GSP_PER_GROUP:-16}
 GSP="--dataset-name generated-shared-prefix --gsp-num-groups $G --gsp-prompts-per-group $P \
   --gsp-system-prompt-len ${GSP_SYSTEM_LEN:-2048} --gsp-question-len ${GSP_QUESTION_LEN:-128} \
   --gsp-output-len ${GSP_OUTPUT_LEN:-256}"
-# Scale the shared-prefix runs to what is left: on an H100 both together take about 9 s per
-# group of 16 prompts plus 2 x 20 s of start-up; radix off takes about 1.5x radix on.
+# Scale the shared-prefix runs to what is left: on an H100 both together take about 3 s per
+# group of 16 prompts plus 2 x 20 s of start-up; radix off takes about 2x radix on.
 left=$(( BUDGET_S - $(elapsed) - ${HF_RESERVE_S:-60} ))
-need=$(( 40 + G * P * 9 / 16 ))
+need=$(( 40 + G * P * 3 / 16 ))
 if [ "$left" -lt "$need" ]; then
-  G2=$(( (left - 40) * 16 / (9 * P) )); [ "$G2" -lt 2 ] && G2=2
+  G2=$(( (left - 40) * 16 / (3 * P) )); [ "$G2" -lt 2 ] && G2=2
   echo "== generated-shared-prefix SCALED DOWN from $G to $G2 groups (${left}s left for both runs)"
   GSP=${GSP/--gsp-num-groups $G /--gsp-num-groups $G2 }
   G=$G2
