@@ -18,36 +18,23 @@ check and a verdict.
 usage: python3 overlap_check.py ENGINE_BINARY CHECKPOINT_DIR
 """
 
-import json
 import random
 import subprocess
 import sys
 import threading
-import time
-import urllib.request
+
+import serve_util
 
 PORT = 30124
 BASE = f"http://127.0.0.1:{PORT}"
 
 
 def post(path, body, timeout=300):
-    req = urllib.request.Request(BASE + path, data=json.dumps(body).encode(),
-                                 headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
+    return serve_util.post(BASE, path, body, timeout)
 
 
 def wait_ready(proc, limit=240):
-    t0 = time.time()
-    while time.time() - t0 < limit:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(BASE + "/health", timeout=2):
-                return
-        except OSError:
-            time.sleep(1)
-    raise SystemExit("server did not start")
+    serve_util.wait_ready(BASE, proc, limit)
 
 
 def workload():
