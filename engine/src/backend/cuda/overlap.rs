@@ -229,13 +229,25 @@ impl CudaBackend {
             };
             pairs.extend([t as i32, j as i32]);
         }
-        let p = dptr(&self.outputs.pairs, &self.stream);
-        self.upload(p, &pairs)?;
         // SAFETY: pairs index the ids of this pass (< its tokens) and the previous pass's
-        // sampled tokens (< their count, checked by the caller).
+        // sampled tokens (< their count, checked by the launch).
+        unsafe { self.copy_tokens(ids, src, &pairs) }
+    }
+
+    /// `dst[pairs[2 i]] = src[pairs[2 i + 1]]` on the stream (pairs uploaded first).
+    ///
+    /// # Safety
+    /// Every even pair entry indexes `dst`, every odd one `src`.
+    unsafe fn copy_tokens(&self, dst: Dptr<i32>, src: Dptr<i32>, pairs: &[i32]) -> Result<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let p = dptr(&self.outputs.pairs, &self.stream);
+        self.upload(p, pairs)?;
+        // SAFETY: the caller's guarantee; the pairs buffer holds the uploaded pairs.
         unsafe {
             self.kernels
-                .copy_tokens(&self.stream, ids, src, p, pairs.len() / 2)
+                .copy_tokens(&self.stream, dst, src, p, pairs.len() / 2)
         }
         .map_err(cuda_err)
     }
@@ -285,17 +297,8 @@ impl CudaBackend {
             .zip(&rows)
             .flat_map(|(&d, &r)| [d as i32, r as i32])
             .collect();
-        if pairs.is_empty() {
-            return Ok(());
-        }
-        let p = dptr(&self.outputs.pairs, &self.stream);
-        self.upload(p, &pairs)?;
         // SAFETY: `dst` < the pass's sampled count <= the output capacity; rows < sampled rows.
-        unsafe {
-            self.kernels
-                .copy_tokens(&self.stream, out, sampled, p, pairs.len() / 2)
-        }
-        .map_err(cuda_err)
+        unsafe { self.copy_tokens(out, sampled, &pairs) }
     }
 
     /// Launch a pass that samples on the device; see [`crate::backend::Backend::launch_sample`].
