@@ -3,8 +3,10 @@
 // Grid (batch, kv_heads, splits). Each block takes one KV head with its GQA group of G query
 // heads (so K/V rows are read once for the group) and one contiguous split of the sequence;
 // it writes unnormalised partial outputs plus (max, sum) in the log2 domain. The split size is
-// derived from each sequence's own length on the device, so one launch shape (and one captured
-// graph) serves any lengths.
+// derived from each sequence's own length on the device (at least one tile of keys, so a short
+// sequence occupies only the first splits of the grid), so one launch shape (and one captured
+// graph) serves any lengths. A block issues every key and value load of a tile before it uses
+// any: at decode sizes the kernel is bound by memory latency, not bandwidth.
 //
 // Three forms share the code:
 // - decode_attn_d*_g*: partials only; `attn_merge_splits` (a second launch) combines them.
@@ -24,53 +26,48 @@
 // per slot; partial_o [B, H, S, D], partial_ml [B, H, S, 2]; counters [B, kv_heads].
 
 #define DEC_THREADS 128
-#define DEC_TILE 128
+// Most splits a launch may have (MAX_DECODE_SPLITS on the host).
+#define DEC_MAX_SPLITS 32
 
 // Decode attention forms (see above).
 #define DEC_PARTIALS 0
 #define DEC_MERGED 1
 #define DEC_ROPE 2
 
-// Merge of one output element: head row `base` (= (b * n_heads + h) * nsplit) of the partials,
-// dim d, with m the largest max of the non-empty splits. Shared by attn_merge_splits and the
-// merged forms so both round alike. LD loads a partial (plain or L2-coherent).
-template <bool COHERENT>
-__device__ __forceinline__ float dec_ld(const float* p) {
-    if (COHERENT) {
-        float v;
-        asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-        return v;
-    }
-    return *p;
-}
-
-template <bool COHERENT>
+// Merge of one output element of attn_merge_splits: head row `base` (= (b * n_heads + h) *
+// nsplit) of the partials, dim d, with m the largest max of the non-empty splits. The merged
+// forms' in-kernel merge (dec_merge_block) does the same arithmetic in the same order, so both
+// round alike.
 __device__ __forceinline__ float dec_merge_max(const float* __restrict__ partial_ml, size_t base,
                                                int nsplit) {
     float m = NEG_INF;
     for (int s = 0; s < nsplit; ++s) {
-        if (dec_ld<COHERENT>(partial_ml + (base + s) * 2 + 1) > 0.0f) {
-            m = fmaxf(m, dec_ld<COHERENT>(partial_ml + (base + s) * 2));
-        }
+        if (partial_ml[(base + s) * 2 + 1] > 0.0f) m = fmaxf(m, partial_ml[(base + s) * 2]);
     }
     return m;
 }
 
-template <bool COHERENT>
 __device__ __forceinline__ bf16_t dec_merge_one(const float* __restrict__ partial_o,
                                                 const float* __restrict__ partial_ml,
                                                 size_t base, int nsplit, int head_dim, int d,
                                                 float m) {
     float l = 0.0f, o = 0.0f;
     for (int s = 0; s < nsplit; ++s) {
-        const float ls = dec_ld<COHERENT>(partial_ml + (base + s) * 2 + 1);
+        const float ls = partial_ml[(base + s) * 2 + 1];
         if (ls > 0.0f) {
-            const float w = exp2f(dec_ld<COHERENT>(partial_ml + (base + s) * 2) - m);
+            const float w = exp2f(partial_ml[(base + s) * 2] - m);
             l += ls * w;
-            o += dec_ld<COHERENT>(partial_o + (base + s) * head_dim + d) * w;
+            o += partial_o[(base + s) * head_dim + d] * w;
         }
     }
     return f2bf(l > 0.0f ? o / l : 0.0f);
+}
+
+// An L2-coherent load: partials written by other blocks of the same launch.
+__device__ __forceinline__ float dec_ld_cg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
 }
 
 // Llama rotate-half RoPE of the pair (x1 = x[i], x2 = x[i + D/2]) at `pos`, rounded as
@@ -85,232 +82,313 @@ __device__ __forceinline__ void dec_rope_pair(float pos, float inv_freq, float x
     o2 = f2bf(rbf(x2 * c) + rbf(x1 * s));
 }
 
+// Key/value rows of one tile: this thread's 8 dims (`head_off`) of keys t0 + i * KPP + kk.
+// Every load of the tile is issued before any is used, so a block waits for memory once per
+// tile rather than once per key step.
+template <int KPT, int KPP>
+__device__ __forceinline__ void dec_load_tile(const bf16_t* k_cache, const bf16_t* v_cache,
+                                              const int* __restrict__ kv_indices, int beg,
+                                              int t0, int k1, int kk, size_t head_off,
+                                              int kv_stride, uint4 (&kr)[KPT],
+                                              uint4 (&vr)[KPT]) {
+    int slot[KPT];
+#pragma unroll
+    for (int i = 0; i < KPT; ++i) {
+        const int t = t0 + i * KPP + kk;
+        slot[i] = t < k1 ? kv_indices[beg + t] : -1;
+    }
+#pragma unroll
+    for (int i = 0; i < KPT; ++i) {
+        if (slot[i] >= 0) {
+            const size_t row = (size_t)slot[i] * kv_stride + head_off;
+            kr[i] = *(const uint4*)(k_cache + row);
+            vr[i] = *(const uint4*)(v_cache + row);
+        } else {
+            kr[i] = make_uint4(0u, 0u, 0u, 0u);
+            vr[i] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
+// Keys per thread and tile: fewer for wide groups, whose query and accumulator registers grow.
+template <int G>
+struct DecTile {
+    static constexpr int KPT = G >= 8 ? 4 : 8;
+};
+
 template <int D, int G, int MODE>
 __device__ __forceinline__ void decode_attn_impl(
     bf16_t* __restrict__ out, int out_stride, float* __restrict__ partial_o,
     float* __restrict__ partial_ml, unsigned int* __restrict__ counters,
-    const bf16_t* __restrict__ q, int q_stride, const bf16_t* __restrict__ k_cache,
-    const bf16_t* __restrict__ v_cache, bf16_t* k_store, bf16_t* v_store, int kv_stride,
-    const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
-    const int* __restrict__ positions, const float* __restrict__ inv_freq, int n_heads,
-    float scale_log2) {
-    constexpr int LPK = D / 8;            // lanes per key in the score phase (8 dims each)
-    constexpr int KPW = 32 / LPK;         // keys per warp step
-    constexpr int NW = DEC_THREADS / 32;  // warps
-    constexpr int NKG = DEC_THREADS / LPK;  // key groups in the value phase
+    const bf16_t* __restrict__ q, int q_stride, const bf16_t* k_cache, const bf16_t* v_cache,
+    bf16_t* k_store, bf16_t* v_store, int kv_stride, const int* __restrict__ kv_indptr,
+    const int* __restrict__ kv_indices, const int* __restrict__ positions,
+    const float* __restrict__ inv_freq, int n_heads, float scale_log2) {
+    constexpr int LPK = D / 8;              // lanes per key (8 dims each)
+    constexpr int KPP = DEC_THREADS / LPK;  // keys per pass of the block
+    constexpr int KPT = DecTile<G>::KPT;    // keys per thread and tile
+    constexpr int TILE = KPP * KPT;
+    constexpr int NW = DEC_THREADS / 32;
     constexpr int ROPE_D = MODE == DEC_ROPE ? D : 1;
 
-    __shared__ float s_p[G][DEC_TILE];
-    __shared__ float s_m[G], s_l[G], s_alpha[G];
-    __shared__ float s_red[NKG][G][8 * LPK];
     __shared__ float s_q[MODE == DEC_ROPE ? G : 1][ROPE_D];
     __shared__ float s_knew[ROPE_D], s_vnew[ROPE_D];
+    __shared__ float s_wm[NW][G], s_wl[NW][G];
+    __shared__ float s_wacc[NW][G][D];
+    __shared__ float s_sm[MODE == DEC_PARTIALS ? 1 : G][DEC_MAX_SPLITS];
+    __shared__ float s_sl[MODE == DEC_PARTIALS ? 1 : G][DEC_MAX_SPLITS];
     __shared__ int s_last;
 
     pdl_wait();
     pdl_trigger_early();
     const int b = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, nsplit = gridDim.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int sub = tid % LPK, kk = tid / LPK;
     const int beg = kv_indptr[b];
     const int len = kv_indptr[b + 1] - beg;
-    const int per = (len + nsplit - 1) / nsplit;
+    // Splits of at least one tile: a short sequence uses the first few splits of the grid and
+    // the rest exit at once (the merge reads only the active ones).
+    const int per = max((len + nsplit - 1) / nsplit, TILE);
+    const int active = (len + per - 1) / per;
     const int k0 = split * per;
     const int k1 = min(len, k0 + per);
     const int h0 = kvh * G;
     // rope form: the new token's position in the sequence (its last); -1 where none
     const int last = MODE == DEC_ROPE ? len - 1 : -1;
 
-    if (k0 >= k1) {  // empty split: contributes nothing
-        for (int g = tid; g < G; g += DEC_THREADS) {
-            float* ml = partial_ml + ((size_t)(b * n_heads + h0 + g) * nsplit + split) * 2;
-            ml[0] = NEG_INF;
-            ml[1] = 0.0f;
+    if (k0 >= k1) {  // no keys: a split past the active ones, or an empty sequence
+        if (MODE == DEC_PARTIALS) {
+            for (int g = tid; g < G; g += DEC_THREADS) {
+                float* ml = partial_ml + ((size_t)(b * n_heads + h0 + g) * nsplit + split) * 2;
+                ml[0] = NEG_INF;
+                ml[1] = 0.0f;
+            }
+        } else if (len == 0 && split == 0) {
+            for (int idx = tid; idx < G * D; idx += DEC_THREADS) {
+                out[(size_t)b * out_stride + h0 * D + idx] = 0;
+            }
         }
         pdl_trigger_end();
-        if (MODE == DEC_PARTIALS) return;
-    } else {
-        if constexpr (MODE == DEC_ROPE) {
-            // rotate the group's query heads (and, in the split holding the new token, its k)
-            // as rope_kv_store_bf16 does; v is copied as is
-            constexpr int HALF = D / 2;
-            const bf16_t* row = q + (size_t)b * q_stride;
-            const float pos = (float)positions[b];
-            const bool has_new = k0 <= last && last < k1;
-            const int n_rot = (G + (has_new ? 1 : 0)) * HALF;
-            const size_t kv_row = has_new ? (size_t)kv_indices[beg + last] * kv_stride + kvh * D
-                                          : 0;
-            for (int idx = tid; idx < n_rot; idx += DEC_THREADS) {
-                const int g = idx / HALF, i = idx % HALF;
-                const int col = g < G ? (h0 + g) * D : (n_heads + kvh) * D;
-                bf16_t o1, o2;
-                dec_rope_pair(pos, inv_freq[i], bf2f(row[col + i]), bf2f(row[col + i + HALF]),
-                              o1, o2);
-                if (g < G) {
-                    s_q[g][i] = bf2f(o1);
-                    s_q[g][i + HALF] = bf2f(o2);
-                } else {
-                    k_store[kv_row + i] = o1;
-                    k_store[kv_row + i + HALF] = o2;
-                    s_knew[i] = bf2f(o1);
-                    s_knew[i + HALF] = bf2f(o2);
-                }
-            }
-            if (has_new) {
-                const bf16_t* v = row + (size_t)(n_heads + gridDim.y + kvh) * D;
-                for (int i = tid; i < D; i += DEC_THREADS) {
-                    v_store[kv_row + i] = v[i];
-                    s_vnew[i] = bf2f(v[i]);
-                }
-            }
-            __syncthreads();
-        }
+        return;
+    }
 
-        // q dims of this lane, for every head of the group
-        const int sub = lane % LPK;
-        float qr[G][8];
+    const size_t head_off = (size_t)kvh * D + sub * 8;
+    uint4 kr[KPT], vr[KPT];
+    dec_load_tile<KPT, KPP>(k_cache, v_cache, kv_indices, beg, k0, k1, kk, head_off, kv_stride,
+                            kr, vr);
+
+    // q dims of this thread, for every head of the group
+    float qr[G][8];
+    if constexpr (MODE == DEC_ROPE) {
+        // rotate the group's query heads (and, in the split holding the new token, its k) as
+        // rope_kv_store_bf16 does; v is copied as is
+        constexpr int HALF = D / 2;
+        const bf16_t* row = q + (size_t)b * q_stride;
+        const float pos = (float)positions[b];
+        const bool has_new = k0 <= last && last < k1;
+        const int n_rot = (G + (has_new ? 1 : 0)) * HALF;
+        const size_t kv_row =
+            has_new ? (size_t)kv_indices[beg + last] * kv_stride + (size_t)kvh * D : 0;
+        for (int idx = tid; idx < n_rot; idx += DEC_THREADS) {
+            const int g = idx / HALF, i = idx % HALF;
+            const int col = g < G ? (h0 + g) * D : (n_heads + kvh) * D;
+            bf16_t o1, o2;
+            dec_rope_pair(pos, inv_freq[i], bf2f(row[col + i]), bf2f(row[col + i + HALF]), o1,
+                          o2);
+            if (g < G) {
+                s_q[g][i] = bf2f(o1);
+                s_q[g][i + HALF] = bf2f(o2);
+            } else {
+                k_store[kv_row + i] = o1;
+                k_store[kv_row + i + HALF] = o2;
+                s_knew[i] = bf2f(o1);
+                s_knew[i + HALF] = bf2f(o2);
+            }
+        }
+        if (has_new) {
+            const bf16_t* v = row + (size_t)(n_heads + gridDim.y + kvh) * D;
+            for (int i = tid; i < D; i += DEC_THREADS) {
+                v_store[kv_row + i] = v[i];
+                s_vnew[i] = bf2f(v[i]);
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) qr[g][i] = s_q[g][sub * 8 + i];
+    } else {
 #pragma unroll
         for (int g = 0; g < G; ++g) {
-            if constexpr (MODE == DEC_ROPE) {
-#pragma unroll
-                for (int i = 0; i < 8; ++i) qr[g][i] = s_q[g][sub * 8 + i];
-            } else {
-                const uint4 v = *(const uint4*)(q + (size_t)b * q_stride + (h0 + g) * D + sub * 8);
-                unpack8(v, qr[g]);
-            }
+            unpack8(*(const uint4*)(q + (size_t)b * q_stride + (h0 + g) * D + sub * 8), qr[g]);
         }
-        if (tid < G) {
-            s_m[tid] = NEG_INF;
-            s_l[tid] = 0.0f;
-        }
-        const int vc = tid % LPK;   // value phase: dim chunk
-        const int kg = tid / LPK;   // value phase: key group
-        float acc[G][8];
-#pragma unroll
-        for (int g = 0; g < G; ++g)
-#pragma unroll
-            for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
-        const size_t head_off = (size_t)kvh * D;
+    }
 
-        for (int t0 = k0; t0 < k1; t0 += DEC_TILE) {
-            const int n = min(DEC_TILE, k1 - t0);
-            // scores
-            for (int jb = warp * KPW; jb < n; jb += NW * KPW) {
-                const int j = jb + lane / LPK;
-                const bool ok = j < n;
-                float kf[8];
-                if (MODE == DEC_ROPE && ok && t0 + j == last) {  // the new token's k, rotated above
+    // Each thread keeps an online softmax over its own keys (the same for the LPK lanes of a
+    // key, which hold different dims); the block combines them at the end.
+    float m_run[G], l_run[G], acc[G][8];
 #pragma unroll
-                    for (int i = 0; i < 8; ++i) kf[i] = s_knew[(sub * 8 + i) % ROPE_D];
-                } else if (ok) {
-                    const int slot = kv_indices[beg + t0 + j];
-                    unpack8(
-                        *(const uint4*)(k_cache + (size_t)slot * kv_stride + head_off + sub * 8),
-                        kf);
-                } else {
+    for (int g = 0; g < G; ++g) {
+        m_run[g] = NEG_INF;
+        l_run[g] = 0.0f;
 #pragma unroll
-                    for (int i = 0; i < 8; ++i) kf[i] = 0.0f;
-                }
+        for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
+    }
+    for (int t0 = k0; t0 < k1; t0 += TILE) {
+        if (t0 != k0) {
+            dec_load_tile<KPT, KPP>(k_cache, v_cache, kv_indices, beg, t0, k1, kk, head_off,
+                                    kv_stride, kr, vr);
+        }
+        float p[KPT][G];  // scores, then weights
 #pragma unroll
-                for (int g = 0; g < G; ++g) {
-                    float d = 0.0f;
+        for (int i = 0; i < KPT; ++i) {
+            const int t = t0 + i * KPP + kk;
+            float kf[8];
+            if (MODE == DEC_ROPE && t == last) {  // the new token's k, rotated above
 #pragma unroll
-                    for (int i = 0; i < 8; ++i) d += qr[g][i] * kf[i];
-#pragma unroll
-                    for (int o = LPK / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-                    if (ok && sub == 0) s_p[g][j] = d * scale_log2;
-                }
+                for (int j = 0; j < 8; ++j) kf[j] = s_knew[(sub * 8 + j) % ROPE_D];
+            } else {
+                unpack8(kr[i], kf);
             }
-            __syncthreads();
-            // online softmax per head: one warp per head
-            for (int g = warp; g < G; g += NW) {
-                float mx = NEG_INF;
-                for (int j = lane; j < n; j += 32) mx = fmaxf(mx, s_p[g][j]);
-                mx = warp_max(mx);
-                const float m_old = s_m[g];
-                const float m_new = fmaxf(m_old, mx);
-                float sum = 0.0f;
-                for (int j = lane; j < n; j += 32) {
-                    const float p = exp2f(s_p[g][j] - m_new);
-                    s_p[g][j] = p;
-                    sum += p;
-                }
-                sum = warp_sum(sum);
-                __syncwarp();
-                if (lane == 0) {
-                    const float alpha = exp2f(m_old - m_new);
-                    s_alpha[g] = alpha;
-                    s_l[g] = s_l[g] * alpha + sum;
-                    s_m[g] = m_new;
-                }
-            }
-            __syncthreads();
-            // values
 #pragma unroll
             for (int g = 0; g < G; ++g) {
-                const float a = s_alpha[g];
+                float d = 0.0f;
 #pragma unroll
-                for (int i = 0; i < 8; ++i) acc[g][i] *= a;
+                for (int j = 0; j < 8; ++j) d += qr[g][j] * kf[j];
+#pragma unroll
+                for (int o = LPK / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+                p[i][g] = t < k1 ? d * scale_log2 : NEG_INF;
             }
-            for (int j = kg; j < n; j += NKG) {
-                float vf[8];
-                if (MODE == DEC_ROPE && t0 + j == last) {
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) vf[i] = s_vnew[(vc * 8 + i) % ROPE_D];
-                } else {
-                    const int slot = kv_indices[beg + t0 + j];
-                    unpack8(*(const uint4*)(v_cache + (size_t)slot * kv_stride + head_off + vc * 8),
-                            vf);
-                }
-#pragma unroll
-                for (int g = 0; g < G; ++g) {
-                    const float p = s_p[g][j];
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) acc[g][i] += p * vf[i];
-                }
-            }
-            __syncthreads();
         }
-        pdl_trigger_end();
 #pragma unroll
-        for (int g = 0; g < G; ++g)
+        for (int g = 0; g < G; ++g) {
+            float mx = NEG_INF;
 #pragma unroll
-            for (int i = 0; i < 8; ++i) s_red[kg][g][vc * 8 + i] = acc[g][i];
-        __syncthreads();
-        for (int idx = tid; idx < G * D; idx += DEC_THREADS) {
-            const int g = idx / D, d = idx % D;
-            float s = 0.0f;
+            for (int i = 0; i < KPT; ++i) mx = fmaxf(mx, p[i][g]);
+            if (mx == NEG_INF) {  // none of this thread's keys in the tile
 #pragma unroll
-            for (int k = 0; k < NKG; ++k) s += s_red[k][g][d];
-            const size_t part = (size_t)(b * n_heads + h0 + g) * nsplit + split;
-            partial_o[part * D + d] = s;
-            if (d == 0) {
-                partial_ml[part * 2] = s_m[g];
-                partial_ml[part * 2 + 1] = s_l[g];
+                for (int i = 0; i < KPT; ++i) p[i][g] = 0.0f;
+                continue;
+            }
+            const float m_new = fmaxf(m_run[g], mx);
+            const float alpha = exp2f(m_run[g] - m_new);
+            m_run[g] = m_new;
+            l_run[g] *= alpha;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[g][j] *= alpha;
+#pragma unroll
+            for (int i = 0; i < KPT; ++i) {
+                p[i][g] = exp2f(p[i][g] - m_new);
+                l_run[g] += p[i][g];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < KPT; ++i) {
+            const int t = t0 + i * KPP + kk;
+            float vf[8];
+            if (MODE == DEC_ROPE && t == last) {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) vf[j] = s_vnew[(sub * 8 + j) % ROPE_D];
+            } else {
+                unpack8(vr[i], vf);
+            }
+#pragma unroll
+            for (int g = 0; g < G; ++g)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[g][j] += p[i][g] * vf[j];
+        }
+    }
+
+    // combine the key slots of a warp (lanes LPK apart), then the warps
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        float m = m_run[g];
+#pragma unroll
+        for (int o = LPK; o < 32; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        const float w = m_run[g] == NEG_INF ? 0.0f : exp2f(m_run[g] - m);
+        float l = l_run[g] * w;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[g][j] *= w;
+#pragma unroll
+        for (int o = LPK; o < 32; o <<= 1) {
+            l += __shfl_xor_sync(0xffffffffu, l, o);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[g][j] += __shfl_xor_sync(0xffffffffu, acc[g][j], o);
+        }
+        if (lane < LPK) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) s_wacc[warp][g][sub * 8 + j] = acc[g][j];
+            if (sub == 0) {
+                s_wm[warp][g] = m;
+                s_wl[warp][g] = l;
             }
         }
     }
+    __syncthreads();
+    for (int idx = tid; idx < G * D; idx += DEC_THREADS) {
+        const int g = idx / D, d = idx % D;
+        float m = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) m = fmaxf(m, s_wm[w][g]);
+        float o = 0.0f, l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+            if (s_wm[w][g] != NEG_INF) {
+                const float e = exp2f(s_wm[w][g] - m);
+                o += s_wacc[w][g][d] * e;
+                l += s_wl[w][g] * e;
+            }
+        }
+        const size_t part = (size_t)(b * n_heads + h0 + g) * nsplit + split;
+        partial_o[part * D + d] = o;
+        if (d == 0) {
+            partial_ml[part * 2] = m;
+            partial_ml[part * 2 + 1] = l;
+        }
+    }
+    pdl_trigger_end();
     if (MODE == DEC_PARTIALS) return;
 
-    // merged forms: the last split block of (b, kvh) to arrive merges the group's heads
+    // merged forms: the last active split block of (b, kvh) to arrive merges the group's heads
     __threadfence();
     __syncthreads();
-    if (nsplit > 1) {
+    if (active > 1) {
         unsigned int* counter = counters + (size_t)b * gridDim.y + kvh;
         if (tid == 0) {
             const unsigned int prev = atomicAdd(counter, 1u);
-            s_last = prev == (unsigned int)(nsplit - 1);
+            s_last = prev == (unsigned int)(active - 1);
         }
         __syncthreads();
         if (!s_last) return;
         __threadfence();
         if (tid == 0) *counter = 0u;  // ready for the next launch (graph replays too)
     }
+    // the active splits' (max, sum) into shared memory, then every output element
+    for (int idx = tid; idx < G * active; idx += DEC_THREADS) {
+        const int g = idx / active, s = idx % active;
+        const float* ml = partial_ml + ((size_t)(b * n_heads + h0 + g) * nsplit + s) * 2;
+        s_sm[g][s] = dec_ld_cg(ml);
+        s_sl[g][s] = dec_ld_cg(ml + 1);
+    }
+    __syncthreads();
     for (int idx = tid; idx < G * D; idx += DEC_THREADS) {
         const int g = idx / D, d = idx % D;
         const size_t base = (size_t)(b * n_heads + h0 + g) * nsplit;
-        const float m = dec_merge_max<true>(partial_ml, base, nsplit);
-        out[(size_t)b * out_stride + (h0 + g) * D + d] =
-            dec_merge_one<true>(partial_o, partial_ml, base, nsplit, D, d, m);
+        float m = NEG_INF;
+        for (int s = 0; s < active; ++s) {
+            if (s_sl[g][s] > 0.0f) m = fmaxf(m, s_sm[g][s]);
+        }
+        float l = 0.0f, o = 0.0f;
+#pragma unroll 8
+        for (int s = 0; s < active; ++s) {
+            const float ls = s_sl[g][s];
+            if (ls > 0.0f) {
+                const float w = exp2f(s_sm[g][s] - m);
+                l += ls * w;
+                o += dec_ld_cg(partial_o + (base + s) * D + d) * w;
+            }
+        }
+        out[(size_t)b * out_stride + (h0 + g) * D + d] = f2bf(l > 0.0f ? o / l : 0.0f);
     }
 }
 
@@ -361,10 +439,10 @@ extern "C" __global__ void attn_merge_splits(bf16_t* __restrict__ out, int out_s
     pdl_trigger_early();
     const int b = blockIdx.x, h = blockIdx.y;
     const size_t base = (size_t)(b * n_heads + h) * nsplit;
-    const float m = dec_merge_max<false>(partial_ml, base, nsplit);
+    const float m = dec_merge_max(partial_ml, base, nsplit);
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         out[(size_t)b * out_stride + h * head_dim + d] =
-            dec_merge_one<false>(partial_o, partial_ml, base, nsplit, head_dim, d, m);
+            dec_merge_one(partial_o, partial_ml, base, nsplit, head_dim, d, m);
     }
     pdl_trigger_end();
 }

@@ -97,8 +97,7 @@ pub struct CudaBackend {
     /// Decode passes fold RMSNorm into the GEMVs (`SGL_DISABLE_GEMV_NORM=1`: separate norms).
     fuse_norm: bool,
     /// Decode passes run RoPE, the K/V store, attention and the split merge as one kernel
-    /// (`SGL_DECODE_ATTN_FUSION=1`; by default three launches, which are faster with the
-    /// many splits a decode graph is planned for).
+    /// (`SGL_DECODE_ATTN_FUSION=0`: three launches, rope_kv_store, attention and merge).
     fuse_attn: bool,
     cfg: ModelConfig,
     pub(crate) w: weights::Weights,
@@ -206,7 +205,7 @@ impl CudaBackend {
             gemv_ws,
             use_gemv,
             fuse_norm: std::env::var("SGL_DISABLE_GEMV_NORM").as_deref() != Ok("1"),
-            fuse_attn: std::env::var("SGL_DECODE_ATTN_FUSION").as_deref() == Ok("1"),
+            fuse_attn: std::env::var("SGL_DECODE_ATTN_FUSION").as_deref() != Ok("0"),
             cfg: cfg.clone(),
             w,
             kv,
