@@ -412,6 +412,12 @@ impl Kernels {
         if n_tokens == 0 {
             return Ok(());
         }
+        if shape.head_dim % 8 != 0 || shape.head_dim > 512 {
+            return Err(KernelError::Unsupported(format!(
+                "rope_kv_store: head_dim {} (must be a multiple of 8, at most 512)",
+                shape.head_dim
+            )));
+        }
         let (q, k, v, p, sl, f) = (
             qkv.addr(),
             k_cache.addr(),

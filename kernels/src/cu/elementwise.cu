@@ -68,6 +68,8 @@ extern "C" __global__ void add_rmsnorm_bf16(bf16_t* __restrict__ out, bf16_t* __
 // Rotate-half RoPE on q and k of a fused qkv row ([q heads | k heads | v heads] x head_dim),
 // in place for q; k (rotated) and v are written to the paged pool at `slots[t]`.
 // cos/sin are rounded to bf16 and each product rounded, as transformers' apply_rotary_pos_emb.
+// One block per token: the token's cos/sin (head_dim / 2 <= 256 of each) are computed once
+// into shared memory, then every head is rotated four pairs at a time. head_dim % 8 == 0.
 extern "C" __global__ void rope_kv_store_bf16(bf16_t* __restrict__ qkv,
                                               bf16_t* __restrict__ k_cache,
                                               bf16_t* __restrict__ v_cache,
@@ -75,6 +77,7 @@ extern "C" __global__ void rope_kv_store_bf16(bf16_t* __restrict__ qkv,
                                               const int* __restrict__ slots,
                                               const float* __restrict__ inv_freq, int n_heads,
                                               int n_kv_heads, int head_dim) {
+    __shared__ float s_cos[256], s_sin[256];
     pdl_wait();
     pdl_trigger_early();
     const int t = blockIdx.x;
@@ -83,25 +86,39 @@ extern "C" __global__ void rope_kv_store_bf16(bf16_t* __restrict__ qkv,
     bf16_t* row = qkv + (size_t)t * row_len;
     const float pos = (float)positions[t];
     const size_t kv_row = (size_t)slots[t] * n_kv_heads * head_dim;
-    const int n_rot = (n_heads + n_kv_heads) * half;
-    for (int idx = threadIdx.x; idx < n_rot; idx += blockDim.x) {
-        const int head = idx / half, i = idx % half;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float s, c;
         sincosf(pos * inv_freq[i], &s, &c);
-        c = rbf(c);
-        s = rbf(s);
-        const float x1 = bf2f(row[head * head_dim + i]);
-        const float x2 = bf2f(row[head * head_dim + i + half]);
-        const bf16_t o1 = f2bf(rbf(x1 * c) + rbf(-x2 * s));
-        const bf16_t o2 = f2bf(rbf(x2 * c) + rbf(x1 * s));
-        if (head < n_heads) {
-            row[head * head_dim + i] = o1;
-            row[head * head_dim + i + half] = o2;
-        } else {
-            bf16_t* k = k_cache + kv_row + (head - n_heads) * head_dim;
-            k[i] = o1;
-            k[i + half] = o2;
+        s_cos[i] = rbf(c);
+        s_sin[i] = rbf(s);
+    }
+    __syncthreads();
+    const int quads = half / 4;
+    const int n_rot = (n_heads + n_kv_heads) * quads;
+    for (int idx = threadIdx.x; idx < n_rot; idx += blockDim.x) {
+        const int head = idx / quads, i = (idx % quads) * 4;
+        const uint2 a = *(const uint2*)(row + head * head_dim + i);
+        const uint2 b = *(const uint2*)(row + head * head_dim + i + half);
+        const unsigned int aw[2] = {a.x, a.y}, bw[2] = {b.x, b.y};
+        unsigned int ow1[2], ow2[2];
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+            bf16_t o1[2], o2[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float c = s_cos[i + 2 * w + e], s = s_sin[i + 2 * w + e];
+                const float x1 = __uint_as_float(e ? aw[w] & 0xffff0000u : aw[w] << 16);
+                const float x2 = __uint_as_float(e ? bw[w] & 0xffff0000u : bw[w] << 16);
+                o1[e] = f2bf(rbf(x1 * c) + rbf(-x2 * s));
+                o2[e] = f2bf(rbf(x2 * c) + rbf(x1 * s));
+            }
+            ow1[w] = (unsigned int)o1[0] | ((unsigned int)o1[1] << 16);
+            ow2[w] = (unsigned int)o2[0] | ((unsigned int)o2[1] << 16);
         }
+        bf16_t* dst = head < n_heads ? row + head * head_dim
+                                     : k_cache + kv_row + (head - n_heads) * head_dim;
+        *(uint2*)(dst + i) = make_uint2(ow1[0], ow1[1]);
+        *(uint2*)(dst + i + half) = make_uint2(ow2[0], ow2[1]);
     }
     const bf16_t* v = row + (n_heads + n_kv_heads) * head_dim;
     const int nvec = n_kv_heads * head_dim / 8;

@@ -6,13 +6,59 @@
 // cached prefix); its keys are positions 0 .. prefix + q_len - 1, all read from the pool through
 // kv_indices (the new tokens' K/V were written there by rope_kv_store first).
 //
-// Grid (n_tiles, n_heads); tile i covers 64 queries of sequence tiles[2i] from query offset
-// tiles[2i+1]. 4 warps, 16 query rows each. K/V tiles of 64 keys in shared memory, rows padded
-// by 8 elements so the fragment loads are free of bank conflicts.
+// Grid (n_tiles, n_heads); each block takes 64 queries of one head: tile i covers sequence
+// tiles[2i] from query offset tiles[2i+1]. Blocks are numbered so that the last tiles (the
+// longest key ranges of a prompt) are dispatched first and short ones fill in behind them.
+// 4 warps, 16 query rows each. K/V tiles of 64 keys in shared memory (rows padded by 8
+// elements: fragment loads free of bank conflicts), fetched with cp.async: the V tile loads
+// while the scores of its K tile are computed, the next K tile while P V is, and the next
+// tile's pool indices are read a step ahead.
 
 #define PF_BQ 64
 #define PF_BK 64
 #define PF_THREADS 128
+
+__device__ __forceinline__ void pf_cp_async16(bf16_t* smem, const bf16_t* gmem, bool valid) {
+    // 16 bytes from global to shared without a register round trip; zero-filled when !valid
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)),
+                 "l"(gmem), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ void pf_cp_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void pf_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Pool slots of this thread's rows (tid / CH + i * RPP) of the key tile starting at kt; -1
+// past the tile's end.
+template <int NP, int RPP, int CH>
+__device__ __forceinline__ void pf_slots(int (&slot)[NP], const int* __restrict__ kv_indices,
+                                         int kvbeg, int kt, int kv_end, int tid) {
+#pragma unroll
+    for (int i = 0; i < NP; ++i) {
+        const int r = tid / CH + i * RPP;
+        slot[i] = kt + r < kv_end ? kv_indices[kvbeg + kt + r] : -1;
+    }
+}
+
+// Issue the cp.async copies of one K or V tile (rows of `slot`) into `dst`.
+template <int NP, int RPP, int CH, int LD>
+__device__ __forceinline__ void pf_issue(bf16_t* dst, const bf16_t* cache, const int (&slot)[NP],
+                                         int kv_stride, size_t head_off, int tid) {
+    const int c = tid % CH;
+#pragma unroll
+    for (int i = 0; i < NP; ++i) {
+        const int r = tid / CH + i * RPP;
+        const bf16_t* src =
+            slot[i] >= 0 ? cache + (size_t)slot[i] * kv_stride + head_off + c * 8 : cache;
+        pf_cp_async16(dst + r * LD + c * 8, src, slot[i] >= 0);
+    }
+}
 
 template <int D>
 __device__ __forceinline__ void prefill_attn_impl(
@@ -22,7 +68,9 @@ __device__ __forceinline__ void prefill_attn_impl(
     const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
     const int* __restrict__ prefix_lens, int group, float scale_log2) {
     constexpr int LD = D + 8;
-    constexpr int CH = D / 8;  // 16-byte chunks per row
+    constexpr int CH = D / 8;               // 16-byte chunks per row
+    constexpr int RPP = PF_THREADS / CH;    // rows per pass of the block
+    constexpr int NP = PF_BK / RPP;         // passes per tile
     __shared__ __align__(16) bf16_t sK[PF_BK * LD];
     __shared__ __align__(16) bf16_t sV[PF_BK * LD];
 
@@ -30,22 +78,30 @@ __device__ __forceinline__ void prefill_attn_impl(
     pdl_trigger_early();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tig = lane & 3;
-    const int seq = tiles[2 * blockIdx.x], qoff = tiles[2 * blockIdx.x + 1];
-    const int h = blockIdx.y, kvh = h / group;
+    // heads vary fastest in dispatch order, tiles from the last
+    const int lin = blockIdx.y * gridDim.x + blockIdx.x;
+    const int tile = gridDim.x - 1 - lin / gridDim.y;
+    const int h = lin % gridDim.y, kvh = h / group;
+    const int seq = tiles[2 * tile], qoff = tiles[2 * tile + 1];
     const int qbeg = q_indptr[seq], qlen = q_indptr[seq + 1] - qbeg;
     const int prefix = prefix_lens[seq];
     const int kvbeg = kv_indptr[seq];
     const int kvlen = kv_indptr[seq + 1] - kvbeg;
     const int kv_end = min(kvlen, prefix + qoff + PF_BQ);
+    const size_t head_off = (size_t)kvh * D;
 
-    // Stage the Q tile through sK, then keep it in registers as A fragments.
+    // the first K tile loads while Q is staged through sV into registers (A fragments)
+    int slot[NP], slot_next[NP];
+    pf_slots<NP, RPP, CH>(slot, kv_indices, kvbeg, 0, kv_end, tid);
+    pf_issue<NP, RPP, CH, LD>(sK, k_cache, slot, kv_stride, head_off, tid);
+    pf_cp_commit();
     for (int idx = tid; idx < PF_BQ * CH; idx += PF_THREADS) {
         const int r = idx / CH, c = idx % CH;
         uint4 v = make_uint4(0, 0, 0, 0);
         if (qoff + r < qlen) {
             v = *(const uint4*)(qkv + (size_t)(qbeg + qoff + r) * q_stride + h * D + c * 8);
         }
-        *(uint4*)(sK + r * LD + c * 8) = v;
+        *(uint4*)(sV + r * LD + c * 8) = v;
     }
     __syncthreads();
     unsigned int qf[D / 16][4];
@@ -54,10 +110,10 @@ __device__ __forceinline__ void prefill_attn_impl(
 #pragma unroll
         for (int kb = 0; kb < D / 16; ++kb) {
             const int c = kb * 16 + tig * 2;
-            qf[kb][0] = *(const unsigned int*)(sK + r * LD + c);
-            qf[kb][1] = *(const unsigned int*)(sK + (r + 8) * LD + c);
-            qf[kb][2] = *(const unsigned int*)(sK + r * LD + c + 8);
-            qf[kb][3] = *(const unsigned int*)(sK + (r + 8) * LD + c + 8);
+            qf[kb][0] = *(const unsigned int*)(sV + r * LD + c);
+            qf[kb][1] = *(const unsigned int*)(sV + (r + 8) * LD + c);
+            qf[kb][2] = *(const unsigned int*)(sV + r * LD + c + 8);
+            qf[kb][3] = *(const unsigned int*)(sV + (r + 8) * LD + c + 8);
         }
     }
     __syncthreads();
@@ -70,30 +126,29 @@ __device__ __forceinline__ void prefill_attn_impl(
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
 
     for (int kt = 0; kt < kv_end; kt += PF_BK) {
-        for (int idx = tid; idx < PF_BK * CH; idx += PF_THREADS) {
-            const int r = idx / CH, c = idx % CH;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-            if (kt + r < kv_end) {
-                const size_t off =
-                    (size_t)kv_indices[kvbeg + kt + r] * kv_stride + (size_t)kvh * D + c * 8;
-                kv = *(const uint4*)(k_cache + off);
-                vv = *(const uint4*)(v_cache + off);
-            }
-            *(uint4*)(sK + r * LD + c * 8) = kv;
-            *(uint4*)(sV + r * LD + c * 8) = vv;
-        }
+        const bool more = kt + PF_BK < kv_end;
+        if (more) pf_slots<NP, RPP, CH>(slot_next, kv_indices, kvbeg, kt + PF_BK, kv_end, tid);
+        pf_issue<NP, RPP, CH, LD>(sV, v_cache, slot, kv_stride, head_off, tid);
+        pf_cp_commit();
+        pf_cp_wait<1>();  // this tile's K
         __syncthreads();
 
         float s[PF_BK / 8][4];
 #pragma unroll
         for (int nb = 0; nb < PF_BK / 8; ++nb) {
             s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
-            const bf16_t* krow = sK + (nb * 8 + g) * LD + tig * 2;
+            // B fragments of two 16-dim steps per ldmatrix: matrices (keys nb*8.., dims
+            // kb*16 + 0/8) and (.., (kb + 1)*16 + 0/8)
+            const int mi = lane >> 3;
+            const bf16_t* krow = sK + (nb * 8 + (lane & 7)) * LD + (mi >> 1) * 16 + (mi & 1) * 8;
 #pragma unroll
-            for (int kb = 0; kb < D / 16; ++kb) {
-                const unsigned int b0 = *(const unsigned int*)(krow + kb * 16);
-                const unsigned int b1 = *(const unsigned int*)(krow + kb * 16 + 8);
+            for (int kb = 0; kb < D / 16; kb += 2) {
+                unsigned int b0, b1, b2, b3;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                             : "r"(smem_addr(krow + kb * 16)));
                 mma_bf16_16816(s[nb], qf[kb], b0, b1);
+                mma_bf16_16816(s[nb], qf[kb + 1], b2, b3);
             }
         }
         // mask, scale (log2 domain), running max
@@ -140,6 +195,12 @@ __device__ __forceinline__ void prefill_attn_impl(
             o[nb][2] *= a1;
             o[nb][3] *= a1;
         }
+        pf_cp_wait<0>();  // this tile's V
+        __syncthreads();  // every warp is done with sK
+        if (more) {
+            pf_issue<NP, RPP, CH, LD>(sK, k_cache, slot_next, kv_stride, head_off, tid);
+            pf_cp_commit();
+        }
         // O += P V; P's accumulator layout is reused as the A fragment.
 #pragma unroll
         for (int kb = 0; kb < PF_BK / 16; ++kb) {
@@ -161,7 +222,9 @@ __device__ __forceinline__ void prefill_attn_impl(
                 mma_bf16_16816(o[nb + 1], pa, r2, r3);
             }
         }
-        __syncthreads();
+        __syncthreads();  // every warp is done with sV
+#pragma unroll
+        for (int i = 0; i < NP; ++i) slot[i] = slot_next[i];
     }
 
     pdl_trigger_end();
