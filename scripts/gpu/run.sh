@@ -10,7 +10,8 @@
 # SKIP_RANDOM=1 (no offline random run), SKIP_OFFLINE=1 (stop after the checks and batch-1 benchmarks), GEMV_MODE (ablate: bench-one-batch --gemv mode), SKIP_OVERLAP_CHECK=1,
 # OVERLAP_AB=1 (the offline random run again with --disable-overlap-schedule), NUM_PROMPTS (300), GSP_GROUPS (16), GSP_PER_GROUP (16),
 # GSP_SYSTEM_LEN (2048), GSP_QUESTION_LEN (128), GSP_OUTPUT_LEN (256), SKIP_HF_PEER=1,
-# SKIP_CHECKS=1 (no kernel checks, GEMV micro-benchmark or batch-1 benchmark), CHECK=1 (also the transformers greedy comparison; adds minutes), BUDGET_S (540: stages that would start past it are skipped).
+# ATTN_SWEEP=1,8,64 (decode steps with the one-launch and the three-launch decode attention at
+# those batch sizes), SKIP_CHECKS=1 (no kernel checks, GEMV micro-benchmark or batch-1 benchmark), CHECK=1 (also the transformers greedy comparison; adds minutes), BUDGET_S (540: stages that would start past it are skipped).
 #
 # Scaled down: the targets are 1000 random prompts and 64 shared-prefix groups; at ~6K output
 # tok/s on an H100 they take ~85 s and ~4 minutes, too much beside every other stage in one
@@ -64,7 +65,7 @@ if [ -n "$CHECK" ]; then
 fi
 
 [ -z "$SKIP_CHECKS" ] && stage "bench one-batch: batch 1, in 128, out 256, decode forms ($GEMV_MODE); TTFT of 1024 tokens" 200 \
-  $E bench-one-batch --model $W/ckpt --batch 1 --input 128 --output 256 --gemv ${GEMV_MODE:-ablate} --ttft-input 1024 2>&1 \
+  $E bench-one-batch --model $W/ckpt --batch 1 --input 128 --output 256 --gemv ${GEMV_MODE:-ablate} --ttft-input 1024 ${ATTN_SWEEP:+--attn-sweep $ATTN_SWEEP} 2>&1 \
   | keep | tee $OUT/one-batch.txt
 
 if [ -z "$SKIP_OVERLAP_CHECK" ]; then

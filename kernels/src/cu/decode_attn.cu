@@ -13,7 +13,8 @@
 // - decode_attn_merged_d*_g*: the last split block of each (sequence, KV head) to finish (an
 //   arrival counter, as in the split-k GEMV) merges the group's splits itself, in split order
 //   and with attn_merge_splits' arithmetic, so the result never depends on timing and equals
-//   the two-launch form bit for bit. Counters start at zero and are left at zero.
+//   the two-launch form bit for bit (a sequence with one active split writes its output
+//   directly, as the merge of one split would). Counters start at zero and are left at zero.
 // - decode_attn_rope_d*_g*: the merged form reading the raw fused qkv row of a decode pass
 //   (every sequence one new token, q and k not yet rotated). Each block rotates its group's
 //   query heads; the block whose split holds the sequence's last position (the new token)
@@ -339,6 +340,11 @@ __device__ __forceinline__ void decode_attn_impl(
                 l += s_wl[w][g] * e;
             }
         }
+        if (MODE != DEC_PARTIALS && active == 1) {
+            // the only split: what the merge would compute (weight exp2(0) = 1), directly
+            out[(size_t)b * out_stride + (h0 + g) * D + d] = f2bf(l > 0.0f ? o / l : 0.0f);
+            continue;
+        }
         const size_t part = (size_t)(b * n_heads + h0 + g) * nsplit + split;
         partial_o[part * D + d] = o;
         if (d == 0) {
@@ -347,12 +353,12 @@ __device__ __forceinline__ void decode_attn_impl(
         }
     }
     pdl_trigger_end();
-    if (MODE == DEC_PARTIALS) return;
+    if (MODE == DEC_PARTIALS || active == 1) return;
 
     // merged forms: the last active split block of (b, kvh) to arrive merges the group's heads
     __threadfence();
     __syncthreads();
-    if (active > 1) {
+    {
         unsigned int* counter = counters + (size_t)b * gridDim.y + kvh;
         if (tid == 0) {
             const unsigned int prev = atomicAdd(counter, 1u);

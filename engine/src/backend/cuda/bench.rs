@@ -9,7 +9,8 @@
 //!   cuBLASLt only (as `SGL_DISABLE_GEMV=1` would); `--gemv ablate` runs the decode forms one
 //!   by one: GEMV with RMSNorm fused and programmatic dependent launch (the default), without
 //!   PDL, without the norm fusion, and cuBLASLt; `--ttft-input N` adds a batch-1 TTFT of an
-//!   N-token prompt (median of 3) to the report.
+//!   N-token prompt (median of 3) to the report; `--attn-sweep 1,8,64` times decode steps with
+//!   the one-launch decode attention and the three-launch form at each of those batch sizes.
 //! - `check --model DIR --prompts FILE --out DIR`: runs the prompts of FILE greedily (the
 //!   transformers comparison script writes FILE and reads what this writes).
 //! - `offline --model DIR ...`: SGLang's bench_offline_throughput through the real engine
@@ -148,6 +149,10 @@ pub fn bench_main(args: &[String]) -> Result<()> {
                     100.0 * without.roofline_fraction,
                     without.decode_ms_per_step / with.decode_ms_per_step
                 );
+            }
+            if let Some(list) = arg(args, "--attn-sweep") {
+                attn_sweep(&mut b, &a, list)?;
+                b.set_decode_form(first.0, first.1, first.2, first.3)?;
             }
             if let Some(n) = arg(args, "--ttft-input") {
                 let n: usize = n.parse().map_err(|_| {
@@ -464,6 +469,39 @@ fn gemv_consistency(b: &mut CudaBackend) -> Result<f64> {
     } else {
         f64::INFINITY
     })
+}
+
+/// Decode step time with the one-launch decode attention and with the three-launch form, for
+/// each batch size of `list` (comma-separated), the rest of the decode form as it is.
+fn attn_sweep(b: &mut CudaBackend, a: &BenchOneBatchArgs, list: &str) -> Result<()> {
+    let (gemv, fuse, pdl) = (b.gemv_enabled(), b.norm_fusion(), b.kernels.pdl());
+    let mut rows = Vec::new();
+    for item in list.split(',') {
+        let bs: usize = item.trim().parse().map_err(|_| {
+            EngineError::InvalidArgument(format!("--attn-sweep expects batch sizes, got {item}"))
+        })?;
+        let args = BenchOneBatchArgs {
+            batch_size: bs,
+            ..a.clone()
+        };
+        let mut ms = [0.0; 2];
+        for (i, attn) in [true, false].into_iter().enumerate() {
+            b.set_decode_form(gemv, fuse, attn, pdl)?;
+            ms[i] = bench_one_batch(b, &args)?.decode_ms_per_step;
+        }
+        rows.push((bs, ms));
+    }
+    println!("| batch | in | out | one-launch attention ms/step | three launches ms/step | ratio |");
+    println!("|---|---|---|---|---|---|");
+    for (bs, [one, three]) in rows {
+        println!(
+            "| {bs} | {} | {} | {one:.3} | {three:.3} | {:.3} |",
+            a.input_len,
+            a.output_len,
+            three / one
+        );
+    }
+    Ok(())
 }
 
 /// Batch-1 time to first token of an `n`-token prompt, median of 3 (after one warm-up), against
