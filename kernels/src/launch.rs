@@ -22,7 +22,7 @@ use half::bf16;
 use crate::source::{KERNEL_NAMES, cached_ptx};
 use crate::{Dptr, KernelError, Result, dptr};
 
-/// Most sequence splits of one decode attention launch.
+/// Most sequence splits of one decode attention launch (`DEC_MAX_SPLITS` in decode_attn.cu).
 pub const MAX_DECODE_SPLITS: u32 = 32;
 
 /// How a decode attention launch divides the work: `splits` parts along each sequence.
@@ -412,7 +412,7 @@ impl Kernels {
         if n_tokens == 0 {
             return Ok(());
         }
-        if shape.head_dim % 8 != 0 || shape.head_dim > 512 {
+        if !shape.head_dim.is_multiple_of(8) || shape.head_dim > 512 {
             return Err(KernelError::Unsupported(format!(
                 "rope_kv_store: head_dim {} (must be a multiple of 8, at most 512)",
                 shape.head_dim
@@ -692,6 +692,12 @@ impl Kernels {
     ) -> Result<()> {
         if batch == 0 {
             return Ok(());
+        }
+        if !(1..=MAX_DECODE_SPLITS).contains(&plan.splits) {
+            return Err(KernelError::Unsupported(format!(
+                "one-launch decode attention: {} splits (1 to {MAX_DECODE_SPLITS})",
+                plan.splits
+            )));
         }
         let group = shape.n_heads / shape.n_kv_heads;
         let (di, gi) = (dim_index(shape.head_dim)?, group_index(group)?);
