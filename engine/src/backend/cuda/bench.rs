@@ -491,7 +491,9 @@ fn attn_sweep(b: &mut CudaBackend, a: &BenchOneBatchArgs, list: &str) -> Result<
         }
         rows.push((bs, ms));
     }
-    println!("| batch | in | out | one-launch attention ms/step | three launches ms/step | ratio |");
+    println!(
+        "| batch | in | out | one-launch attention ms/step | three launches ms/step | ratio |"
+    );
     println!("|---|---|---|---|---|---|");
     for (bs, [one, three]) in rows {
         println!(
