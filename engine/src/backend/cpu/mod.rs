@@ -24,6 +24,120 @@ pub struct CpuBackend {
     v_cache: Vec<KvBuffer>,
     capacity: usize,
     rope: ops::RopeTable,
+    /// The forward pass's working buffers, kept from step to step.
+    scratch: Scratch,
+}
+
+/// Working buffers of one forward pass (see [`sized`]).
+#[derive(Default)]
+struct Scratch {
+    positions: Vec<usize>,
+    slots: Vec<usize>,
+    x: Vec<f32>,
+    hbuf: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    o: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+}
+
+/// The first `n` values of `buf`, grown if needed; values left by an earlier step are not
+/// cleared.
+fn sized(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if buf.len() < n {
+        buf.resize(n, 0.0);
+    }
+    &mut buf[..n]
+}
+
+/// Token rows per task of the RoPE on queries in [`rope_and_store`].
+const ROPE_ROWS: usize = 8;
+
+/// RoPE on the queries (in place) and keys of a batch, and the rotated keys and the values
+/// stored as f16 into one layer's cache rows at `slots`. Spread over the kernel pool from a few
+/// tokens on: tasks are chunks of query rows and, per KV head, the keys or the values (each
+/// writing only its own head's rows of one cache, so tasks never write the same memory).
+#[allow(clippy::too_many_arguments)]
+fn rope_and_store(
+    cfg: &ModelConfig,
+    rope: &ops::RopeTable,
+    q: &mut [f32],
+    k: &[f32],
+    v: &[f32],
+    positions: &[usize],
+    slots: &[usize],
+    capacity: usize,
+    kc: &mut [f16],
+    vc: &mut [f16],
+) {
+    let hd = cfg.head_dim;
+    let (qd, kvd) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
+    let tokens = positions.len();
+    let q_tasks = tokens.div_ceil(ROPE_ROWS);
+    let (qp, kp, vp) = (
+        SharedPtr(q.as_mut_ptr()),
+        SharedPtr(kc.as_mut_ptr()),
+        SharedPtr(vc.as_mut_ptr()),
+    );
+    let (q_len, cache_len) = (q.len(), kc.len().min(vc.len()));
+    let task = |i: usize| {
+        if i < q_tasks {
+            let rows = i * ROPE_ROWS..((i + 1) * ROPE_ROWS).min(tokens);
+            let at = rows.start * qd;
+            let len = rows.len() * qd;
+            assert!(at + len <= q_len);
+            // SAFETY: query rows `rows` lie inside `q` (checked) and belong to this task
+            // alone; `q` stays mutably borrowed until every task has ended.
+            let qr = unsafe { std::slice::from_raw_parts_mut(qp.get().add(at), len) };
+            for (row, &p) in qr.chunks_exact_mut(qd).zip(&positions[rows]) {
+                for head in row.chunks_exact_mut(hd) {
+                    rope.rotate(head, p, cfg.rope_interleaved);
+                }
+            }
+            return;
+        }
+        let (kvh, keys) = ((i - q_tasks) / 2, (i - q_tasks) % 2 == 0);
+        let mut rotated = vec![0f32; hd];
+        for (t, (&slot, &p)) in slots.iter().zip(positions).enumerate() {
+            let src = t * kvd + kvh * hd..t * kvd + (kvh + 1) * hd;
+            let at = attention::cache_row(kvh, slot, capacity, hd);
+            assert!(at + hd <= cache_len);
+            let (base, row) = if keys {
+                rotated.copy_from_slice(&k[src]);
+                rope.rotate(&mut rotated, p, cfg.rope_interleaved);
+                (&kp, &rotated[..])
+            } else {
+                (&vp, &v[src])
+            };
+            // SAFETY: the row lies inside its cache (checked); rows of KV head `kvh` of one
+            // cache are written by this task alone, and both caches stay mutably borrowed
+            // until every task has ended.
+            let dst = unsafe { std::slice::from_raw_parts_mut(base.get().add(at), hd) };
+            attention::f32_to_f16(row, dst);
+        }
+    };
+    let n_tasks = q_tasks + 2 * cfg.num_kv_heads;
+    if tokens < ROPE_ROWS {
+        (0..n_tasks).for_each(task);
+    } else {
+        kernels::parallel_for(n_tasks, task);
+    }
+}
+
+/// A raw pointer that pool tasks use to write disjoint parts of one buffer.
+struct SharedPtr<T>(*mut T);
+
+// SAFETY: only used by `rope_and_store`, whose tasks write disjoint elements of buffers that
+// are mutably borrowed for the whole job.
+unsafe impl<T: Send> Sync for SharedPtr<T> {}
+
+impl<T> SharedPtr<T> {
+    fn get(&self) -> *mut T {
+        self.0
+    }
 }
 
 impl CpuBackend {
@@ -75,6 +189,7 @@ impl CpuBackend {
             v_cache,
             capacity: kv_capacity,
             rope,
+            scratch: Scratch::default(),
         })
     }
 
@@ -184,79 +299,82 @@ impl Backend for CpuBackend {
             return Ok(Vec::new());
         }
 
-        // Flattened per-token bookkeeping.
-        let mut positions = Vec::with_capacity(t_total);
-        let mut slots = Vec::with_capacity(t_total);
-        let mut tokens = Vec::with_capacity(t_total);
+        // Flattened per-token bookkeeping, in buffers kept from step to step (every value
+        // is written before it is read, so they are not cleared).
+        let mut sc = std::mem::take(&mut self.scratch);
+        sc.positions.clear();
+        sc.slots.clear();
         for s in batch {
-            for (i, &t) in s.tokens.iter().enumerate() {
-                positions.push(s.start_pos + i);
-                slots.push(s.kv_slots[s.start_pos + i] as usize);
-                tokens.push(t);
+            for i in 0..s.tokens.len() {
+                sc.positions.push(s.start_pos + i);
+                sc.slots.push(s.kv_slots[s.start_pos + i] as usize);
             }
         }
+        let Scratch {
+            positions,
+            slots,
+            x,
+            hbuf,
+            q,
+            k,
+            v,
+            attn,
+            o,
+            gate,
+            up,
+        } = &mut sc;
+        let (positions, slots) = (&positions[..], &slots[..]);
+        let x = sized(x, t_total * h);
+        let hbuf = sized(hbuf, t_total * h);
+        let q = sized(q, t_total * qd);
+        let k = sized(k, t_total * kvd);
+        let v = sized(v, t_total * kvd);
+        let attn = sized(attn, t_total * qd);
+        let o = sized(o, t_total * h);
+        let gate = sized(gate, t_total * ffn);
+        let up = sized(up, t_total * ffn);
 
         let kv_runs = attention::KvRuns::new(batch);
-        let mut x = vec![0f32; t_total * h];
-        for (i, &t) in tokens.iter().enumerate() {
-            self.weights
-                .embed
-                .dequantize_row(t as usize, &mut x[i * h..(i + 1) * h]);
+        let tokens = batch.iter().flat_map(|s| s.tokens.iter());
+        for (xr, &t) in x.chunks_exact_mut(h).zip(tokens) {
+            self.weights.embed.dequantize_row(t as usize, xr);
         }
-        let mut hbuf = vec![0f32; t_total * h];
-        let mut q = vec![0f32; t_total * qd];
-        let mut k = vec![0f32; t_total * kvd];
-        let mut v = vec![0f32; t_total * kvd];
-        let mut attn = vec![0f32; t_total * qd];
-        let mut o = vec![0f32; t_total * h];
-        let mut gate = vec![0f32; t_total * ffn];
-        let mut up = vec![0f32; t_total * ffn];
-
-        for (l, lw) in self.weights.layers.iter().enumerate() {
-            ops::rms_norm(&x, &lw.attn_norm, cfg.rms_norm_eps, h, &mut hbuf);
-            matmul_multi(
-                &[&lw.wq, &lw.wk, &lw.wv],
-                &hbuf,
-                t_total,
-                &mut [&mut q, &mut k, &mut v],
-            );
+        let layers = &self.weights.layers;
+        if let Some(first) = layers.first() {
+            ops::rms_norm(x, &first.attn_norm, cfg.rms_norm_eps, h, hbuf);
+        }
+        for (l, lw) in layers.iter().enumerate() {
+            // `hbuf` holds this layer's attention norm of `x`.
+            matmul_multi(&[&lw.wq, &lw.wk, &lw.wv], hbuf, t_total, &mut [q, k, v]);
             if let (Some(bq), Some(bk), Some(bv)) = (&lw.bq, &lw.bk, &lw.bv) {
-                ops::add_bias(&mut q, bq);
-                ops::add_bias(&mut k, bk);
-                ops::add_bias(&mut v, bv);
+                ops::add_bias(q, bq);
+                ops::add_bias(k, bk);
+                ops::add_bias(v, bv);
             }
-            self.rope
-                .apply(&mut q, &positions, cfg.num_heads, hd, cfg.rope_interleaved);
-            self.rope.apply(
-                &mut k,
-                &positions,
-                cfg.num_kv_heads,
-                hd,
-                cfg.rope_interleaved,
+            rope_and_store(
+                cfg,
+                &self.rope,
+                q,
+                k,
+                v,
+                positions,
+                slots,
+                self.capacity,
+                self.k_cache[l].as_mut_slice(),
+                self.v_cache[l].as_mut_slice(),
             );
-            let kc = self.k_cache[l].as_mut_slice();
-            let vc = self.v_cache[l].as_mut_slice();
-            for (i, &slot) in slots.iter().enumerate() {
-                for kvh in 0..cfg.num_kv_heads {
-                    let src = i * kvd + kvh * hd..i * kvd + (kvh + 1) * hd;
-                    let at = attention::cache_row(kvh, slot, self.capacity, hd);
-                    attention::f32_to_f16(&k[src.clone()], &mut kc[at..at + hd]);
-                    attention::f32_to_f16(&v[src], &mut vc[at..at + hd]);
-                }
-            }
             attention::attention(
-                &q,
+                q,
                 self.k_cache[l].as_slice(),
                 self.v_cache[l].as_slice(),
                 batch,
                 cfg.num_heads,
                 cfg.num_kv_heads,
                 hd,
-                &mut attn,
+                attn,
             );
-            matmul(&lw.wo, &attn, t_total, &mut o);
-            ops::add_in_place(&mut x, &o);
-            ops::rms_norm(&x, &lw.ffn_norm, cfg.rms_norm_eps, h, &mut hbuf);
+            matmul(&lw.wo, attn, t_total, o);
+            ops::add_rms_norm(x, o, &lw.ffn_norm, cfg.rms_norm_eps, h, hbuf);
             // A batch's gate and up products are compute-bound: meanwhile, pull the next
             // layer's cached key rows (which its attention reads) toward the caches.
             let next_keys = (l + 1 < self.k_cache.len() && t_total > 1).then(|| {
@@ -266,16 +384,19 @@ impl Backend for CpuBackend {
             });
             matmul_multi_with(
                 &[&lw.w_gate, &lw.w_up],
-                &hbuf,
+                hbuf,
                 t_total,
-                &mut [&mut gate, &mut up],
+                &mut [&mut *gate, &mut *up],
                 next_keys
                     .as_ref()
                     .map(|f| f as &(dyn Fn(usize, usize) + Sync)),
             );
-            ops::silu_mul(&mut gate, &up);
-            matmul(&lw.w_down, &gate, t_total, &mut o);
-            ops::add_in_place(&mut x, &o);
+            ops::silu_mul(gate, up);
+            matmul(&lw.w_down, gate, t_total, o);
+            match layers.get(l + 1) {
+                Some(next) => ops::add_rms_norm(x, o, &next.attn_norm, cfg.rms_norm_eps, h, hbuf),
+                None => ops::add_in_place(x, o),
+            }
         }
 
         // Final norm and logits for the last `num_logits` tokens of each sequence.
@@ -291,6 +412,7 @@ impl Backend for CpuBackend {
         for (j, &r) in rows.iter().enumerate() {
             last[j * h..(j + 1) * h].copy_from_slice(&x[r * h..(r + 1) * h]);
         }
+        self.scratch = sc;
         let mut normed = vec![0f32; n * h];
         ops::rms_norm(&last, &self.weights.norm, cfg.rms_norm_eps, h, &mut normed);
         let vocab = cfg.vocab_size;

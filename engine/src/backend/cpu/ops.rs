@@ -4,32 +4,71 @@
 /// Rows whose sums of squares are accumulated side by side in [`rms_norm`].
 const NORM_ROWS: usize = 8;
 
-/// `out[r] = x[r] / rms(x[r]) * w` for each row of `dim` values.
+/// `out[r] = x[r] / rms(x[r]) * w` for each row of `dim` values. A batch's rows are spread
+/// over the kernel pool, [`NORM_ROWS`] per task.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, dim: usize, out: &mut [f32]) {
     if dim == 0 {
         return;
     }
+    super::kernels::parallel_chunks_mut(out, dim * NORM_ROWS, |i, o| {
+        let at = i * dim * NORM_ROWS;
+        rms_norm_rows(&x[at..at + o.len()], w, eps, dim, o);
+    });
+}
+
+/// `x += y`, then `out = rms_norm(x)` (the residual add before a layer's norm), in one pass
+/// over each row, a batch's rows spread over the kernel pool. Results are those of
+/// [`add_in_place`] followed by [`rms_norm`].
+pub fn add_rms_norm(x: &mut [f32], y: &[f32], w: &[f32], eps: f32, dim: usize, out: &mut [f32]) {
+    assert!(
+        x.len() == y.len() && x.len() == out.len(),
+        "add_rms_norm: lengths differ"
+    );
+    if dim == 0 {
+        return;
+    }
+    let xs = RowsPtr(x.as_mut_ptr());
+    super::kernels::parallel_chunks_mut(out, dim * NORM_ROWS, |i, o| {
+        let at = i * dim * NORM_ROWS;
+        // SAFETY: chunk `i` of `x` is `at..at + o.len()`, inside `x` (same length as `out`)
+        // and disjoint from every other task's; `x` stays mutably borrowed until all end.
+        let xr = unsafe { std::slice::from_raw_parts_mut(xs.get().add(at), o.len()) };
+        add_in_place(xr, &y[at..at + o.len()]);
+        rms_norm_rows(xr, w, eps, dim, o);
+    });
+}
+
+/// A pointer to a buffer whose disjoint row chunks pool tasks write.
+struct RowsPtr(*mut f32);
+
+// SAFETY: only used by `add_rms_norm`, whose tasks access disjoint chunks of a `&mut [f32]`.
+unsafe impl Sync for RowsPtr {}
+
+impl RowsPtr {
+    fn get(&self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// [`rms_norm`] of at most [`NORM_ROWS`] rows on the calling thread.
+fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, dim: usize, out: &mut [f32]) {
     let rows = x.len() / dim;
-    let mut ss = vec![0f32; rows];
+    debug_assert!(rows <= NORM_ROWS);
+    let mut ss = [0f32; NORM_ROWS];
     // Each row's sum is one chain of f32 additions in index order (the order every result of
     // this model code was checked with); a batch's rows run their chains side by side, so a
     // step no longer waits for one dependent addition per value and row.
-    for (xs, sums) in x
-        .chunks_exact(dim * NORM_ROWS)
-        .zip(ss.chunks_exact_mut(NORM_ROWS))
-    {
-        let mut acc = [0f32; NORM_ROWS];
+    if rows == NORM_ROWS {
         for i in 0..dim {
-            for (r, a) in acc.iter_mut().enumerate() {
-                let v = xs[r * dim + i];
+            for (r, a) in ss.iter_mut().enumerate() {
+                let v = x[r * dim + i];
                 *a += v * v;
             }
         }
-        sums.copy_from_slice(&acc);
-    }
-    let done = rows / NORM_ROWS * NORM_ROWS;
-    for (xr, s) in x[done * dim..].chunks_exact(dim).zip(&mut ss[done..]) {
-        *s = xr.iter().map(|v| v * v).sum::<f32>();
+    } else {
+        for (xr, s) in x.chunks_exact(dim).zip(&mut ss) {
+            *s = xr.iter().map(|v| v * v).sum::<f32>();
+        }
     }
     for ((xr, or), &sum) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)).zip(&ss) {
         let ss = sum / dim as f32;
@@ -135,35 +174,23 @@ impl RopeTable {
         self.max_positions
     }
 
-    /// Rotate every head of every token row of `x` (`heads × head_dim` per row) by its position.
-    /// `interleaved`: pairs are (2i, 2i+1) (GGUF layout); else (i, i + head_dim/2) (HF layout).
-    pub fn apply(
-        &self,
-        x: &mut [f32],
-        positions: &[usize],
-        heads: usize,
-        head_dim: usize,
-        interleaved: bool,
-    ) {
+    /// Rotates one head's `head_dim` values by position `p` (`interleaved`: pairs are (2i, 2i+1), the GGUF layout; else (i, i + head_dim/2),
+    /// the HF layout).
+    pub fn rotate(&self, head: &mut [f32], p: usize, interleaved: bool) {
         let half = self.half;
-        let row = heads * head_dim;
-        for (xr, &p) in x.chunks_exact_mut(row).zip(positions) {
-            let c = &self.cos[p * half..(p + 1) * half];
-            let s = &self.sin[p * half..(p + 1) * half];
-            for head in xr.chunks_exact_mut(head_dim) {
-                if interleaved {
-                    for i in 0..half {
-                        let (a, b) = (head[2 * i], head[2 * i + 1]);
-                        head[2 * i] = a * c[i] - b * s[i];
-                        head[2 * i + 1] = a * s[i] + b * c[i];
-                    }
-                } else {
-                    for i in 0..half {
-                        let (a, b) = (head[i], head[i + half]);
-                        head[i] = a * c[i] - b * s[i];
-                        head[i + half] = a * s[i] + b * c[i];
-                    }
-                }
+        let c = &self.cos[p * half..(p + 1) * half];
+        let s = &self.sin[p * half..(p + 1) * half];
+        if interleaved {
+            for i in 0..half {
+                let (a, b) = (head[2 * i], head[2 * i + 1]);
+                head[2 * i] = a * c[i] - b * s[i];
+                head[2 * i + 1] = a * s[i] + b * c[i];
+            }
+        } else {
+            for i in 0..half {
+                let (a, b) = (head[i], head[i + half]);
+                head[i] = a * c[i] - b * s[i];
+                head[i + half] = a * s[i] + b * c[i];
             }
         }
     }
@@ -193,8 +220,8 @@ mod tests {
         let interleaved = [1.0f32, 3.0, 2.0, 4.0];
         let mut a = half_split;
         let mut b = interleaved;
-        table.apply(&mut a, &[5], 1, 4, false);
-        table.apply(&mut b, &[5], 1, 4, true);
+        table.rotate(&mut a, 5, false);
+        table.rotate(&mut b, 5, true);
         assert!((a[0] - b[0]).abs() < 1e-6 && (a[2] - b[1]).abs() < 1e-6);
         assert!((a[1] - b[2]).abs() < 1e-6 && (a[3] - b[3]).abs() < 1e-6);
     }
