@@ -99,7 +99,7 @@ fn rope_and_store(
             }
             return;
         }
-        let (kvh, keys) = ((i - q_tasks) / 2, (i - q_tasks) % 2 == 0);
+        let (kvh, keys) = ((i - q_tasks) / 2, (i - q_tasks).is_multiple_of(2));
         let mut rotated = vec![0f32; hd];
         for (t, (&slot, &p)) in slots.iter().zip(positions).enumerate() {
             let src = t * kvd + kvh * hd..t * kvd + (kvh + 1) * hd;
