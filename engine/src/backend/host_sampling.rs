@@ -33,6 +33,10 @@ impl Backend for HostSampling {
         self.inner.forward(batch)
     }
 
+    fn recycle_logits(&mut self, logits: Vec<f32>) {
+        self.inner.recycle_logits(logits);
+    }
+
     fn vocab_size(&self) -> usize {
         self.inner.vocab_size()
     }
@@ -115,6 +119,7 @@ impl Backend for HostSampling {
                 sample_with(row, &params, p.uniform)
             })
             .collect();
+        self.inner.recycle_logits(logits);
         self.launched.push_back(out);
         Ok(())
     }

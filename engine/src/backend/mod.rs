@@ -83,6 +83,13 @@ pub trait Backend: Send {
 
     fn vocab_size(&self) -> usize;
 
+    /// Hands back a logits buffer that [`Backend::forward`] returned and the caller is done
+    /// with, so that the next pass can write into it instead of a freshly zeroed allocation
+    /// (megabytes per batched step). Its contents do not matter.
+    fn recycle_logits(&mut self, logits: Vec<f32>) {
+        drop(logits);
+    }
+
     /// Number of KV slots this backend allocated.
     fn kv_capacity(&self) -> usize;
 

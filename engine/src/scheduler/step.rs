@@ -523,6 +523,9 @@ impl Scheduler {
             .total_generated
             .fetch_add(generated, Ordering::Relaxed);
         self.log_tokens += generated;
+        if !logits.is_empty() {
+            self.backend.recycle_logits(logits);
+        }
 
         // Remove finished requests (highest index first so indices stay valid).
         finished.sort_by_key(|e| std::cmp::Reverse(e.0));

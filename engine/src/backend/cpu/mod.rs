@@ -26,6 +26,8 @@ pub struct CpuBackend {
     rope: ops::RopeTable,
     /// The forward pass's working buffers, kept from step to step.
     scratch: Scratch,
+    /// A logits buffer handed back by the caller ([`Backend::recycle_logits`]).
+    spare_logits: Vec<f32>,
 }
 
 /// Working buffers of one forward pass (see [`sized`]).
@@ -52,6 +54,9 @@ fn sized(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
     }
     &mut buf[..n]
 }
+
+/// Largest logits buffer (values) kept for the next pass: 64 rows of a 64K vocabulary.
+const SPARE_LOGITS_MAX: usize = 64 << 16;
 
 /// Token rows per task of the RoPE on queries in [`rope_and_store`].
 const ROPE_ROWS: usize = 8;
@@ -190,6 +195,7 @@ impl CpuBackend {
             capacity: kv_capacity,
             rope,
             scratch: Scratch::default(),
+            spare_logits: Vec::new(),
         })
     }
 
@@ -416,7 +422,9 @@ impl Backend for CpuBackend {
         let mut normed = vec![0f32; n * h];
         ops::rms_norm(&last, &self.weights.norm, cfg.rms_norm_eps, h, &mut normed);
         let vocab = cfg.vocab_size;
-        let mut logits = vec![0f32; n * vocab];
+        // Every value is written by the product, so a recycled buffer is not cleared.
+        let mut logits = std::mem::take(&mut self.spare_logits);
+        logits.resize(n * vocab, 0.0);
         if n > 0 {
             matmul(self.weights.lm_head(), &normed, n, &mut logits);
         }
@@ -430,6 +438,13 @@ impl Backend for CpuBackend {
 
     fn vocab_size(&self) -> usize {
         self.cfg.vocab_size
+    }
+
+    fn recycle_logits(&mut self, logits: Vec<f32>) {
+        // Batched decode steps; a long prompt's logprob rows are not worth keeping.
+        if logits.capacity() <= SPARE_LOGITS_MAX {
+            self.spare_logits = logits;
+        }
     }
 
     fn kv_capacity(&self) -> usize {
