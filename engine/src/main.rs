@@ -4,7 +4,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use sgl_engine::config::ServerArgs;
+use sgl_engine::config::{DeviceKind, ServerArgs};
 
 #[derive(Parser)]
 #[command(
@@ -104,10 +104,12 @@ fn main() -> ExitCode {
         Command::CheckReference { args } => run_gpu_bench("check", args),
         Command::Serve(args) => {
             init_logging(args.log_level.as_filter());
-            let rt = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
+            let mut rt = tokio::runtime::Builder::new_multi_thread();
+            rt.enable_all();
+            if let Some(n) = http_worker_threads(&args) {
+                rt.worker_threads(n);
+            }
+            let rt = match rt.build() {
                 Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("error: cannot start the async runtime: {e}");
@@ -124,4 +126,18 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Async worker threads of the HTTP server. On the CPU device the model's kernel threads keep
+/// the cores they were given busy through every step, and each streamed token wakes an async
+/// worker: workers beyond the cores the model leaves free only preempt the kernels, so the
+/// runtime gets those cores, at least one. `TOKIO_WORKER_THREADS` overrides this; on a GPU
+/// the runtime keeps tokio's default (one worker per core).
+fn http_worker_threads(args: &ServerArgs) -> Option<usize> {
+    if args.device != DeviceKind::Cpu || std::env::var_os("TOKIO_WORKER_THREADS").is_some() {
+        return None;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let model = args.num_threads.unwrap_or(cores).min(cores);
+    Some(cores.saturating_sub(model).max(1))
 }
