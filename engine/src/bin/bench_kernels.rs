@@ -14,7 +14,9 @@
 //!
 //! `bench_kernels --decode [path/to/model.gguf]`: the whole forward pass instead (the CPU
 //! backend as the server runs it): one decode step at batch 1 and at batch 16, with every
-//! sequence's context at 128 and at 384 tokens (filled by a real prefill of distinct prompts),
+//! sequence's context at 128 and at 384 tokens (filled by a real prefill of distinct prompts;
+//! cache slots laid out as the server's pool hands them out: the first context's prompts one
+//! contiguous run each, later positions interleaved across the batch as in batched decode),
 //! printing ms per step (wall clock and CPU time), tokens/s and the batch-16 / batch-1 ratio.
 //! `SGL_BENCH_BATCH` changes the batch (default 16), `SGL_BENCH_CONTEXTS` the contexts
 //! (default `128,384`).
@@ -534,7 +536,9 @@ fn decode_bench(path: &str, seconds: f64) -> anyhow::Result<()> {
         backend.describe()
     );
 
-    // Distinct pseudo-random prompts, one contiguous run of slots per sequence.
+    // Distinct pseudo-random prompts. Slots as the server's pool hands them out: the first
+    // context's prompt one contiguous run per sequence (a prefill), every later position one
+    // slot per step and sequence, interleaved (a batch decoding together).
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     let tokens: Vec<Vec<u32>> = (0..batch)
         .map(|_| {
@@ -548,8 +552,19 @@ fn decode_bench(path: &str, seconds: f64) -> anyhow::Result<()> {
                 .collect()
         })
         .collect();
+    let prompt = contexts.iter().copied().min().unwrap_or(1).saturating_sub(1);
     let slots: Vec<Vec<u32>> = (0..batch)
-        .map(|b| ((b * max_ctx) as u32..((b + 1) * max_ctx) as u32).collect())
+        .map(|b| {
+            (0..max_ctx)
+                .map(|i| {
+                    if i < prompt {
+                        (b * prompt + i) as u32
+                    } else {
+                        (batch * prompt + (i - prompt) * batch + b) as u32
+                    }
+                })
+                .collect()
+        })
         .collect();
 
     let mut filled = 0;

@@ -734,6 +734,26 @@ mod x86 {
         }
     }
 
+    /// How many keys ahead of the one in use the `P·V` pass pulls value rows from L2 (where
+    /// the score pass put them) into L1: a sequence's decode-time slots are scattered among
+    /// the batch's, so the hardware prefetchers cannot guess the next row.
+    const PV_PREFETCH_KEYS: usize = 8;
+
+    /// Prefetches (into L1) values `d0..d0 + n` of key `j`'s value row, if the span has key `j`.
+    #[inline(always)]
+    fn prefetch_value_l1(sp: &Span<'_>, j: usize, d0: usize, n: usize) {
+        let Some(&slot) = sp.slots.get(j) else {
+            return;
+        };
+        let at = slot as usize * sp.stride + sp.offset + d0;
+        let v = sp.v_cache.as_ptr().wrapping_add(at) as *const i8;
+        for off in (0..n * std::mem::size_of::<f16>()).step_by(64) {
+            // SAFETY: SSE is part of x86-64; a prefetch is only a hint and never faults, and
+            // the address is formed with wrapping arithmetic and never dereferenced.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(v.wrapping_add(off)) };
+        }
+    }
+
     /// Scaled scores of heads `h0..h0 + H` against every key of the span, 4 keys at a time.
     ///
     /// # Safety
@@ -892,6 +912,7 @@ mod x86 {
         let vc = sp.v_cache.as_ptr();
         let mut acc = [[_mm512_setzero_ps(); W]; H];
         for (j, &slot) in sp.slots.iter().enumerate() {
+            prefetch_value_l1(sp, j + PV_PREFETCH_KEYS, d0, 16 * W);
             // SAFETY: the slot's row lies within the cache and `d0 + 16W <= head_dim`; `j` is
             // within each head's row of `probs`.
             unsafe {
@@ -936,6 +957,7 @@ mod x86 {
         let vc = sp.v_cache.as_ptr();
         let mut acc = [[_mm256_setzero_ps(); W]; H];
         for (j, &slot) in sp.slots.iter().enumerate() {
+            prefetch_value_l1(sp, j + PV_PREFETCH_KEYS, d0, 8 * W);
             // SAFETY: the slot's row lies within the cache and `d0 + 8W <= head_dim`; `j` is
             // within each head's row of `probs`.
             unsafe {
