@@ -552,7 +552,12 @@ fn decode_bench(path: &str, seconds: f64) -> anyhow::Result<()> {
                 .collect()
         })
         .collect();
-    let prompt = contexts.iter().copied().min().unwrap_or(1).saturating_sub(1);
+    let prompt = contexts
+        .iter()
+        .copied()
+        .min()
+        .unwrap_or(1)
+        .saturating_sub(1);
     let slots: Vec<Vec<u32>> = (0..batch)
         .map(|b| {
             (0..max_ctx)
