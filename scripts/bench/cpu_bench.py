@@ -156,7 +156,7 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--json")
     ap.add_argument("--skip-llama-cpp", action="store_true")
-    ap.add_argument("--repeat", type=int, default=3,
+    ap.add_argument("--repeat", type=int, default=5,
                     help="rounds of batch-1 and 16-way decode (medians reported)")
     a = ap.parse_args()
     rng = random.Random(0)
