@@ -1,16 +1,25 @@
 //! Pool of KV-cache token slots (page size 1).
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use super::CacheError;
 
-/// Free list of token slots `0..capacity`.
+/// Free token slots `0..capacity`, handed out lowest first.
+///
+/// Lowest first keeps the slots in use packed at the bottom of the cache, and keeps a
+/// sequence's rows close together: a batch decoding together takes one slot per sequence per
+/// step from the bottom of the free range, so each sequence's new rows sit one batch apart,
+/// however long the server has run. (Reusing the most recently freed slots first instead
+/// scatters them: requests that finish together free interleaved slots, and the next batch
+/// then gets rows a batch × batch apart, which the attention reads far more slowly.)
 ///
 /// A per-slot flag makes double frees and foreign slots detectable in O(1): a bad `free` is
 /// rejected as a whole and leaves the pool unchanged.
 #[derive(Debug, Clone)]
 pub struct KvPool {
-    /// Free slots; `alloc` takes from the end, `free` pushes to the end, so recently freed
-    /// slots are reused first.
-    free_list: Vec<u32>,
+    /// Free slots, smallest on top.
+    free_list: BinaryHeap<Reverse<u32>>,
     /// `is_free[slot]` mirrors membership in `free_list`.
     is_free: Vec<bool>,
 }
@@ -25,7 +34,7 @@ impl KvPool {
             capacity
         };
         let mut pool = Self {
-            free_list: Vec::with_capacity(capacity),
+            free_list: BinaryHeap::new(),
             is_free: vec![true; capacity],
         };
         pool.fill_free_list();
@@ -33,9 +42,9 @@ impl KvPool {
     }
 
     fn fill_free_list(&mut self) {
-        self.free_list.clear();
-        // Reversed so that a fresh pool hands out 0, 1, 2, ...
-        self.free_list.extend((0..self.is_free.len() as u32).rev());
+        // Ascending order is already a valid min-heap.
+        let all: Vec<Reverse<u32>> = (0..self.is_free.len() as u32).map(Reverse).collect();
+        self.free_list = BinaryHeap::from(all);
     }
 
     /// Total number of slots.
@@ -58,15 +67,18 @@ impl KvPool {
         self.is_free.get(slot as usize).copied().unwrap_or(false)
     }
 
-    /// Take `n` slots, or none at all if fewer than `n` are free.
+    /// Take the `n` lowest free slots (ascending), or none at all if fewer than `n` are free.
     pub fn alloc(&mut self, n: usize) -> Option<Vec<u32>> {
         if n > self.free_list.len() {
             return None;
         }
-        let mut slots = self.free_list.split_off(self.free_list.len() - n);
-        slots.reverse();
-        for &s in &slots {
+        let mut slots = Vec::with_capacity(n);
+        while slots.len() < n {
+            let Some(Reverse(s)) = self.free_list.pop() else {
+                break;
+            };
             self.is_free[s as usize] = false;
+            slots.push(s);
         }
         Some(slots)
     }
@@ -93,7 +105,7 @@ impl KvPool {
             }
             self.is_free[slot as usize] = true;
         }
-        self.free_list.extend_from_slice(slots);
+        self.free_list.extend(slots.iter().map(|&s| Reverse(s)));
         Ok(())
     }
 
@@ -121,15 +133,15 @@ mod tests {
     }
 
     #[test]
-    fn free_returns_slots_and_reuses_them_first() {
+    fn freed_slots_are_reused_lowest_first() {
         let mut pool = KvPool::new(8);
-        let a = pool.alloc(4).expect("room");
-        pool.free(&a[1..3]).expect("valid free");
-        assert_eq!(pool.available(), 6);
-        let b = pool.alloc(2).expect("room");
-        let mut b_sorted = b.clone();
-        b_sorted.sort_unstable();
-        assert_eq!(b_sorted, vec![1, 2]);
+        let a = pool.alloc(6).expect("room");
+        assert_eq!(a, vec![0, 1, 2, 3, 4, 5]);
+        pool.free(&[a[4], a[1], a[2]]).expect("valid free");
+        assert_eq!(pool.available(), 5);
+        assert_eq!(pool.alloc(2), Some(vec![1, 2]));
+        assert_eq!(pool.alloc(3), Some(vec![4, 6, 7]));
+        assert_eq!(pool.available(), 0);
     }
 
     #[test]
