@@ -34,7 +34,7 @@ use std::cell::RefCell;
 
 use half::f16;
 
-use super::kernels::{Isa, num_threads, parallel_for};
+use super::kernels::{Isa, SharedMut, num_threads, parallel_for};
 use crate::backend::SeqInput;
 
 /// Query heads one task handles against one KV head.
@@ -159,20 +159,6 @@ fn prefetch_l2(p: *const u8) {
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
-}
-
-/// A raw pointer that tasks of one `parallel_for` use to write disjoint parts of a buffer.
-#[derive(Clone, Copy)]
-struct SharedMut(*mut f32);
-// SAFETY: each task writes a region no other task touches (see `attention`).
-unsafe impl Send for SharedMut {}
-unsafe impl Sync for SharedMut {}
-
-impl SharedMut {
-    /// A method (not field access) so closures capture the whole `Sync` wrapper.
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 /// The shapes one call works on.
@@ -311,8 +297,8 @@ fn attention_for_threads(
     } else {
         Vec::new()
     };
-    let out_ptr = SharedMut(out.as_mut_ptr());
-    let partial_ptr = SharedMut(partial.as_mut_ptr());
+    let out_sh = SharedMut::new(out);
+    let partial_sh = SharedMut::new(&mut partial);
     let owners = &owners;
     parallel_for(n_tasks, |task| {
         let (t, kvh, h0, nh, split) = dims.task(task);
@@ -325,18 +311,12 @@ fn attention_for_threads(
         let mut stats = [0f32; 2 * MAX_GROUP];
         let (max, sum) = stats.split_at_mut(MAX_GROUP);
         // SAFETY: without splits this task alone writes heads `h0..h0 + nh` of token `t`; with
-        // splits it alone writes partial record `task`. Both buffers outlive `parallel_for`.
+        // splits it alone writes the outputs of partial record `task`.
         let o = unsafe {
             if splits == 1 {
-                std::slice::from_raw_parts_mut(
-                    out_ptr.get().add(t * qd + h0 * head_dim),
-                    nh * head_dim,
-                )
+                out_sh.slice(t * qd + h0 * head_dim, nh * head_dim)
             } else {
-                std::slice::from_raw_parts_mut(
-                    partial_ptr.get().add(task * dims.partial_len()),
-                    nh * head_dim,
-                )
+                partial_sh.slice(task * dims.partial_len(), nh * head_dim)
             }
         };
         let span = Span {
@@ -373,14 +353,7 @@ fn attention_for_threads(
             }
         } else {
             // SAFETY: the stats of record `task` follow its outputs; this task alone writes them.
-            let st = unsafe {
-                std::slice::from_raw_parts_mut(
-                    partial_ptr
-                        .get()
-                        .add(task * dims.partial_len() + nh * head_dim),
-                    2 * nh,
-                )
-            };
+            let st = unsafe { partial_sh.slice(task * dims.partial_len() + nh * head_dim, 2 * nh) };
             st[..nh].copy_from_slice(&max[..nh]);
             st[nh..].copy_from_slice(&sum[..nh]);
         }

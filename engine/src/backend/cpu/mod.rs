@@ -82,21 +82,16 @@ fn rope_and_store(
     let (qd, kvd) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
     let tokens = positions.len();
     let q_tasks = tokens.div_ceil(ROPE_ROWS);
-    let (qp, kp, vp) = (
-        SharedPtr(q.as_mut_ptr()),
-        SharedPtr(kc.as_mut_ptr()),
-        SharedPtr(vc.as_mut_ptr()),
+    let (qs, ks, vs) = (
+        kernels::SharedMut::new(q),
+        kernels::SharedMut::new(kc),
+        kernels::SharedMut::new(vc),
     );
-    let (q_len, cache_len) = (q.len(), kc.len().min(vc.len()));
     let task = |i: usize| {
         if i < q_tasks {
             let rows = i * ROPE_ROWS..((i + 1) * ROPE_ROWS).min(tokens);
-            let at = rows.start * qd;
-            let len = rows.len() * qd;
-            assert!(at + len <= q_len);
-            // SAFETY: query rows `rows` lie inside `q` (checked) and belong to this task
-            // alone; `q` stays mutably borrowed until every task has ended.
-            let qr = unsafe { std::slice::from_raw_parts_mut(qp.get().add(at), len) };
+            // SAFETY: query rows `rows` belong to this task alone.
+            let qr = unsafe { qs.slice(rows.start * qd, rows.len() * qd) };
             for (row, &p) in qr.chunks_exact_mut(qd).zip(&positions[rows]) {
                 for head in row.chunks_exact_mut(hd) {
                     rope.rotate(head, p, cfg.rope_interleaved);
@@ -109,18 +104,15 @@ fn rope_and_store(
         for (t, (&slot, &p)) in slots.iter().zip(positions).enumerate() {
             let src = t * kvd + kvh * hd..t * kvd + (kvh + 1) * hd;
             let at = attention::cache_row(kvh, slot, capacity, hd);
-            assert!(at + hd <= cache_len);
-            let (base, row) = if keys {
+            let (cache, row) = if keys {
                 rotated.copy_from_slice(&k[src]);
                 rope.rotate(&mut rotated, p, cfg.rope_interleaved);
-                (&kp, &rotated[..])
+                (&ks, &rotated[..])
             } else {
-                (&vp, &v[src])
+                (&vs, &v[src])
             };
-            // SAFETY: the row lies inside its cache (checked); rows of KV head `kvh` of one
-            // cache are written by this task alone, and both caches stay mutably borrowed
-            // until every task has ended.
-            let dst = unsafe { std::slice::from_raw_parts_mut(base.get().add(at), hd) };
+            // SAFETY: rows of KV head `kvh` of one cache are written by this task alone.
+            let dst = unsafe { cache.slice(at, hd) };
             attention::f32_to_f16(row, dst);
         }
     };
@@ -129,19 +121,6 @@ fn rope_and_store(
         (0..n_tasks).for_each(task);
     } else {
         kernels::parallel_for(n_tasks, task);
-    }
-}
-
-/// A raw pointer that pool tasks use to write disjoint parts of one buffer.
-struct SharedPtr<T>(*mut T);
-
-// SAFETY: only used by `rope_and_store`, whose tasks write disjoint elements of buffers that
-// are mutably borrowed for the whole job.
-unsafe impl<T: Send> Sync for SharedPtr<T> {}
-
-impl<T> SharedPtr<T> {
-    fn get(&self) -> *mut T {
-        self.0
     }
 }
 

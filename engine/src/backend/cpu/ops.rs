@@ -27,27 +27,15 @@ pub fn add_rms_norm(x: &mut [f32], y: &[f32], w: &[f32], eps: f32, dim: usize, o
     if dim == 0 {
         return;
     }
-    let xs = RowsPtr(x.as_mut_ptr());
+    let xs = super::kernels::SharedMut::new(x);
     super::kernels::parallel_chunks_mut(out, dim * NORM_ROWS, |i, o| {
         let at = i * dim * NORM_ROWS;
-        // SAFETY: chunk `i` of `x` is `at..at + o.len()`, inside `x` (same length as `out`)
-        // and disjoint from every other task's; `x` stays mutably borrowed until all end.
-        let xr = unsafe { std::slice::from_raw_parts_mut(xs.get().add(at), o.len()) };
+        // SAFETY: chunk `i` of `x` is `at..at + o.len()` (`x` and `out` have the same length),
+        // disjoint from every other task's.
+        let xr = unsafe { xs.slice(at, o.len()) };
         add_in_place(xr, &y[at..at + o.len()]);
         rms_norm_rows(xr, w, eps, dim, o);
     });
-}
-
-/// A pointer to a buffer whose disjoint row chunks pool tasks write.
-struct RowsPtr(*mut f32);
-
-// SAFETY: only used by `add_rms_norm`, whose tasks access disjoint chunks of a `&mut [f32]`.
-unsafe impl Sync for RowsPtr {}
-
-impl RowsPtr {
-    fn get(&self) -> *mut f32 {
-        self.0
-    }
 }
 
 /// [`rms_norm`] of at most [`NORM_ROWS`] rows on the calling thread.
@@ -174,8 +162,8 @@ impl RopeTable {
         self.max_positions
     }
 
-    /// Rotates one head's `head_dim` values by position `p` (`interleaved`: pairs are (2i, 2i+1), the GGUF layout; else (i, i + head_dim/2),
-    /// the HF layout).
+    /// Rotates one head's `head_dim` values by position `p`. `interleaved`: pairs are
+    /// (2i, 2i+1), the GGUF layout; else (i, i + head_dim/2), the HF layout.
     pub fn rotate(&self, head: &mut [f32], p: usize, interleaved: bool) {
         let half = self.half;
         let c = &self.cos[p * half..(p + 1) * half];

@@ -4,7 +4,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::packed::{self, GROUP};
-use super::pool::{num_threads, parallel_for};
+use super::pool::{SharedMut, num_threads, parallel_for};
 use super::quant::QuantActs;
 use super::{Weight, scalar};
 
@@ -102,10 +102,7 @@ pub(crate) fn matmul_with(isa: Isa, w: &Weight, x: &[f32], n: usize, out: &mut [
         out.fill(0.0);
         return;
     }
-    let out = OutPtr {
-        ptr: out.as_mut_ptr(),
-        len: out.len(),
-    };
+    let out = SharedMut::new(out);
     if w.format().is_quantized() {
         let acts = QuantActs::new(isa, x, n, cols);
         matmul_packed(isa, w, &acts, n, &out);
@@ -130,7 +127,7 @@ const CHUNK_BYTES: usize = 256 << 10;
 const SERIAL_BELOW: usize = 24 << 10;
 
 /// Block-quantized product on packed weights: tasks are chunks of row groups.
-fn matmul_packed(isa: Isa, w: &Weight, acts: &QuantActs, n: usize, out: &OutPtr) {
+fn matmul_packed(isa: Isa, w: &Weight, acts: &QuantActs, n: usize, out: &SharedMut<'_, f32>) {
     let chunks = group_chunks(w, n, 1.0);
     parallel_for(chunks.len(), |c| {
         run_group_chunk(isa, w, acts, n, chunks[c].clone(), out, None)
@@ -153,13 +150,7 @@ pub(crate) fn matmul_packed_multi(
 ) {
     let cols = ws[0].cols();
     let acts = QuantActs::new(isa, x, n, cols);
-    let outs: Vec<OutPtr> = outs
-        .iter_mut()
-        .map(|o| OutPtr {
-            ptr: o.as_mut_ptr(),
-            len: o.len(),
-        })
-        .collect();
+    let outs: Vec<SharedMut<'_, f32>> = outs.iter_mut().map(|o| SharedMut::new(o)).collect();
     let total_bytes: usize = ws.iter().map(|w| w.size_bytes()).sum();
     let tasks: Vec<(usize, Range<usize>)> = ws
         .iter()
@@ -221,7 +212,7 @@ fn run_group_chunk(
     acts: &QuantActs,
     n: usize,
     chunk: Range<usize>,
-    out: &OutPtr,
+    out: &SharedMut<'_, f32>,
     side: Option<(SideWork<'_>, usize, usize)>,
 ) {
     let rows = w.rows();
@@ -350,27 +341,4 @@ fn for_row_tiles(rows: usize, n: usize, work_bytes: usize, f: impl Fn(Range<usiz
             start = tile.end;
         }
     });
-}
-
-/// The output buffer, shared by tasks that write disjoint parts of it.
-struct OutPtr {
-    ptr: *mut f32,
-    len: usize,
-}
-
-// SAFETY: tasks only write disjoint ranges (see `slice`), so sharing the pointer is sound.
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// `out[start..start + len]`.
-    ///
-    /// # Safety
-    /// No other live slice from this `OutPtr` may overlap the range.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
-        assert!(start + len <= self.len, "output range out of bounds");
-        // SAFETY: in bounds (checked above), exclusive by the caller's contract, and the
-        // buffer outlives the tasks (`parallel_for` returns only when they are done).
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
-    }
 }

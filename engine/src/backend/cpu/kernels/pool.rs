@@ -14,6 +14,7 @@
 
 use std::any::Any;
 use std::cell::Cell;
+use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{
     AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
@@ -230,27 +231,52 @@ pub fn parallel_chunks_mut<T: Send, F: Fn(usize, &mut [T]) + Sync>(
         "parallel_chunks_mut: chunk_len must be positive"
     );
     let len = data.len();
-    let base = SendPtr(data.as_mut_ptr());
+    let base = SharedMut::new(data);
     parallel_for(len.div_ceil(chunk_len), |i| {
         let start = i * chunk_len;
         let n = chunk_len.min(len - start);
-        // SAFETY: chunk `i` is `start..start + n`, inside `data` and disjoint from every other
-        // chunk; each index runs once, and `data` stays mutably borrowed until all tasks end.
-        let chunk = unsafe { std::slice::from_raw_parts_mut(base.get().add(start), n) };
-        f(i, chunk);
+        // SAFETY: chunk `i` is `start..start + n`, disjoint from every other chunk, and each
+        // index runs once.
+        f(i, unsafe { base.slice(start, n) });
     });
 }
 
-/// A pointer tasks may share (each derives a disjoint slice from it).
-struct SendPtr<T>(*mut T);
+/// A mutable buffer that the tasks of one pool job write in disjoint ranges, each taking its
+/// own with [`SharedMut::slice`]. It borrows the buffer mutably for as long as it lives.
+pub(crate) struct SharedMut<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _buf: PhantomData<&'a mut [T]>,
+}
 
-// SAFETY: only used by `parallel_chunks_mut`, whose tasks access disjoint elements of a
-// `&mut [T]` with `T: Send`.
-unsafe impl<T: Send> Sync for SendPtr<T> {}
+// SAFETY: tasks reach the buffer only through `slice`, whose contract keeps their ranges
+// disjoint, and `T: Send` lets another thread write the elements.
+unsafe impl<T: Send> Sync for SharedMut<'_, T> {}
 
-impl<T> SendPtr<T> {
-    fn get(&self) -> *mut T {
-        self.0
+impl<'a, T> SharedMut<'a, T> {
+    pub(crate) fn new(buf: &'a mut [T]) -> Self {
+        SharedMut {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            _buf: PhantomData,
+        }
+    }
+
+    /// `buf[at..at + len]`; panics if that is out of bounds.
+    ///
+    /// # Safety
+    /// No other live slice from this `SharedMut` may overlap the range.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn slice(&self, at: usize, len: usize) -> &mut [T] {
+        assert!(
+            at <= self.len && len <= self.len - at,
+            "shared buffer range {at}..{} out of bounds ({})",
+            at + len,
+            self.len
+        );
+        // SAFETY: in bounds (checked above) of a buffer borrowed for `'a`, and exclusive by the
+        // caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), len) }
     }
 }
 

@@ -5,7 +5,7 @@
 
 use super::BLOCK;
 use super::dispatch::Isa;
-use super::pool::{num_threads, parallel_chunks_mut};
+use super::pool::{SharedMut, num_threads, parallel_chunks_mut};
 
 /// `n` activation rows of `nb` blocks each, structure-of-arrays.
 pub(crate) struct QuantActs {
@@ -41,16 +41,15 @@ impl QuantActs {
         };
         let per_task = rows_per_task * nb;
         let (d, sq, s) = (
-            RowsPtr(acts.d.as_mut_ptr()),
-            RowsPtr(acts.sq.as_mut_ptr()),
-            RowsPtr(acts.s.as_mut_ptr()),
+            SharedMut::new(&mut acts.d),
+            SharedMut::new(&mut acts.sq),
+            SharedMut::new(&mut acts.s),
         );
         let total = n * nb;
         parallel_chunks_mut(&mut acts.qs, (per_task * BLOCK).max(1), |t, qs| {
             let at = t * per_task;
             let len = per_task.min(total - at);
-            // SAFETY: task `t` alone covers blocks `at..at + len` (its rows), which lie inside
-            // `d`, `sq` and `s` (`n * nb` each); the vectors outlive the job.
+            // SAFETY: task `t` alone covers blocks `at..at + len` (its rows) of `d`, `sq`, `s`.
             let (d, sq, s) = unsafe { (d.slice(at, len), sq.slice(at, len), s.slice(at, len)) };
             quantize_rows(isa, &x[at * BLOCK..(at + len) * BLOCK], qs, d, sq, s);
         });
@@ -105,26 +104,6 @@ fn quantize_rows(isa: Isa, x: &[f32], qs: &mut [i8], d: &mut [f32], sq: &mut [i3
     }
     for ((s, &d), &sq) in s.iter_mut().zip(d.iter()).zip(sq.iter()) {
         *s = d * sq as f32;
-    }
-}
-
-/// A per-block array that the tasks of [`QuantActs::new`] write in disjoint ranges.
-#[derive(Clone, Copy)]
-struct RowsPtr<T>(*mut T);
-
-// SAFETY: only used by `QuantActs::new`, whose tasks write disjoint ranges of the array.
-unsafe impl<T: Send> Sync for RowsPtr<T> {}
-
-impl<T> RowsPtr<T> {
-    /// `array[at..at + len]`.
-    ///
-    /// # Safety
-    /// The range must lie inside the array, which must outlive the slice, and no other live
-    /// slice may overlap it.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn slice(&self, at: usize, len: usize) -> &mut [T] {
-        // SAFETY: the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
     }
 }
 
