@@ -124,3 +124,78 @@ fn greedy_tokens_match_llama_cpp() {
         cases.len()
     );
 }
+
+/// A batched decode split over the kernel threads (one part of the batch per thread) gives the
+/// same logits, bit for bit, as the same batch run as one, step after step.
+#[test]
+fn split_batched_decode_matches_unsplit() {
+    sgl_engine::backend::cpu::kernels::set_num_threads(2);
+    let loaded = sgl_engine::model::load(&model_path()).expect("load model");
+    let mut backend =
+        CpuBackend::new(loaded.config.clone(), loaded.weights, 16 * 64, 1024).expect("backend");
+    const SEQS: usize = 16;
+    // Prompts of 3 to 33 tokens; sequence i owns slots i*64.. (its prompt, then decodes).
+    let prompts: Vec<Vec<u32>> = (0..SEQS)
+        .map(|i| {
+            (0..3 + 2 * i)
+                .map(|j| (1000 + (i * 7919 + j * 104_729) % 30_000) as u32)
+                .collect()
+        })
+        .collect();
+    let mut slots: Vec<Vec<u32>> = (0..SEQS)
+        .map(|i| {
+            (0..prompts[i].len() as u32)
+                .map(|j| (i * 64) as u32 + j)
+                .collect()
+        })
+        .collect();
+    let mut last: Vec<u32> = Vec::new();
+    for (p, s) in prompts.iter().zip(&slots) {
+        let logits = backend
+            .forward(&[SeqInput {
+                tokens: p,
+                start_pos: 0,
+                kv_slots: s,
+                num_logits: 1,
+            }])
+            .expect("prefill");
+        last.push(argmax(&logits));
+    }
+    let vocab = backend.config().vocab_size;
+    for step in 0..4 {
+        for (i, s) in slots.iter_mut().enumerate() {
+            s.push((i * 64 + prompts[i].len() + step) as u32);
+        }
+        let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
+        let batch: Vec<SeqInput<'_>> = (0..SEQS)
+            .map(|i| SeqInput {
+                tokens: &toks[i],
+                start_pos: prompts[i].len() + step,
+                kv_slots: &slots[i],
+                num_logits: 1,
+            })
+            .collect();
+        backend.set_split_decode(true);
+        assert_eq!(
+            backend.forward_parts(&batch),
+            2,
+            "the batch should run split"
+        );
+        let split = backend.forward(&batch).expect("split decode");
+        backend.set_split_decode(false);
+        assert_eq!(backend.forward_parts(&batch), 1);
+        // Rewrites the same cache rows with the same values.
+        let whole = backend.forward(&batch).expect("unsplit decode");
+        assert_eq!(split.len(), SEQS * vocab);
+        let differ = split
+            .iter()
+            .zip(&whole)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            differ, 0,
+            "step {step}: {differ} logits differ between split and unsplit"
+        );
+        last = split.chunks_exact(vocab).map(argmax).collect();
+    }
+}

@@ -34,7 +34,7 @@ use std::cell::RefCell;
 
 use half::f16;
 
-use super::kernels::{Isa, SharedMut, num_threads, parallel_for};
+use super::kernels::{Isa, SharedMut, parallel_for};
 use crate::backend::SeqInput;
 
 /// Query heads one task handles against one KV head.
@@ -205,27 +205,10 @@ thread_local! {
 /// `q` holds `heads × head_dim` per new token (tokens of all sequences, in batch order); the KV
 /// caches hold `kv_heads × capacity × head_dim` f16 values (KV head `h`, slot `s` at
 /// `(h * capacity + s) * head_dim`, see [`cache_row`]). Query head `h` reads KV head
-/// `h / (heads / kv_heads)`. Writes `out` in `q`'s layout.
+/// `h / (heads / kv_heads)`. Writes `out` in `q`'s layout. Contexts are split into spans when
+/// there are too few tasks to keep `threads` threads busy; 1 keeps every context whole.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
-    q: &[f32],
-    k_cache: &[f16],
-    v_cache: &[f16],
-    batch: &[SeqInput<'_>],
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    out: &mut [f32],
-) {
-    let threads = num_threads();
-    attention_for_threads(
-        q, k_cache, v_cache, batch, heads, kv_heads, head_dim, out, threads,
-    );
-}
-
-/// [`attention`], splitting contexts as if the pool had `threads` threads.
-#[allow(clippy::too_many_arguments)]
-fn attention_for_threads(
     q: &[f32],
     k_cache: &[f16],
     v_cache: &[f16],
@@ -974,7 +957,7 @@ mod tests {
             num_logits: 1,
         }];
         let mut out = [0f32; 2];
-        attention(&q, &k, &v, &batch, 1, 1, 2, &mut out);
+        attention(&q, &k, &v, &batch, 1, 1, 2, &mut out, 1);
         assert_eq!(out, [7.0, -3.0]);
     }
 
@@ -1093,7 +1076,7 @@ mod tests {
             .collect();
         let want = naive(&q, &k, &v, &batch, heads, kv_heads, hd);
         let mut out = vec![f32::NAN; q.len()];
-        attention_for_threads(&q, &k, &v, &batch, heads, kv_heads, hd, &mut out, threads);
+        attention(&q, &k, &v, &batch, heads, kv_heads, hd, &mut out, threads);
         for (a, b) in out.iter().zip(&want) {
             assert!((a - b).abs() < 1e-5 * amp.max(1.0), "{a} vs {b}");
         }

@@ -13,7 +13,7 @@ use crate::model::config::ModelConfig;
 use crate::model::llama::LlamaWeights;
 
 use half::f16;
-use kernels::{matmul, matmul_multi, matmul_multi_with};
+use kernels::{SharedMut, matmul, matmul_multi, matmul_multi_with, num_threads, parallel_for};
 
 pub struct CpuBackend {
     cfg: ModelConfig,
@@ -24,13 +24,17 @@ pub struct CpuBackend {
     v_cache: Vec<KvBuffer>,
     capacity: usize,
     rope: ops::RopeTable,
-    /// The forward pass's working buffers, kept from step to step.
-    scratch: Scratch,
+    /// Working buffers of the forward pass: one per part of a split batch (see
+    /// [`split_parts`]), the first for an unsplit one.
+    parts: Vec<Scratch>,
     /// A logits buffer handed back by the caller ([`Backend::recycle_logits`]).
     spare_logits: Vec<f32>,
+    /// Whether batched decodes may run split over the threads (see [`split_parts`]).
+    split_decode: bool,
 }
 
-/// Working buffers of one forward pass (see [`sized`]).
+/// Working buffers of one forward pass over a batch or one part of it (see [`Scratch::prepare`]),
+/// kept from step to step.
 #[derive(Default)]
 struct Scratch {
     positions: Vec<usize>,
@@ -46,13 +50,38 @@ struct Scratch {
     up: Vec<f32>,
 }
 
-/// The first `n` values of `buf`, grown if needed; values left by an earlier step are not
-/// cleared.
-fn sized(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    if buf.len() < n {
-        buf.resize(n, 0.0);
+impl Scratch {
+    /// Positions and cache slots of `batch`'s new tokens, and every buffer sized for them
+    /// (values left by an earlier step are not cleared: each is written before it is read).
+    fn prepare(&mut self, cfg: &ModelConfig, batch: &[SeqInput<'_>]) {
+        self.positions.clear();
+        self.slots.clear();
+        for s in batch {
+            for i in 0..s.tokens.len() {
+                self.positions.push(s.start_pos + i);
+                self.slots.push(s.kv_slots[s.start_pos + i] as usize);
+            }
+        }
+        let t = self.positions.len();
+        let (h, ffn) = (cfg.hidden_size, cfg.intermediate_size);
+        let (qd, kvd) = (
+            cfg.num_heads * cfg.head_dim,
+            cfg.num_kv_heads * cfg.head_dim,
+        );
+        for (buf, n) in [
+            (&mut self.x, t * h),
+            (&mut self.hbuf, t * h),
+            (&mut self.q, t * qd),
+            (&mut self.k, t * kvd),
+            (&mut self.v, t * kvd),
+            (&mut self.attn, t * qd),
+            (&mut self.o, t * h),
+            (&mut self.gate, t * ffn),
+            (&mut self.up, t * ffn),
+        ] {
+            buf.resize(n, 0.0);
+        }
     }
-    &mut buf[..n]
 }
 
 /// Largest logits buffer (values) kept for the next pass: 64 rows of a 64K vocabulary.
@@ -65,6 +94,8 @@ const ROPE_ROWS: usize = 8;
 /// stored as f16 into one layer's cache rows at `slots`. Spread over the kernel pool from a few
 /// tokens on: tasks are chunks of query rows and, per KV head, the keys or the values (each
 /// writing only its own head's rows of one cache, so tasks never write the same memory).
+/// `kc` and `vc` may be shared with other callers running at the same time, as long as their
+/// `slots` are not these.
 #[allow(clippy::too_many_arguments)]
 fn rope_and_store(
     cfg: &ModelConfig,
@@ -75,18 +106,14 @@ fn rope_and_store(
     positions: &[usize],
     slots: &[usize],
     capacity: usize,
-    kc: &mut [f16],
-    vc: &mut [f16],
+    kc: &SharedMut<'_, f16>,
+    vc: &SharedMut<'_, f16>,
 ) {
     let hd = cfg.head_dim;
     let (qd, kvd) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
     let tokens = positions.len();
     let q_tasks = tokens.div_ceil(ROPE_ROWS);
-    let (qs, ks, vs) = (
-        kernels::SharedMut::new(q),
-        kernels::SharedMut::new(kc),
-        kernels::SharedMut::new(vc),
-    );
+    let qs = SharedMut::new(q);
     let task = |i: usize| {
         if i < q_tasks {
             let rows = i * ROPE_ROWS..((i + 1) * ROPE_ROWS).min(tokens);
@@ -107,11 +134,12 @@ fn rope_and_store(
             let (cache, row) = if keys {
                 rotated.copy_from_slice(&k[src]);
                 rope.rotate(&mut rotated, p, cfg.rope_interleaved);
-                (&ks, &rotated[..])
+                (kc, &rotated[..])
             } else {
-                (&vs, &v[src])
+                (vc, &v[src])
             };
-            // SAFETY: rows of KV head `kvh` of one cache are written by this task alone.
+            // SAFETY: rows of KV head `kvh` of one cache at these slots are written by this task
+            // alone (other callers sharing the cache write other slots).
             let dst = unsafe { cache.slice(at, hd) };
             attention::f32_to_f16(row, dst);
         }
@@ -173,7 +201,8 @@ impl CpuBackend {
             v_cache,
             capacity: kv_capacity,
             rope,
-            scratch: Scratch::default(),
+            parts: Vec::new(),
+            split_decode: std::env::var("SGL_CPU_SPLIT_DECODE").map_or(true, |v| v != "0"),
             spare_logits: Vec::new(),
         })
     }
@@ -269,143 +298,337 @@ impl KvBuffer {
     }
 }
 
-impl Backend for CpuBackend {
-    fn forward(&mut self, batch: &[SeqInput<'_>]) -> Result<Vec<f32>> {
-        self.check_batch(batch)?;
-        let started = Instant::now();
-        let cfg = &self.cfg;
-        let h = cfg.hidden_size;
-        let hd = cfg.head_dim;
-        let qd = cfg.num_heads * hd;
-        let kvd = cfg.num_kv_heads * hd;
-        let ffn = cfg.intermediate_size;
-        let t_total: usize = batch.iter().map(|s| s.tokens.len()).sum();
-        if t_total == 0 {
-            return Ok(Vec::new());
-        }
+/// The model's weights and tables a forward pass reads (the backend less its caches).
+struct Model<'a> {
+    cfg: &'a ModelConfig,
+    weights: &'a LlamaWeights,
+    rope: &'a ops::RopeTable,
+    capacity: usize,
+}
 
-        // Flattened per-token bookkeeping, in buffers kept from step to step (every value
-        // is written before it is read, so they are not cleared).
-        let mut sc = std::mem::take(&mut self.scratch);
-        sc.positions.clear();
-        sc.slots.clear();
-        for s in batch {
-            for i in 0..s.tokens.len() {
-                sc.positions.push(s.start_pos + i);
-                sc.slots.push(s.kv_slots[s.start_pos + i] as usize);
-            }
-        }
-        let Scratch {
-            positions,
-            slots,
-            x,
-            hbuf,
-            q,
-            k,
-            v,
-            attn,
-            o,
-            gate,
-            up,
-        } = &mut sc;
-        let (positions, slots) = (&positions[..], &slots[..]);
-        let x = sized(x, t_total * h);
-        let hbuf = sized(hbuf, t_total * h);
-        let q = sized(q, t_total * qd);
-        let k = sized(k, t_total * kvd);
-        let v = sized(v, t_total * kvd);
-        let attn = sized(attn, t_total * qd);
-        let o = sized(o, t_total * h);
-        let gate = sized(gate, t_total * ffn);
-        let up = sized(up, t_total * ffn);
-
-        let kv_runs = attention::KvRuns::new(batch);
+impl Model<'_> {
+    /// Embeddings of `sc`'s tokens (prepared for `batch`) into `x`, and the first layer's
+    /// attention norm into `hbuf`.
+    fn embed(&self, batch: &[SeqInput<'_>], sc: &mut Scratch) {
+        sc.prepare(self.cfg, batch);
+        let h = self.cfg.hidden_size;
         let tokens = batch.iter().flat_map(|s| s.tokens.iter());
-        for (xr, &t) in x.chunks_exact_mut(h).zip(tokens) {
+        for (xr, &t) in sc.x.chunks_exact_mut(h).zip(tokens) {
             self.weights.embed.dequantize_row(t as usize, xr);
         }
-        let layers = &self.weights.layers;
-        if let Some(first) = layers.first() {
-            ops::rms_norm(x, &first.attn_norm, cfg.rms_norm_eps, h, hbuf);
+        if let Some(first) = self.weights.layers.first() {
+            ops::rms_norm(
+                &sc.x,
+                &first.attn_norm,
+                self.cfg.rms_norm_eps,
+                h,
+                &mut sc.hbuf,
+            );
         }
-        for (l, lw) in layers.iter().enumerate() {
-            // `hbuf` holds this layer's attention norm of `x`.
-            matmul_multi(&[&lw.wq, &lw.wk, &lw.wv], hbuf, t_total, &mut [q, k, v]);
-            if let (Some(bq), Some(bk), Some(bv)) = (&lw.bq, &lw.bk, &lw.bv) {
-                ops::add_bias(q, bq);
-                ops::add_bias(k, bk);
-                ops::add_bias(v, bv);
-            }
-            rope_and_store(
-                cfg,
-                &self.rope,
-                q,
-                k,
-                v,
-                positions,
-                slots,
-                self.capacity,
-                self.k_cache[l].as_mut_slice(),
-                self.v_cache[l].as_mut_slice(),
-            );
-            attention::attention(
-                q,
-                self.k_cache[l].as_slice(),
-                self.v_cache[l].as_slice(),
-                batch,
-                cfg.num_heads,
-                cfg.num_kv_heads,
-                hd,
-                attn,
-            );
-            matmul(&lw.wo, attn, t_total, o);
-            ops::add_rms_norm(x, o, &lw.ffn_norm, cfg.rms_norm_eps, h, hbuf);
-            // A batch's gate and up products are compute-bound: meanwhile, pull the next
-            // layer's cached key rows (which its attention reads) toward the caches.
-            let next_keys = (l + 1 < self.k_cache.len() && t_total > 1).then(|| {
-                let k = self.k_cache[l + 1].as_slice();
-                let runs = &kv_runs;
-                move |i: usize, of: usize| runs.prefetch_keys(k, cfg.num_kv_heads, hd, i, of)
-            });
-            matmul_multi_with(
-                &[&lw.w_gate, &lw.w_up],
-                hbuf,
-                t_total,
-                &mut [&mut *gate, &mut *up],
-                next_keys
-                    .as_ref()
-                    .map(|f| f as &(dyn Fn(usize, usize) + Sync)),
-            );
-            ops::silu_mul(gate, up);
-            matmul(&lw.w_down, gate, t_total, o);
-            match layers.get(l + 1) {
-                Some(next) => ops::add_rms_norm(x, o, &next.attn_norm, cfg.rms_norm_eps, h, hbuf),
-                None => ops::add_in_place(x, o),
-            }
-        }
+    }
 
-        // Final norm and logits for the last `num_logits` tokens of each sequence.
-        let mut rows = Vec::new();
-        let mut off = 0;
-        for s in batch {
-            let len = s.tokens.len();
-            rows.extend(off + len - s.num_logits.min(len)..off + len);
-            off += len;
+    /// Layer `l`'s query, key and value rows of the normed `hbuf`.
+    fn qkv(&self, l: usize, sc: &mut Scratch) {
+        let lw = &self.weights.layers[l];
+        let t = sc.positions.len();
+        matmul_multi(
+            &[&lw.wq, &lw.wk, &lw.wv],
+            &sc.hbuf,
+            t,
+            &mut [&mut sc.q, &mut sc.k, &mut sc.v],
+        );
+        if let (Some(bq), Some(bk), Some(bv)) = (&lw.bq, &lw.bk, &lw.bv) {
+            ops::add_bias(&mut sc.q, bq);
+            ops::add_bias(&mut sc.k, bk);
+            ops::add_bias(&mut sc.v, bv);
         }
+    }
+
+    /// RoPE on the queries and keys, and the keys and values stored into one layer's cache.
+    fn store(&self, sc: &mut Scratch, kc: &SharedMut<'_, f16>, vc: &SharedMut<'_, f16>) {
+        rope_and_store(
+            self.cfg,
+            self.rope,
+            &mut sc.q,
+            &sc.k,
+            &sc.v,
+            &sc.positions,
+            &sc.slots,
+            self.capacity,
+            kc,
+            vc,
+        );
+    }
+
+    /// The rest of layer `l` once its keys and values are stored: attention over `caches`
+    /// (on `attn_threads` threads' worth of tasks), the output projection and residual, the
+    /// MLP and residual, and the next layer's attention norm into `hbuf`. During the
+    /// compute-bound gate and up products of a batch, `next_keys` (the next layer's key
+    /// cache) has the rows `runs` lists pulled toward the caches.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_layer(
+        &self,
+        l: usize,
+        batch: &[SeqInput<'_>],
+        sc: &mut Scratch,
+        caches: (&[f16], &[f16]),
+        attn_threads: usize,
+        next_keys: Option<&[f16]>,
+        runs: &attention::KvRuns,
+    ) {
+        let cfg = self.cfg;
+        let (h, hd) = (cfg.hidden_size, cfg.head_dim);
+        let lw = &self.weights.layers[l];
+        let t = sc.positions.len();
+        attention::attention(
+            &sc.q,
+            caches.0,
+            caches.1,
+            batch,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            hd,
+            &mut sc.attn,
+            attn_threads,
+        );
+        matmul(&lw.wo, &sc.attn, t, &mut sc.o);
+        ops::add_rms_norm(
+            &mut sc.x,
+            &sc.o,
+            &lw.ffn_norm,
+            cfg.rms_norm_eps,
+            h,
+            &mut sc.hbuf,
+        );
+        let prefetch = next_keys
+            .filter(|_| t > 1)
+            .map(|k| move |i: usize, of: usize| runs.prefetch_keys(k, cfg.num_kv_heads, hd, i, of));
+        matmul_multi_with(
+            &[&lw.w_gate, &lw.w_up],
+            &sc.hbuf,
+            t,
+            &mut [&mut sc.gate, &mut sc.up],
+            prefetch
+                .as_ref()
+                .map(|f| f as &(dyn Fn(usize, usize) + Sync)),
+        );
+        ops::silu_mul(&mut sc.gate, &sc.up);
+        matmul(&lw.w_down, &sc.gate, t, &mut sc.o);
+        match self.weights.layers.get(l + 1) {
+            Some(next) => ops::add_rms_norm(
+                &mut sc.x,
+                &sc.o,
+                &next.attn_norm,
+                cfg.rms_norm_eps,
+                h,
+                &mut sc.hbuf,
+            ),
+            None => ops::add_in_place(&mut sc.x, &sc.o),
+        }
+    }
+
+    /// Rows of logits `batch` asks for ([`logit_rows`]): the final norm of those tokens'
+    /// hidden states and the LM head, into `out` (rows × vocabulary).
+    fn logits(&self, batch: &[SeqInput<'_>], x: &[f32], out: &mut [f32]) {
+        let h = self.cfg.hidden_size;
+        let rows = logit_rows(batch);
         let n = rows.len();
         let mut last = vec![0f32; n * h];
         for (j, &r) in rows.iter().enumerate() {
             last[j * h..(j + 1) * h].copy_from_slice(&x[r * h..(r + 1) * h]);
         }
-        self.scratch = sc;
         let mut normed = vec![0f32; n * h];
-        ops::rms_norm(&last, &self.weights.norm, cfg.rms_norm_eps, h, &mut normed);
-        let vocab = cfg.vocab_size;
+        ops::rms_norm(
+            &last,
+            &self.weights.norm,
+            self.cfg.rms_norm_eps,
+            h,
+            &mut normed,
+        );
+        if n > 0 {
+            matmul(self.weights.lm_head(), &normed, n, out);
+        }
+    }
+}
+
+/// Token rows (in batch order) whose logits `batch` asks for: the last `num_logits` of each
+/// sequence.
+fn logit_rows(batch: &[SeqInput<'_>]) -> Vec<usize> {
+    let mut rows = Vec::new();
+    let mut off = 0;
+    for s in batch {
+        let len = s.tokens.len();
+        rows.extend(off + len - s.num_logits.min(len)..off + len);
+        off += len;
+    }
+    rows
+}
+
+/// Sequences per part below which a decode batch is not split (see [`split_parts`]).
+const MIN_PART_SEQS: usize = 4;
+
+/// How a batch of single-token decodes is split over the kernel threads: boundaries of
+/// consecutive runs of sequences, one run per thread, or `None` to run the batch as one.
+///
+/// A batched decode step is a few hundred short products, norms and attentions, each spread
+/// over the pool and each ending in a wait for the slowest thread: on a few cores those waits
+/// and the uneven ends of jobs cost more than a tenth of the step. Split into one part per
+/// thread, each thread runs the whole forward of its own sequences with no waits but one pair
+/// per layer (around the cache stores). Each thread then reads all the weights, but the
+/// threads walk the layers in step, so one's reads mostly find what the other's brought into
+/// the shared last-level cache; the products stay batched per thread (a tile of activation
+/// rows per weight load), so only batches of several sequences per thread are split.
+fn split_parts(batch: &[SeqInput<'_>], threads: usize) -> Option<Vec<usize>> {
+    if batch.iter().any(|s| s.tokens.len() != 1) {
+        return None;
+    }
+    let parts = threads.min(batch.len() / MIN_PART_SEQS);
+    if parts < 2 {
+        return None;
+    }
+    // Parts write their tokens' rows of one cache at the same time: their new slots must be
+    // distinct (the scheduler's always are; anything else runs unsplit).
+    let mut new_slots: Vec<u32> = batch.iter().map(|s| s.kv_slots[s.start_pos]).collect();
+    new_slots.sort_unstable();
+    if new_slots.windows(2).any(|w| w[0] == w[1]) {
+        return None;
+    }
+    Some((0..=parts).map(|p| p * batch.len() / parts).collect())
+}
+
+impl CpuBackend {
+    /// Whether batched decodes may run split over the kernel threads, one part of the batch
+    /// per thread (the default; `SGL_CPU_SPLIT_DECODE=0` starts with it off). Results are
+    /// the same either way, bit for bit.
+    pub fn set_split_decode(&mut self, on: bool) {
+        self.split_decode = on;
+    }
+
+    /// How many parts `batch` runs in: one per kernel thread for a split batched decode,
+    /// otherwise 1.
+    pub fn forward_parts(&self, batch: &[SeqInput<'_>]) -> usize {
+        self.split_bounds(batch).map_or(1, |b| b.len() - 1)
+    }
+
+    fn split_bounds(&self, batch: &[SeqInput<'_>]) -> Option<Vec<usize>> {
+        self.split_decode
+            .then(|| split_parts(batch, num_threads()))
+            .flatten()
+    }
+
+    /// The model, the KV caches and the working buffers, borrowed apart.
+    fn split_borrow(
+        &mut self,
+    ) -> (
+        Model<'_>,
+        &mut [KvBuffer],
+        &mut [KvBuffer],
+        &mut Vec<Scratch>,
+    ) {
+        let model = Model {
+            cfg: &self.cfg,
+            weights: &self.weights,
+            rope: &self.rope,
+            capacity: self.capacity,
+        };
+        (model, &mut self.k_cache, &mut self.v_cache, &mut self.parts)
+    }
+
+    /// The forward pass with each kernel spread over the pool.
+    fn forward_pooled(&mut self, batch: &[SeqInput<'_>], logits: &mut [f32]) {
+        let (model, k_cache, v_cache, parts) = self.split_borrow();
+        if parts.is_empty() {
+            parts.push(Scratch::default());
+        }
+        let sc = &mut parts[0];
+        model.embed(batch, sc);
+        let runs = attention::KvRuns::new(batch);
+        for l in 0..k_cache.len() {
+            model.qkv(l, sc);
+            model.store(
+                sc,
+                &SharedMut::new(k_cache[l].as_mut_slice()),
+                &SharedMut::new(v_cache[l].as_mut_slice()),
+            );
+            let next_keys = k_cache.get(l + 1).map(KvBuffer::as_slice);
+            let caches = (k_cache[l].as_slice(), v_cache[l].as_slice());
+            model.finish_layer(l, batch, sc, caches, num_threads(), next_keys, &runs);
+        }
+        model.logits(batch, &sc.x, logits);
+    }
+
+    /// The forward pass of a batch split into parts (`bounds`, see [`split_parts`]), each
+    /// part's forward on one thread, in two pool jobs per layer: the parts' cache stores, then
+    /// the rest of the layer (which reads the caches) and the next layer's products.
+    fn forward_split(&mut self, batch: &[SeqInput<'_>], bounds: &[usize], logits: &mut [f32]) {
+        let n_parts = bounds.len() - 1;
+        let part = |p: usize| &batch[bounds[p]..bounds[p + 1]];
+        let vocab = self.cfg.vocab_size;
+        let mut rows_before = Vec::with_capacity(n_parts);
+        let mut rows = 0;
+        for p in 0..n_parts {
+            rows_before.push(rows);
+            rows += logit_rows(part(p)).len();
+        }
+        let runs: Vec<attention::KvRuns> = (0..n_parts)
+            .map(|p| attention::KvRuns::new(part(p)))
+            .collect();
+        let (model, k_cache, v_cache, parts) = self.split_borrow();
+        if parts.len() < n_parts {
+            parts.resize_with(n_parts, Scratch::default);
+        }
+        let scratch = SharedMut::new(&mut parts[..n_parts]);
+        // SAFETY (every `scratch.slice(p, 1)` below): task `p` of a job alone takes part `p`.
+        parallel_for(n_parts, |p| {
+            let sc = &mut unsafe { scratch.slice(p, 1) }[0];
+            model.embed(part(p), sc);
+            model.qkv(0, sc);
+        });
+        let out = SharedMut::new(logits);
+        let layers = k_cache.len();
+        for l in 0..layers {
+            {
+                let kc = SharedMut::new(k_cache[l].as_mut_slice());
+                let vc = SharedMut::new(v_cache[l].as_mut_slice());
+                // The parts' new slots are distinct (`split_parts`), so their stores write
+                // disjoint rows.
+                parallel_for(n_parts, |p| {
+                    model.store(&mut unsafe { scratch.slice(p, 1) }[0], &kc, &vc)
+                });
+            }
+            let next_keys = k_cache.get(l + 1).map(KvBuffer::as_slice);
+            let caches = (k_cache[l].as_slice(), v_cache[l].as_slice());
+            parallel_for(n_parts, |p| {
+                let sc = &mut unsafe { scratch.slice(p, 1) }[0];
+                model.finish_layer(l, part(p), sc, caches, 1, next_keys, &runs[p]);
+                if l + 1 < layers {
+                    model.qkv(l + 1, sc);
+                } else {
+                    let n = logit_rows(part(p)).len();
+                    // SAFETY: part `p`'s logits rows are its own.
+                    let o = unsafe { out.slice(rows_before[p] * vocab, n * vocab) };
+                    model.logits(part(p), &sc.x, o);
+                }
+            });
+        }
+    }
+}
+
+impl Backend for CpuBackend {
+    fn forward(&mut self, batch: &[SeqInput<'_>]) -> Result<Vec<f32>> {
+        self.check_batch(batch)?;
+        let started = Instant::now();
+        let t_total: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        if t_total == 0 {
+            return Ok(Vec::new());
+        }
+        let n = logit_rows(batch).len();
         // Every value is written by the product, so a recycled buffer is not cleared.
         let mut logits = std::mem::take(&mut self.spare_logits);
-        logits.resize(n * vocab, 0.0);
-        if n > 0 {
-            matmul(self.weights.lm_head(), &normed, n, &mut logits);
+        logits.resize(n * self.cfg.vocab_size, 0.0);
+        match self.split_bounds(batch) {
+            Some(bounds) => self.forward_split(batch, &bounds, &mut logits),
+            None => self.forward_pooled(batch, &mut logits),
         }
         tracing::trace!(
             "forward: {} seqs, {t_total} tokens in {:.2} ms",
