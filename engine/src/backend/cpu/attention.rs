@@ -101,7 +101,7 @@ impl KvRuns {
     /// every KV head once.
     pub fn prefetch_keys(
         &self,
-        k_cache: &[f16],
+        k_cache: CacheAddress,
         kv_heads: usize,
         head_dim: usize,
         i: usize,
@@ -110,11 +110,11 @@ impl KvRuns {
         if kv_heads == 0 || head_dim == 0 {
             return;
         }
-        let capacity = k_cache.len() / (kv_heads * head_dim);
+        let capacity = k_cache.len / (kv_heads * head_dim);
         let row_bytes = head_dim * std::mem::size_of::<f16>();
         self.share(kv_heads, i, of, |head, first, n| {
             let at = cache_row(head, first, capacity, head_dim);
-            let start = k_cache.as_ptr().wrapping_add(at) as *const u8;
+            let start = k_cache.ptr.wrapping_add(at) as *const u8;
             for off in (0..n * row_bytes).step_by(64) {
                 prefetch_l2(start.wrapping_add(off));
             }
@@ -144,6 +144,35 @@ impl KvRuns {
                 run += 1;
             }
             u = head * self.rows + r1;
+        }
+    }
+}
+
+/// Where one layer's cache lies, for prefetches only: never read through, so it may be held
+/// while other threads write the cache.
+#[derive(Clone, Copy)]
+pub struct CacheAddress {
+    ptr: *const f16,
+    len: usize,
+}
+
+// SAFETY: the address is only used for prefetch hints, never dereferenced.
+unsafe impl Send for CacheAddress {}
+// SAFETY: as above.
+unsafe impl Sync for CacheAddress {}
+
+impl CacheAddress {
+    pub fn of(cache: &[f16]) -> CacheAddress {
+        CacheAddress {
+            ptr: cache.as_ptr(),
+            len: cache.len(),
+        }
+    }
+
+    pub(super) fn of_shared(cache: &SharedMut<'_, f16>) -> CacheAddress {
+        CacheAddress {
+            ptr: cache.as_ptr(),
+            len: cache.len(),
         }
     }
 }

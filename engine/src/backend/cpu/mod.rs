@@ -373,7 +373,7 @@ impl Model<'_> {
         sc: &mut Scratch,
         caches: (&[f16], &[f16]),
         attn_threads: usize,
-        next_keys: Option<&[f16]>,
+        next_keys: Option<attention::CacheAddress>,
         runs: &attention::KvRuns,
     ) {
         let cfg = self.cfg;
@@ -550,7 +550,9 @@ impl CpuBackend {
                 &SharedMut::new(k_cache[l].as_mut_slice()),
                 &SharedMut::new(v_cache[l].as_mut_slice()),
             );
-            let next_keys = k_cache.get(l + 1).map(KvBuffer::as_slice);
+            let next_keys = k_cache
+                .get(l + 1)
+                .map(|k| attention::CacheAddress::of(k.as_slice()));
             let caches = (k_cache[l].as_slice(), v_cache[l].as_slice());
             model.finish_layer(l, batch, sc, caches, num_threads(), next_keys, &runs);
         }
@@ -558,8 +560,10 @@ impl CpuBackend {
     }
 
     /// The forward pass of a batch split into parts (`bounds`, see [`split_parts`]), each
-    /// part's forward on one thread, in two pool jobs per layer: the parts' cache stores, then
-    /// the rest of the layer (which reads the caches) and the next layer's products.
+    /// part's forward on one thread, in one pool job per layer: job `l` finishes layer `l - 1`
+    /// (whose caches no one writes any more) and runs layer `l` up to its cache stores (each
+    /// part writing only its own sequences' new slots), so a part never reads a cache while
+    /// another part writes it.
     fn forward_split(&mut self, batch: &[SeqInput<'_>], bounds: &[usize], logits: &mut [f32]) {
         let n_parts = bounds.len() - 1;
         let part = |p: usize| &batch[bounds[p]..bounds[p + 1]];
@@ -578,36 +582,45 @@ impl CpuBackend {
             parts.resize_with(n_parts, Scratch::default);
         }
         let scratch = SharedMut::new(&mut parts[..n_parts]);
-        // SAFETY (every `scratch.slice(p, 1)` below): task `p` of a job alone takes part `p`.
-        parallel_for(n_parts, |p| {
-            let sc = &mut unsafe { scratch.slice(p, 1) }[0];
-            model.embed(part(p), sc);
-            model.qkv(0, sc);
-        });
         let out = SharedMut::new(logits);
         let layers = k_cache.len();
-        for l in 0..layers {
-            {
-                let kc = SharedMut::new(k_cache[l].as_mut_slice());
-                let vc = SharedMut::new(v_cache[l].as_mut_slice());
-                // The parts' new slots are distinct (`split_parts`), so their stores write
-                // disjoint rows.
-                parallel_for(n_parts, |p| {
-                    model.store(&mut unsafe { scratch.slice(p, 1) }[0], &kc, &vc)
-                });
-            }
-            let next_keys = k_cache.get(l + 1).map(KvBuffer::as_slice);
-            let caches = (k_cache[l].as_slice(), v_cache[l].as_slice());
+        for l in 0..=layers {
+            let (k_done, k_rest) = k_cache.split_at_mut(l);
+            let (v_done, v_rest) = v_cache.split_at_mut(l);
+            let done = l
+                .checked_sub(1)
+                .map(|d| (k_done[d].as_slice(), v_done[d].as_slice()));
+            let store = k_rest.first_mut().zip(v_rest.first_mut()).map(|(k, v)| {
+                (
+                    SharedMut::new(k.as_mut_slice()),
+                    SharedMut::new(v.as_mut_slice()),
+                )
+            });
+            let next_keys = store
+                .as_ref()
+                .map(|(k, _)| attention::CacheAddress::of_shared(k));
             parallel_for(n_parts, |p| {
+                // SAFETY: task `p` of this job alone takes part `p`.
                 let sc = &mut unsafe { scratch.slice(p, 1) }[0];
-                model.finish_layer(l, part(p), sc, caches, 1, next_keys, &runs[p]);
-                if l + 1 < layers {
-                    model.qkv(l + 1, sc);
-                } else {
-                    let n = logit_rows(part(p)).len();
-                    // SAFETY: part `p`'s logits rows are its own.
-                    let o = unsafe { out.slice(rows_before[p] * vocab, n * vocab) };
-                    model.logits(part(p), &sc.x, o);
+                match done {
+                    Some(caches) => {
+                        model.finish_layer(l - 1, part(p), sc, caches, 1, next_keys, &runs[p])
+                    }
+                    None => model.embed(part(p), sc),
+                }
+                match &store {
+                    Some((kc, vc)) => {
+                        model.qkv(l, sc);
+                        // The parts' new slots are distinct (`split_parts`): their stores
+                        // write disjoint rows.
+                        model.store(sc, kc, vc);
+                    }
+                    None => {
+                        let n = logit_rows(part(p)).len();
+                        // SAFETY: part `p`'s logits rows are its own.
+                        let o = unsafe { out.slice(rows_before[p] * vocab, n * vocab) };
+                        model.logits(part(p), &sc.x, o);
+                    }
                 }
             });
         }

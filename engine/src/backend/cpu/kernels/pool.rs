@@ -262,6 +262,15 @@ impl<'a, T> SharedMut<'a, T> {
         }
     }
 
+    /// The buffer's address, for prefetch hints (reading through it would race the tasks).
+    pub(crate) fn as_ptr(&self) -> *const T {
+        self.ptr
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     /// `buf[at..at + len]`; panics if that is out of bounds.
     ///
     /// # Safety
