@@ -473,17 +473,20 @@ const MIN_PART_SEQS: usize = 4;
 /// A batched decode step is a few hundred short products, norms and attentions, each spread
 /// over the pool and each ending in a wait for the slowest thread: on a few cores those waits
 /// and the uneven ends of jobs cost more than a tenth of the step. Split into one part per
-/// thread, each thread runs the whole forward of its own sequences with no waits but one pair
-/// per layer (around the cache stores). Each thread then reads all the weights, but the
+/// thread, each thread runs the whole forward of its own sequences with one wait per layer
+/// (see [`CpuBackend::forward_split`]). Each thread then reads all the weights, but the
 /// threads walk the layers in step, so one's reads mostly find what the other's brought into
 /// the shared last-level cache; the products stay batched per thread (a tile of activation
-/// rows per weight load), so only batches of several sequences per thread are split.
+/// rows per weight load), so only batches of several sequences per thread are split. Measured
+/// on 2 cores with SmolLM2-135M at context 192: batch 16 11.5-12.0 ms per step split against
+/// 12.8-12.9 ms unsplit; batch 8 6.7-7.0 against 7.1-7.4 ms.
 fn split_parts(batch: &[SeqInput<'_>], threads: usize) -> Option<Vec<usize>> {
     if batch.iter().any(|s| s.tokens.len() != 1) {
         return None;
     }
-    let parts = threads.min(batch.len() / MIN_PART_SEQS);
-    if parts < 2 {
+    // Every thread gets a part (a part per thread of a few threads leaves the rest idle).
+    let parts = threads;
+    if parts < 2 || batch.len() < MIN_PART_SEQS * parts {
         return None;
     }
     // Parts write their tokens' rows of one cache at the same time: their new slots must be

@@ -106,6 +106,7 @@ pub(crate) fn matmul_with(isa: Isa, w: &Weight, x: &[f32], n: usize, out: &mut [
     if w.format().is_quantized() {
         let acts = QuantActs::new(isa, x, n, cols);
         matmul_packed(isa, w, &acts, n, &out);
+        acts.recycle();
     } else {
         for_row_tiles(rows, n, w.size_bytes() * n, |tile, i| {
             // SAFETY: tiles are disjoint row ranges and each (tile, i) pair is visited once, so
@@ -173,6 +174,7 @@ pub(crate) fn matmul_packed_multi(
         let side = side.map(|f| (f, before[t], groups));
         run_group_chunk(isa, ws[k], &acts, n, chunk.clone(), &outs[k], side);
     });
+    acts.recycle();
 }
 
 /// Chunks of row groups of `w` for `n` activation rows; `share` is the fraction of the

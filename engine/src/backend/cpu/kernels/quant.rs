@@ -20,20 +20,32 @@ pub(crate) struct QuantActs {
     pub sq: Vec<i32>,
 }
 
+thread_local! {
+    /// Buffers of this thread's last [`QuantActs`], handed back by [`QuantActs::recycle`]: a
+    /// decode step quantizes activations a few hundred times, each time the same sizes.
+    static SPARE: std::cell::Cell<Option<QuantActs>> = const { std::cell::Cell::new(None) };
+}
+
 impl QuantActs {
     /// Quantizes `n` rows of `cols` values (`cols` a multiple of 32). Batches (from
-    /// [`PARALLEL_BLOCKS`] blocks) are split by rows over the kernel pool.
+    /// [`PARALLEL_BLOCKS`] blocks) are split by rows over the kernel pool. Reuses the buffers
+    /// this thread last [`recycle`](QuantActs::recycle)d (every value is overwritten).
     pub fn new(isa: Isa, x: &[f32], n: usize, cols: usize) -> QuantActs {
         debug_assert!(cols.is_multiple_of(BLOCK));
         debug_assert_eq!(x.len(), n * cols);
         let nb = cols / BLOCK;
-        let mut acts = QuantActs {
+        let mut acts = SPARE.take().unwrap_or(QuantActs {
             nb,
-            qs: vec![0; n * cols],
-            d: vec![0.0; n * nb],
-            s: vec![0.0; n * nb],
-            sq: vec![0; n * nb],
-        };
+            qs: Vec::new(),
+            d: Vec::new(),
+            s: Vec::new(),
+            sq: Vec::new(),
+        });
+        acts.nb = nb;
+        acts.qs.resize(n * cols, 0);
+        acts.d.resize(n * nb, 0.0);
+        acts.s.resize(n * nb, 0.0);
+        acts.sq.resize(n * nb, 0);
         let rows_per_task = if n * nb >= PARALLEL_BLOCKS {
             n.div_ceil(2 * num_threads()).max(1)
         } else {
@@ -56,6 +68,14 @@ impl QuantActs {
         acts
     }
 
+    /// Hands the buffers back for this thread's next [`QuantActs::new`]. Large ones (a long
+    /// prompt's) are dropped instead.
+    pub fn recycle(self) {
+        if self.qs.len() <= SPARE_MAX_QUANTS {
+            SPARE.set(Some(self));
+        }
+    }
+
     /// Quants of row `i`.
     pub fn row_qs(&self, i: usize) -> &[i8] {
         &self.qs[i * self.nb * BLOCK..(i + 1) * self.nb * BLOCK]
@@ -76,6 +96,9 @@ impl QuantActs {
         &self.sq[i * self.nb..(i + 1) * self.nb]
     }
 }
+
+/// Largest activations (quants) kept by [`QuantActs::recycle`]: 64 rows of 8192 values.
+const SPARE_MAX_QUANTS: usize = 64 * 8192;
 
 /// Blocks per call from which [`QuantActs::new`] runs on the kernel pool (a batch of a few
 /// rows; one row stays on the calling thread).
