@@ -63,6 +63,10 @@ pub struct SchedulerConfig {
 /// Waiting queues longer than this are served first-come-first-served even under `lpm`
 /// (sorting by prefix match costs a tree walk per request).
 const LPM_MAX_QUEUE: usize = 128;
+
+/// Shared prompt tokens a waiting request waits for a running request to compute rather than
+/// computing them itself (see `Scheduler::prefix_in_progress`; SGLang's threshold).
+const IN_BATCH_PREFIX_MIN: usize = 32;
 /// Decode steps between two "Decode batch" log lines.
 const DECODE_LOG_INTERVAL: u64 = 40;
 
@@ -420,6 +424,8 @@ impl Scheduler {
         }
         // New requests.
         self.order_waiting();
+        // Requests that wait for a running request to compute the prompt prefix they share.
+        let mut deferred = Vec::new();
         while budget > 0 && self.running.len() < self.cfg.max_running_requests {
             let Some(front) = self.waiting.front() else {
                 break;
@@ -427,7 +433,14 @@ impl Scheduler {
             // Cheap check before touching the tree: the uncached part must fit, unless it is
             // longer than one chunk anyway (then it starts now and continues as room frees up).
             let toks = front.all_tokens();
-            let need = toks.len() - self.cache.peek_prefix_len(&toks[..front.match_key_len()]);
+            let cached = self.cache.peek_prefix_len(&toks[..front.match_key_len()]);
+            if self.cfg.policy == SchedulePolicy::Lpm
+                && self.prefix_in_progress(&toks[..front.match_key_len()], cached)
+            {
+                deferred.extend(self.waiting.pop_front());
+                continue;
+            }
+            let need = toks.len() - cached;
             let room = avail.saturating_sub(1);
             if room == 0 || (need > room && need <= budget) {
                 break;
@@ -460,7 +473,30 @@ impl Scheduler {
                 prefill: true,
             });
         }
+        for r in deferred.into_iter().rev() {
+            self.waiting.push_front(r);
+        }
         plan
+    }
+
+    /// Whether a running request still computing its prompt (admitted earlier or in this
+    /// step) shares at least [`IN_BATCH_PREFIX_MIN`] more leading tokens with `toks` than the
+    /// `cached` ones. Such a waiting request is better admitted once that prefix is in the
+    /// radix cache than now, when it would compute the same tokens a second time (SGLang's
+    /// in-batch prefix caching): e.g. the second request of a group sharing a long system
+    /// prompt, arriving while the first is halfway through its chunked prefill.
+    fn prefix_in_progress(&self, toks: &[u32], cached: usize) -> bool {
+        self.running
+            .iter()
+            .filter(|r| r.output.is_empty() && r.pending() > 0)
+            .any(|r| {
+                let shared = toks
+                    .iter()
+                    .zip(&r.prompt)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                shared >= cached + IN_BATCH_PREFIX_MIN
+            })
     }
 
     fn observe_finished(&self, r: &Req) {

@@ -150,6 +150,41 @@ async fn cache_report_counts_a_repeated_prompt() {
     assert!(cached > 0, "a repeated prompt must hit the radix cache");
 }
 
+/// Requests sharing a long prompt prefix, sent together, compute it once: the first computes
+/// it (in chunks), the others wait until it is in the radix cache and reuse it.
+#[tokio::test]
+async fn shared_prefix_sent_together_is_computed_once() {
+    let s = server();
+    // Token ids no other test uses, so that nothing else shares or caches this prefix.
+    let prefix: Vec<u64> = (0..600u64).map(|i| 20_000 + (i * 7_919) % 9_000).collect();
+    let prompts: Vec<Vec<u64>> = (0..4u64)
+        .map(|k| {
+            let mut p = prefix.clone();
+            p.extend((0..8).map(|j| 31_000 + 10 * k + j));
+            p
+        })
+        .collect();
+    let (status, r) = s
+        .post("/generate", &json!({"input_ids": prompts, "sampling_params": {"max_new_tokens": 2, "ignore_eos": true}}))
+        .await;
+    assert_eq!(status, 200, "{r}");
+    let mut cached: Vec<u64> = r
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["meta_info"]["cached_tokens"].as_u64().unwrap())
+        .collect();
+    cached.sort_unstable();
+    assert!(
+        cached[0] < 600,
+        "the first request computes the prefix: {cached:?}"
+    );
+    assert!(
+        cached[1..].iter().all(|&c| c >= 600),
+        "the others reuse the whole shared prefix: {cached:?}"
+    );
+}
+
 #[tokio::test]
 async fn skip_tokenizer_takes_ids_only() {
     let s = skip_tokenizer_server();
