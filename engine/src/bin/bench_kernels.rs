@@ -618,8 +618,10 @@ fn decode_bench(path: &str, seconds: f64) -> anyhow::Result<()> {
                 || (started.elapsed().as_secs_f64() < seconds && times.len() < 500)
             {
                 let t = Instant::now();
-                std::hint::black_box(backend.forward(&inputs)?);
+                let logits = std::hint::black_box(backend.forward(&inputs)?);
                 times.push(t.elapsed().as_secs_f64());
+                // As the server's sampler does: the next step reuses the buffer.
+                backend.recycle_logits(logits);
             }
             let cpu = cpu_seconds()
                 .zip(cpu0)
