@@ -67,6 +67,7 @@ const LPM_MAX_QUEUE: usize = 128;
 /// Shared prompt tokens a waiting request waits for a running request to compute rather than
 /// computing them itself (see `Scheduler::prefix_in_progress`; SGLang's threshold).
 const IN_BATCH_PREFIX_MIN: usize = 32;
+
 /// Decode steps between two "Decode batch" log lines.
 const DECODE_LOG_INTERVAL: u64 = 40;
 

@@ -464,6 +464,11 @@ fn logit_rows(batch: &[SeqInput<'_>]) -> Vec<usize> {
     rows
 }
 
+/// How many rows [`logit_rows`] gives.
+fn logit_count(batch: &[SeqInput<'_>]) -> usize {
+    batch.iter().map(|s| s.num_logits.min(s.tokens.len())).sum()
+}
+
 /// Sequences per part below which a decode batch is not split (see [`split_parts`]).
 const MIN_PART_SEQS: usize = 4;
 
@@ -571,11 +576,10 @@ impl CpuBackend {
         let n_parts = bounds.len() - 1;
         let part = |p: usize| &batch[bounds[p]..bounds[p + 1]];
         let vocab = self.cfg.vocab_size;
-        let mut rows_before = Vec::with_capacity(n_parts);
-        let mut rows = 0;
+        // Part `p`'s logits rows: `rows_before[p]..rows_before[p + 1]`.
+        let mut rows_before = vec![0];
         for p in 0..n_parts {
-            rows_before.push(rows);
-            rows += logit_rows(part(p)).len();
+            rows_before.push(rows_before[p] + logit_count(part(p)));
         }
         let runs: Vec<attention::KvRuns> = (0..n_parts)
             .map(|p| attention::KvRuns::new(part(p)))
@@ -619,7 +623,7 @@ impl CpuBackend {
                         model.store(sc, kc, vc);
                     }
                     None => {
-                        let n = logit_rows(part(p)).len();
+                        let n = rows_before[p + 1] - rows_before[p];
                         // SAFETY: part `p`'s logits rows are its own.
                         let o = unsafe { out.slice(rows_before[p] * vocab, n * vocab) };
                         model.logits(part(p), &sc.x, o);
@@ -638,7 +642,7 @@ impl Backend for CpuBackend {
         if t_total == 0 {
             return Ok(Vec::new());
         }
-        let n = logit_rows(batch).len();
+        let n = logit_count(batch);
         // Every value is written by the product, so a recycled buffer is not cleared.
         let mut logits = std::mem::take(&mut self.spare_logits);
         logits.resize(n * self.cfg.vocab_size, 0.0);
