@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Builds the test control plane's components from the Go module proxy, once, into a cache
+# folder keyed by the pinned versions (versions.env and the wrapper modules under go/):
+#   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm,
+#   prometheus-adapter
+# and installs Debian's prometheus when it is missing. Does nothing when the binaries are
+# there. Prints the bin folder on stdout; progress and timings go to stderr.
+#
+# Environment: SGL_K8S_CACHE (default ~/.cache/sgl-k8s) is the cache root;
+# SGL_K8S_SKIP_PROMETHEUS=1 skips the prometheus install. `build.sh --check` builds nothing:
+# it prints the bin folder when everything is built and exits 3 otherwise.
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=versions.env
+. "$here/versions.env"
+
+key="$(cat "$here/versions.env" "$here"/go/*/go.mod "$here"/go/*/go.sum | sha256sum | cut -c1-16)"
+cache="${SGL_K8S_CACHE:-$HOME/.cache/sgl-k8s}"
+bin="$cache/$key/bin"
+components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm prometheus-adapter)
+
+missing=()
+for c in "${components[@]}"; do
+  [ -x "$bin/$c" ] || missing+=("$c")
+done
+if [ "${1:-}" = --check ]; then
+  # Prints the bin folder when every component is built; fails (status 3) otherwise.
+  [ ${#missing[@]} -eq 0 ] || { echo "not built: ${missing[*]} (run tests/k8s/build.sh)" >&2; exit 3; }
+  echo "$bin"
+  exit 0
+fi
+
+log() { echo "[k8s build] $*" >&2; }
+export GOFLAGS="-buildvcs=false"
+flags=(-trimpath -ldflags=-s\ -w)
+tmp="$cache/$key/tmp"
+
+timed() {
+  local name="$1"
+  shift
+  local start
+  start=$(date +%s)
+  log "building $name"
+  "$@"
+  log "built $name in $(($(date +%s) - start)) s"
+}
+
+if [ ${#missing[@]} -gt 0 ]; then
+  total_start=$(date +%s)
+  log "missing: ${missing[*]} (cache $cache/$key)"
+  rm -rf "$tmp"
+  mkdir -p "$tmp" "$bin"
+  want() { [[ " ${missing[*]} " == *" $1 "* ]]; }
+
+  k8s_cmds=()
+  for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+    want "$c" && k8s_cmds+=("k8s.io/kubernetes/cmd/$c")
+  done
+  if [ ${#k8s_cmds[@]} -gt 0 ]; then
+    timed "kubernetes $K8S_VERSION (${k8s_cmds[*]##*/})" \
+      bash -c 'cd "$1/go/kubernetes" && shift && go build "$@"' _ "$here" \
+      "${flags[@]}" -o "$tmp/" "${k8s_cmds[@]}"
+  fi
+  if want etcd; then
+    timed "etcd $ETCD_VERSION" \
+      bash -c 'cd "$1/go/etcd" && shift && go build "$@"' _ "$here" \
+      "${flags[@]}" -o "$tmp/etcd" go.etcd.io/etcd/server/v3
+  fi
+  # These modules carry no replace lines, so `go install module@version` builds them as pinned.
+  if want kwok; then
+    timed "kwok $KWOK_VERSION" env GOBIN="$tmp" go install "${flags[@]}" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  fi
+  if want helm; then
+    timed "helm $HELM_VERSION" env GOBIN="$tmp" go install "${flags[@]}" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  fi
+  if want prometheus-adapter; then
+    timed "prometheus-adapter $PROMETHEUS_ADAPTER_VERSION" env GOBIN="$tmp" go install "${flags[@]}" \
+      "sigs.k8s.io/prometheus-adapter/cmd/adapter@$PROMETHEUS_ADAPTER_VERSION"
+    mv "$tmp/adapter" "$tmp/prometheus-adapter"
+  fi
+  for c in "${missing[@]}"; do
+    mv "$tmp/$c" "$bin/$c"
+  done
+  rm -rf "$tmp"
+  log "cold build of ${missing[*]} took $(($(date +%s) - total_start)) s"
+fi
+
+if [ "${SGL_K8S_SKIP_PROMETHEUS:-0}" != 1 ] && ! command -v prometheus >/dev/null; then
+  log "installing Debian's prometheus"
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq >&2
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >&2
+fi
+
+echo "$bin"
