@@ -1,0 +1,285 @@
+#!/usr/bin/env bash
+# A real Kubernetes control plane on loopback, for tests:
+#   etcd, kube-apiserver (RBAC, service-account tokens, aggregation layer),
+#   kube-controller-manager (all default controllers, leader Lease), kube-scheduler, and kwok
+#   with fake nodes whose pod CIDRs lie in 127.0.0.0/8.
+#
+#   tests/k8s/cluster.sh up    [--work DIR] [--owner-pid PID] [--runner BIN -- ARGS...]
+#   tests/k8s/cluster.sh env   [--work DIR]
+#   tests/k8s/cluster.sh down  [--work DIR]
+#
+# `up` builds the components once (build.sh), makes certificates with openssl, starts every
+# component on free ports and waits until a node is Ready; `up` and `env` end by printing
+# `export KUBECONFIG=<path>`. --owner-pid stops the cluster when that process exits (tests pass
+# their own pid so nothing outlives them). --runner starts the pod runner with the cluster's
+# kubeconfig; arguments after `--` are passed to it.
+#
+# Nodes (all kwok, label type=kwok, pod CIDRs in 127.0.0.0/8):
+#   kwok-node-0     127.1.0.0/16, 32 CPUs, no taint (the examples apply unchanged);
+#   kwok-gpu-0      127.2.0.0/16, 8 nvidia.com/gpu, taint nvidia.com/gpu=present:NoSchedule;
+#   kwok-tainted-0  127.3.0.0/16, taint kwok.x-k8s.io/node=fake:NoSchedule.
+# Environment: SGL_K8S_WORK (default .cache/k8s/cluster in the repository); SGL_K8S_BIN (a
+# folder of already built components: skips build.sh).
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+cmd="${1:-}"
+[ -n "$cmd" ] && shift
+work="${SGL_K8S_WORK:-$root/.cache/k8s/cluster}"
+owner_pid=""
+runner=""
+runner_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --work) work="$2"; shift 2 ;;
+    --owner-pid) owner_pid="$2"; shift 2 ;;
+    --runner) runner="$2"; shift 2 ;;
+    --) shift; runner_args=("$@"); break ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
+  esac
+done
+
+log() { echo "[cluster] $*" >&2; }
+die() { echo "[cluster] FAIL: $*" >&2; exit 1; }
+
+stop_all() {
+  [ -d "$work/pids" ] || return 0
+  # Reverse start order: the runner and kwok first, etcd last.
+  local files
+  files=$(ls -t "$work"/pids/ 2>/dev/null || true)
+  for f in $files; do
+    local pid
+    pid=$(cat "$work/pids/$f" 2>/dev/null || true)
+    [ -n "$pid" ] && { kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true; }
+  done
+  for f in $files; do
+    local pid
+    pid=$(cat "$work/pids/$f" 2>/dev/null || true)
+    [ -z "$pid" ] && continue
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 -- "-$pid" 2>/dev/null || kill -9 "$pid" 2>/dev/null || true
+    rm -f "$work/pids/$f"
+  done
+}
+
+print_env() {
+  [ -s "$work/admin.kubeconfig" ] || die "no cluster in $work (run: $0 up)"
+  echo "export KUBECONFIG=$work/admin.kubeconfig"
+}
+
+case "$cmd" in
+  down)
+    stop_all
+    log "stopped (state kept in $work)"
+    exit 0 ;;
+  env)
+    print_env
+    exit 0 ;;
+  up) ;;
+  *) echo "usage: $0 up|down|env [--work DIR] [--owner-pid PID] [--runner BIN -- ARGS...]" >&2; exit 2 ;;
+esac
+
+start_time=$(date +%s)
+bin="${SGL_K8S_BIN:-$("$here/build.sh")}"
+export PATH="$bin:$PATH"
+for c in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok; do
+  [ -x "$bin/$c" ] || die "$bin/$c is missing (run tests/k8s/build.sh)"
+done
+stop_all
+rm -rf "$work"
+mkdir -p "$work/pids" "$work/logs" "$work/pki"
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# start NAME CMD...: runs CMD in its own process group with its log in logs/NAME.log.
+start() {
+  local name="$1"
+  shift
+  setsid "$@" > "$work/logs/$name.log" 2>&1 < /dev/null &
+  echo $! > "$work/pids/$name"
+  sleep 0.01 # distinct mtimes keep the stop order
+}
+
+# wait_for WHAT SECONDS CMD...: polls CMD until it succeeds or the deadline passes.
+wait_for() {
+  local what="$1" secs="$2"
+  shift 2
+  local deadline=$(($(date +%s) + secs))
+  until "$@" > /dev/null 2>&1; do
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      for f in "$work"/logs/*.log; do echo "--- $f" >&2; tail -n 30 "$f" >&2; done
+      die "$what not ready after ${secs}s"
+    fi
+    sleep 0.2
+  done
+}
+
+# --- certificates -------------------------------------------------------------------------
+pki="$work/pki"
+ca() { # ca NAME CN
+  openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=$2" \
+    -keyout "$pki/$1.key" -out "$pki/$1.crt" 2> /dev/null
+}
+cert() { # cert NAME SIGNER SUBJECT EXT
+  openssl req -newkey rsa:2048 -nodes -subj "$3" -keyout "$pki/$1.key" -out "$pki/$1.csr" 2> /dev/null
+  printf '%s\n' "$4" > "$pki/$1.ext"
+  openssl x509 -req -in "$pki/$1.csr" -CA "$pki/$2.crt" -CAkey "$pki/$2.key" -CAcreateserial \
+    -days 30 -extfile "$pki/$1.ext" -out "$pki/$1.crt" 2> /dev/null
+}
+client_ext="basicConstraints=CA:FALSE
+keyUsage=digitalSignature,keyEncipherment
+extendedKeyUsage=clientAuth"
+server_ext="basicConstraints=CA:FALSE
+keyUsage=digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+
+ca ca sgl-test-ca
+ca front-proxy-ca sgl-test-front-proxy-ca
+cert apiserver ca "/CN=kube-apiserver" "$server_ext"
+cert admin ca "/O=system:masters/CN=sgl-test-admin" "$client_ext"
+cert controller-manager ca "/CN=system:kube-controller-manager" "$client_ext"
+cert scheduler ca "/CN=system:kube-scheduler" "$client_ext"
+cert apiserver-kubelet-client ca "/O=system:masters/CN=kube-apiserver-kubelet-client" "$client_ext"
+cert front-proxy-client front-proxy-ca "/CN=front-proxy-client" "$client_ext"
+openssl genrsa -out "$pki/sa.key" 2048 2> /dev/null
+openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2> /dev/null
+
+# --- ports and kubeconfigs ---------------------------------------------------------------
+etcd_port=$(free_port)
+etcd_peer_port=$(free_port)
+api_port=$(free_port)
+kcm_port=$(free_port)
+sched_port=$(free_port)
+server="https://127.0.0.1:$api_port"
+
+kubeconfig() { # kubeconfig NAME CERT
+  cat > "$work/$1.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: sgl-test
+  cluster:
+    server: $server
+    certificate-authority: $pki/ca.crt
+users:
+- name: $2
+  user:
+    client-certificate: $pki/$2.crt
+    client-key: $pki/$2.key
+contexts:
+- name: sgl-test
+  context: {cluster: sgl-test, user: $2, namespace: default}
+current-context: sgl-test
+EOF
+}
+kubeconfig admin admin
+kubeconfig controller-manager controller-manager
+kubeconfig scheduler scheduler
+cat > "$work/ports.env" <<EOF
+ETCD_PORT=$etcd_port
+APISERVER_PORT=$api_port
+APISERVER_URL=$server
+EOF
+
+# --- etcd and the API server -------------------------------------------------------------
+start etcd etcd --name default --data-dir "$work/etcd" \
+  --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+  --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+  --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+  --initial-cluster "default=http://127.0.0.1:$etcd_peer_port" \
+  --unsafe-no-fsync --log-level warn
+wait_for etcd 60 curl -sf "http://127.0.0.1:$etcd_port/health"
+
+start kube-apiserver kube-apiserver \
+  --etcd-servers "http://127.0.0.1:$etcd_port" \
+  --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+  --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+  --client-ca-file "$pki/ca.crt" \
+  --authorization-mode Node,RBAC \
+  --service-cluster-ip-range 10.96.0.0/16 \
+  --service-account-issuer https://kubernetes.default.svc.cluster.local \
+  --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+  --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
+  --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
+  --requestheader-client-ca-file "$pki/front-proxy-ca.crt" \
+  --requestheader-allowed-names front-proxy-client \
+  --requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
+  --requestheader-extra-headers-prefix X-Remote-Extra- \
+  --proxy-client-cert-file "$pki/front-proxy-client.crt" --proxy-client-key-file "$pki/front-proxy-client.key" \
+  --enable-aggregator-routing=true \
+  --allow-privileged=true \
+  --profiling=false --v=1
+export KUBECONFIG="$work/admin.kubeconfig"
+wait_for kube-apiserver 120 kubectl get --raw /readyz
+
+# --- controllers, scheduler, kwok ----------------------------------------------------------
+start kube-controller-manager kube-controller-manager \
+  --kubeconfig "$work/controller-manager.kubeconfig" \
+  --authentication-kubeconfig "$work/controller-manager.kubeconfig" \
+  --authorization-kubeconfig "$work/controller-manager.kubeconfig" \
+  --bind-address 127.0.0.1 --secure-port "$kcm_port" \
+  --leader-elect=true --use-service-account-credentials=true \
+  --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
+  --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
+  --horizontal-pod-autoscaler-sync-period 5s \
+  --profiling=false --v=1
+start kube-scheduler kube-scheduler \
+  --kubeconfig "$work/scheduler.kubeconfig" \
+  --authentication-kubeconfig "$work/scheduler.kubeconfig" \
+  --authorization-kubeconfig "$work/scheduler.kubeconfig" \
+  --bind-address 127.0.0.1 --secure-port "$sched_port" --leader-elect=true \
+  --profiling=false --v=1
+start kwok kwok --kubeconfig "$work/admin.kubeconfig" --config "$here/kwok.yaml" \
+  --node-ip 127.0.0.1 --manage-all-nodes=true
+
+# node NAME CIDR CPU MEMORY GPUS TAINTS
+node() {
+  local gpu="" gpulabel=""
+  if [ "$5" != 0 ]; then gpu=", nvidia.com/gpu: \"$5\""; gpulabel="nvidia.com/gpu.present: \"true\""; fi
+  cat <<EOF
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: $1
+  annotations: {kwok.x-k8s.io/node: fake, node.alpha.kubernetes.io/ttl: "0"}
+  labels:
+    type: kwok
+    kubernetes.io/hostname: $1
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    $gpulabel
+spec:
+  podCIDR: $2
+  podCIDRs: [$2]
+  taints: $6
+status:
+  allocatable: {cpu: "$3", memory: $4, pods: "110"$gpu}
+  capacity: {cpu: "$3", memory: $4, pods: "110"$gpu}
+EOF
+}
+kwok_taint='{key: kwok.x-k8s.io/node, value: fake, effect: NoSchedule}'
+gpu_taint='{key: nvidia.com/gpu, value: present, effect: NoSchedule}'
+{
+  node kwok-node-0 127.1.0.0/16 32 64Gi 0 "[]"
+  node kwok-gpu-0 127.2.0.0/16 64 512Gi 8 "[$gpu_taint]"
+  node kwok-tainted-0 127.3.0.0/16 8 16Gi 0 "[$kwok_taint]"
+} | kubectl apply -f - > /dev/null
+wait_for "node kwok-node-0" 120 kubectl wait --for=condition=Ready node/kwok-node-0 --timeout=5s
+wait_for "default service account" 120 kubectl get serviceaccount default -n default
+
+if [ -n "$runner" ]; then
+  start pod-runner "$runner" --kubeconfig "$work/admin.kubeconfig" "${runner_args[@]}"
+fi
+if [ -n "$owner_pid" ]; then
+  # Stops everything when the owner exits, whether it finished, failed or was killed.
+  setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; "$2" down --work "$3"' _ \
+    "$owner_pid" "$here/cluster.sh" "$work" > "$work/logs/watchdog.log" 2>&1 < /dev/null &
+fi
+
+log "up in $(($(date +%s) - start_time)) s (work dir $work, bin $bin)"
+print_env
