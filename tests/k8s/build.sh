@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
 # Builds the test control plane's components from the Go module proxy, once, into a cache
 # folder keyed by the pinned versions (versions.env and the wrapper modules under go/):
-#   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm,
-#   prometheus-adapter
-# and installs Debian's prometheus when it is missing. Does nothing when the binaries are
-# there. Prints the bin folder on stdout; progress and timings go to stderr.
+#   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm
+# Does nothing when the binaries are there. Prints the bin folder on stdout; progress and timings go to stderr.
 #
-# Environment: SGL_K8S_CACHE (default ~/.cache/sgl-k8s) is the cache root;
-# SGL_K8S_SKIP_PROMETHEUS=1 skips the prometheus install. `build.sh --check` builds nothing:
+# Environment: SGL_K8S_CACHE (default ~/.cache/sgl-k8s) is the cache root. `build.sh --check`
+# builds nothing:
 # it prints the bin folder when everything is built and exits 3 otherwise.
 set -euo pipefail
 
@@ -18,7 +16,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 key="$(cat "$here/versions.env" "$here"/go/*/go.mod "$here"/go/*/go.sum | sha256sum | cut -c1-16)"
 cache="${SGL_K8S_CACHE:-$HOME/.cache/sgl-k8s}"
 bin="$cache/$key/bin"
-components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm prometheus-adapter)
+components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm)
 
 missing=()
 for c in "${components[@]}"; do
@@ -44,6 +42,10 @@ timed() {
   log "building $name"
   "$@"
   log "built $name in $(($(date +%s) - start)) s"
+  # Keep what is built even if a later component fails.
+  for f in "$tmp"/*; do
+    [ -e "$f" ] && mv "$f" "$bin/"
+  done
 }
 
 if [ ${#missing[@]} -gt 0 ]; then
@@ -74,24 +76,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   if want helm; then
     timed "helm $HELM_VERSION" env GOBIN="$tmp" go install "${flags[@]}" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   fi
-  if want prometheus-adapter; then
-    timed "prometheus-adapter $PROMETHEUS_ADAPTER_VERSION" env GOBIN="$tmp" go install "${flags[@]}" \
-      "sigs.k8s.io/prometheus-adapter/cmd/adapter@$PROMETHEUS_ADAPTER_VERSION"
-    mv "$tmp/adapter" "$tmp/prometheus-adapter"
-  fi
-  for c in "${missing[@]}"; do
-    mv "$tmp/$c" "$bin/$c"
-  done
   rm -rf "$tmp"
   log "cold build of ${missing[*]} took $(($(date +%s) - total_start)) s"
-fi
-
-if [ "${SGL_K8S_SKIP_PROMETHEUS:-0}" != 1 ] && ! command -v prometheus >/dev/null; then
-  log "installing Debian's prometheus"
-  sudo=""
-  [ "$(id -u)" = 0 ] || sudo="sudo"
-  $sudo apt-get update -qq >&2
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >&2
 fi
 
 echo "$bin"
