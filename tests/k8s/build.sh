@@ -2,18 +2,29 @@
 # Builds the test control plane's components from the Go module proxy, once, into a cache
 # folder keyed by the pinned versions (versions.env and the wrapper modules under go/):
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm
-# Does nothing when the binaries are there. Prints the bin folder on stdout; progress and timings go to stderr.
+# Does nothing when the binaries are there. Prints the bin folder on stdout; progress and
+# timings go to stderr.
 #
-# Environment: SGL_K8S_CACHE (default ~/.cache/sgl-k8s) is the cache root. `build.sh --check`
-# builds nothing:
-# it prints the bin folder when everything is built and exits 3 otherwise.
+# Environment: SGL_K8S_CACHE (default ~/.cache/sgl-k8s) is the cache root.
+# `build.sh --check` builds nothing: it prints the bin folder when everything is built and
+# exits 3 otherwise.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=versions.env
 . "$here/versions.env"
 
-key="$(cat "$here/versions.env" "$here"/go/*/go.mod "$here"/go/*/go.sum | sha256sum | cut -c1-16)"
+# The version the Kubernetes binaries report (Helm checks the chart's kubeVersion against it).
+minor="${K8S_VERSION#v1.}"
+minor="${minor%%.*}"
+k8s_ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  k8s_ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+  k8s_ldflags+=" -X $pkg.gitTreeState=clean"
+done
+
+key="$( (cat "$here/versions.env" "$here"/go/*/go.mod "$here"/go/*/go.sum; echo "$k8s_ldflags") |
+  sha256sum | cut -c1-16)"
 cache="${SGL_K8S_CACHE:-$HOME/.cache/sgl-k8s}"
 bin="$cache/$key/bin"
 components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm)
@@ -24,7 +35,7 @@ for c in "${components[@]}"; do
 done
 if [ "${1:-}" = --check ]; then
   # Prints the bin folder when every component is built; fails (status 3) otherwise.
-  [ ${#missing[@]} -eq 0 ] || { echo "not built: ${missing[*]} (run tests/k8s/build.sh)" >&2; exit 3; }
+  [ ${#missing[@]} -eq 0 ] || { echo "not built in $bin: ${missing[*]} (run tests/k8s/build.sh)" >&2; exit 3; }
   echo "$bin"
   exit 0
 fi
@@ -62,7 +73,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   if [ ${#k8s_cmds[@]} -gt 0 ]; then
     timed "kubernetes $K8S_VERSION (${k8s_cmds[*]##*/})" \
       bash -c 'cd "$1/go/kubernetes" && shift && go build "$@"' _ "$here" \
-      "${flags[@]}" -o "$tmp/" "${k8s_cmds[@]}"
+      -trimpath "-ldflags=$k8s_ldflags" -o "$tmp/" "${k8s_cmds[@]}"
   fi
   if want etcd; then
     timed "etcd $ETCD_VERSION" \
