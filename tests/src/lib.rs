@@ -202,3 +202,5 @@ pub fn start_router(workers: &[&Server], extra: &[&str]) -> Result<Server, Strin
         Duration::from_secs(60),
     )
 }
+
+pub mod k8s;

@@ -1,0 +1,1143 @@
+//! The pod runner: a small kubelet for the test control plane's kwok nodes.
+//!
+//! kwok nodes run no containers. For each pod bound to one of them whose image is one of our
+//! own binaries (`sgl-engine`, `sgl-router`, `sgl-operator`), the runner starts the container's
+//! command as a local process and owns the pod's status, as a kubelet would:
+//!
+//! - the pod gets an IP from its node's pod CIDR (in 127.0.0.0/8, so the process can bind it);
+//!   `0.0.0.0` in the arguments (all interfaces of the pod) becomes that IP;
+//! - the environment is the container's: plain values with `$(VAR)` expansion, Secret and
+//!   ConfigMap keys, `envFrom`, and downward API fields; a missing key leaves the container
+//!   waiting with `CreateContainerConfigError`, as the kubelet does;
+//! - Secret, ConfigMap, downward API and emptyDir volumes are written to a per-pod folder and
+//!   their mount paths are rewritten in the arguments and environment (a path the image
+//!   would hold, such as `/models`, is mapped with `--map-path`);
+//! - the pod's service account token (a bound TokenRequest) reaches the process through a
+//!   kubeconfig in `KUBECONFIG`, so the process acts with the pod's own RBAC;
+//! - readiness comes from the container's own readiness probe (httpGet or tcpSocket),
+//!   after its startup probe passed;
+//! - a process that exits is reported `terminated` with its exit code and the tail of its
+//!   output as the message, then restarted with the kubelet's back-off (restartPolicy Always);
+//! - on deletion: the preStop hook, SIGTERM, SIGKILL after the grace period, then the pod
+//!   object is removed.
+//!
+//! Pods of other images on kwok nodes are left to kwok (see `tests/k8s/kwok.yaml`).
+//! Liveness probes are not run.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::Ipv4Addr;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use futures::StreamExt;
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, EnvVar, HTTPGetAction, Node, Pod, Probe, Secret, ServiceAccount,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::sync::{Mutex, mpsc};
+
+/// What the runner needs besides the cluster.
+#[derive(Clone, Debug)]
+pub struct RunnerConfig {
+    /// Image name (last path segment, without tag) or command name → local executable.
+    pub binaries: BTreeMap<String, PathBuf>,
+    /// Paths the image would hold → local paths (prefix rewrite in args and env).
+    pub path_map: Vec<(String, PathBuf)>,
+    /// Per-pod folders (logs, volumes, kubeconfig).
+    pub work_dir: PathBuf,
+    /// The API server URL and CA file written into each pod's kubeconfig.
+    pub server: String,
+    pub ca_file: PathBuf,
+}
+
+impl RunnerConfig {
+    fn binary_for_image(&self, image: &str) -> Option<&PathBuf> {
+        let name = image.rsplit('/').next().unwrap_or(image);
+        let name = name.split(['@', ':']).next().unwrap_or(name);
+        self.binaries.get(name)
+    }
+}
+
+/// Runs until the pod watch fails for good or `shutdown` fires; on return every process it
+/// started has been stopped.
+pub async fn run(
+    client: Client,
+    config: RunnerConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    let config = Arc::new(config);
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut cidrs = HashMap::new();
+    for node in nodes
+        .list(&ListParams::default().labels("type=kwok"))
+        .await
+        .context("listing kwok nodes")?
+    {
+        if let Some(cidr) = node.spec.as_ref().and_then(|s| s.pod_cidr.clone()) {
+            cidrs.insert(node.name_any(), cidr);
+        }
+    }
+    if cidrs.is_empty() {
+        bail!("no node labelled type=kwok with a podCIDR");
+    }
+    tracing::info!(nodes = ?cidrs, "pod runner started");
+    let ips = Arc::new(IpPool {
+        cidrs,
+        used: Mutex::new(HashSet::new()),
+    });
+    let pods: Api<Pod> = Api::all(client.clone());
+    let mut stream = std::pin::pin!(watcher(pods, watcher::Config::default()));
+    let mut workers: HashMap<String, mpsc::UnboundedSender<Option<Pod>>> = HashMap::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let event = tokio::select! {
+            _ = &mut shutdown => break,
+            event = stream.next() => event,
+        };
+        let event = match event {
+            None => break,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "pod watch failed; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            Some(Ok(event)) => event,
+        };
+        let (pod, gone) = match event {
+            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => (p, false),
+            watcher::Event::Delete(p) => (p, true),
+            watcher::Event::Init | watcher::Event::InitDone => continue,
+        };
+        let uid = pod.uid().unwrap_or_default();
+        if let Some(tx) = workers.get(&uid) {
+            if tx.send((!gone).then_some(pod)).is_err() || gone {
+                workers.remove(&uid);
+            }
+            continue;
+        }
+        if gone || !ours(&config, &ips, &pod) {
+            continue;
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        workers.insert(uid, tx);
+        let worker = PodWorker::new(client.clone(), config.clone(), ips.clone(), pod);
+        tasks.spawn(worker.run(rx));
+        workers.retain(|_, tx| !tx.is_closed());
+    }
+    // Dropping the senders tells each worker that the runner stops: it kills its process.
+    for tx in workers.values() {
+        let _ = tx.send(None);
+    }
+    drop(workers);
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+fn ours(config: &RunnerConfig, ips: &IpPool, pod: &Pod) -> bool {
+    let Some(spec) = &pod.spec else { return false };
+    let on_kwok = spec
+        .node_name
+        .as_ref()
+        .is_some_and(|n| ips.cidrs.contains_key(n));
+    let finished = matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    );
+    on_kwok
+        && !finished
+        && spec.containers.iter().any(|c| {
+            c.image
+                .as_deref()
+                .is_some_and(|i| config.binary_for_image(i).is_some())
+        })
+}
+
+/// Pod IPs from the kwok nodes' CIDRs, handed out from the top of each range down (kwok
+/// hands out its own pods' IPs from the bottom up).
+struct IpPool {
+    cidrs: HashMap<String, String>,
+    used: Mutex<HashSet<Ipv4Addr>>,
+}
+
+impl IpPool {
+    async fn allocate(&self, node: &str, taken: &HashSet<Ipv4Addr>) -> Result<Ipv4Addr> {
+        let cidr = self
+            .cidrs
+            .get(node)
+            .ok_or_else(|| anyhow!("node {node} has no pod CIDR"))?;
+        let (base, bits) = cidr
+            .split_once('/')
+            .ok_or_else(|| anyhow!("bad CIDR {cidr}"))?;
+        let base: Ipv4Addr = base.parse().with_context(|| format!("bad CIDR {cidr}"))?;
+        let bits: u32 = bits.parse().with_context(|| format!("bad CIDR {cidr}"))?;
+        let size = 1u32 << (32 - bits.min(30));
+        let mut used = self.used.lock().await;
+        for offset in (2..size - 1).rev() {
+            let ip = Ipv4Addr::from(u32::from(base) + offset);
+            if !used.contains(&ip) && !taken.contains(&ip) {
+                used.insert(ip);
+                return Ok(ip);
+            }
+        }
+        bail!("pod CIDR {cidr} of node {node} is full")
+    }
+
+    async fn release(&self, ip: Ipv4Addr) {
+        self.used.lock().await.remove(&ip);
+    }
+}
+
+/// The container's state as the runner reports it.
+#[derive(Clone, Debug, PartialEq)]
+enum State {
+    Waiting { reason: String, message: String },
+    Running { started: String },
+}
+
+struct PodWorker {
+    client: Client,
+    config: Arc<RunnerConfig>,
+    ips: Arc<IpPool>,
+    pod: Pod,
+    name: String,
+    namespace: String,
+    dir: PathBuf,
+    ip: Option<Ipv4Addr>,
+    restarts: i32,
+    last_terminated: Option<Value>,
+    state: State,
+    ready: bool,
+    started_ok: bool,
+    start_time: String,
+}
+
+fn now() -> String {
+    Timestamp::now().to_string()
+}
+
+impl PodWorker {
+    fn new(client: Client, config: Arc<RunnerConfig>, ips: Arc<IpPool>, pod: Pod) -> Self {
+        let name = pod.name_any();
+        let namespace = pod.namespace().unwrap_or_else(|| "default".into());
+        let dir = config.work_dir.join(format!(
+            "{namespace}_{name}_{}",
+            pod.uid().unwrap_or_default()
+        ));
+        Self {
+            client,
+            config,
+            ips,
+            pod,
+            name,
+            namespace,
+            dir,
+            ip: None,
+            restarts: 0,
+            last_terminated: None,
+            state: State::Waiting {
+                reason: "ContainerCreating".into(),
+                message: String::new(),
+            },
+            ready: false,
+            started_ok: false,
+            start_time: now(),
+        }
+    }
+
+    fn container(&self) -> Option<&Container> {
+        let spec = self.pod.spec.as_ref()?;
+        spec.containers.iter().find(|c| {
+            c.image
+                .as_deref()
+                .is_some_and(|i| self.config.binary_for_image(i).is_some())
+        })
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    async fn run(mut self, mut updates: mpsc::UnboundedReceiver<Option<Pod>>) {
+        if let Err(e) = tokio::fs::create_dir_all(&self.dir).await {
+            tracing::error!(pod = %self.name, error = %e, "cannot create the pod folder");
+            return;
+        }
+        match self.assign_ip().await {
+            Ok(ip) => self.ip = Some(ip),
+            Err(e) => {
+                tracing::error!(pod = %self.name, error = %e, "no pod IP");
+                return;
+            }
+        }
+        let mut backoff = Duration::from_secs(10);
+        loop {
+            if self.deleting() {
+                self.finish(None).await;
+                return;
+            }
+            let child = match self.prepare_and_spawn().await {
+                Ok(child) => child,
+                Err(e) => {
+                    tracing::warn!(pod = %self.name, error = %e, "container not started");
+                    self.state = State::Waiting {
+                        reason: "CreateContainerConfigError".into(),
+                        message: format!("{e:#}"),
+                    };
+                    self.report().await;
+                    if !self
+                        .wait_or_update(&mut updates, Duration::from_secs(3))
+                        .await
+                    {
+                        self.finish(None).await;
+                        return;
+                    }
+                    continue;
+                }
+            };
+            self.state = State::Running { started: now() };
+            self.ready = false;
+            self.started_ok = false;
+            self.report().await;
+            match self.supervise(child, &mut updates).await {
+                Outcome::Stopped => return,
+                Outcome::Exited(status) => {
+                    let message = self.log_tail().await;
+                    let code = status
+                        .code()
+                        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+                    tracing::warn!(pod = %self.name, code, "container exited");
+                    let started = match &self.state {
+                        State::Running { started } => started.clone(),
+                        State::Waiting { .. } => now(),
+                    };
+                    self.last_terminated = Some(json!({
+                        "exitCode": code,
+                        "reason": if code == 0 { "Completed" } else { "Error" },
+                        "message": message,
+                        "startedAt": started,
+                        "finishedAt": now(),
+                    }));
+                    self.restarts += 1;
+                    self.ready = false;
+                    self.state = State::Waiting {
+                        reason: "CrashLoopBackOff".into(),
+                        message: format!(
+                            "back-off {}s restarting failed container={} pod={}_{}",
+                            backoff.as_secs(),
+                            self.container().map(|c| c.name.as_str()).unwrap_or(""),
+                            self.name,
+                            self.namespace
+                        ),
+                    };
+                    self.report().await;
+                    if !self.wait_or_update(&mut updates, backoff).await {
+                        self.finish(None).await;
+                        return;
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(300));
+                }
+            }
+        }
+    }
+
+    fn deleting(&self) -> bool {
+        self.pod.metadata.deletion_timestamp.is_some()
+    }
+
+    /// Waits `delay` while taking pod updates; false when the pod is going away.
+    async fn wait_or_update(
+        &mut self,
+        updates: &mut mpsc::UnboundedReceiver<Option<Pod>>,
+        delay: Duration,
+    ) -> bool {
+        let deadline = tokio::time::Instant::now() + delay;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => return true,
+                update = updates.recv() => match update {
+                    Some(Some(pod)) => {
+                        self.pod = pod;
+                        if self.deleting() {
+                            return false;
+                        }
+                    }
+                    _ => return false,
+                },
+            }
+        }
+    }
+
+    async fn assign_ip(&self) -> Result<Ipv4Addr> {
+        if let Some(ip) = self
+            .pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.as_deref())
+            .and_then(|ip| ip.parse().ok())
+        {
+            self.ips.used.lock().await.insert(ip);
+            return Ok(ip);
+        }
+        let node = self
+            .pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        let all: Api<Pod> = Api::all(self.client.clone());
+        let taken: HashSet<Ipv4Addr> = all
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await?
+            .items
+            .iter()
+            .filter_map(|p| p.status.as_ref()?.pod_ip.as_deref()?.parse().ok())
+            .collect();
+        self.ips.allocate(&node, &taken).await
+    }
+
+    /// Writes the pod's status as the kubelet would from what the worker knows.
+    async fn report(&self) {
+        let Some(container) = self.container() else {
+            return;
+        };
+        let ip = self.ip.map(|ip| ip.to_string());
+        let ready = self.ready && matches!(self.state, State::Running { .. });
+        let state = match &self.state {
+            State::Waiting { reason, message } => {
+                json!({"waiting": {"reason": reason, "message": message}})
+            }
+            State::Running { started } => json!({"running": {"startedAt": started}}),
+        };
+        let mut status_entry = json!({
+            "name": container.name,
+            "image": container.image,
+            "imageID": "",
+            "ready": ready,
+            "started": matches!(self.state, State::Running { .. }),
+            "restartCount": self.restarts,
+            "state": state,
+        });
+        if let Some(t) = &self.last_terminated {
+            status_entry["lastState"] = json!({"terminated": t});
+        }
+        let ts = now();
+        let flag = |b: bool| if b { "True" } else { "False" };
+        let mut conditions: Vec<Value> = self
+            .pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .map(|cs| {
+                cs.iter()
+                    .filter(|c| {
+                        !matches!(
+                            c.type_.as_str(),
+                            "Ready"
+                                | "ContainersReady"
+                                | "Initialized"
+                                | "PodReadyToStartContainers"
+                        )
+                    })
+                    .filter_map(|c| serde_json::to_value(c).ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let old = |t: &str| {
+            self.pod
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|cs| cs.iter().find(|c| c.type_ == t))
+                .map(|c| (c.status.clone(), c.last_transition_time.clone()))
+        };
+        for (t, value) in [
+            ("PodReadyToStartContainers", true),
+            ("Initialized", true),
+            ("ContainersReady", ready),
+            ("Ready", ready),
+        ] {
+            let since = match old(t) {
+                Some((s, Some(time))) if s == flag(value) => time.0.to_string(),
+                _ => ts.clone(),
+            };
+            let mut c = json!({"type": t, "status": flag(value), "lastTransitionTime": since});
+            if !value {
+                c["reason"] = "ContainersNotReady".into();
+                c["message"] =
+                    format!("containers with unready status: [{}]", container.name).into();
+            }
+            conditions.push(c);
+        }
+        let patch = json!({
+            "status": {
+                "phase": "Running",
+                "hostIP": "127.0.0.1",
+                "hostIPs": [{"ip": "127.0.0.1"}],
+                "podIP": ip,
+                "podIPs": ip.as_ref().map(|ip| vec![json!({"ip": ip})]),
+                "startTime": self.start_time,
+                "conditions": conditions,
+                "containerStatuses": [status_entry],
+            }
+        });
+        if let Err(e) = self
+            .pods()
+            .patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            tracing::warn!(pod = %self.name, error = %e, "status update failed");
+        }
+    }
+
+    async fn prepare_and_spawn(&mut self) -> Result<tokio::process::Child> {
+        let container = self
+            .container()
+            .cloned()
+            .ok_or_else(|| anyhow!("no container of ours"))?;
+        let image = container.image.clone().unwrap_or_default();
+        let ip = self.ip.ok_or_else(|| anyhow!("no pod IP"))?.to_string();
+        let mut paths = self.config.path_map.clone();
+        paths.extend(self.write_volumes(&container).await?);
+        let mut env = self.resolve_env(&container, &ip).await?;
+        if let Some(kubeconfig) = self.write_kubeconfig().await? {
+            env.push(("KUBECONFIG".into(), kubeconfig.display().to_string()));
+        }
+        let map_value = |v: &str| -> String {
+            let v = v.replace("0.0.0.0", &ip);
+            rewrite_paths(&v, &paths)
+        };
+        let env: Vec<(String, String)> = env.into_iter().map(|(k, v)| (k, map_value(&v))).collect();
+        let lookup: HashMap<&str, &str> =
+            env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let mut argv: Vec<String> = match &container.command {
+            Some(cmd) if !cmd.is_empty() => cmd.clone(),
+            _ => vec![String::new()],
+        };
+        argv.extend(container.args.clone().unwrap_or_default());
+        let argv: Vec<String> = argv
+            .iter()
+            .map(|a| map_value(&expand(a, &lookup)))
+            .collect();
+        let program = if argv[0].is_empty() {
+            self.config.binary_for_image(&image).cloned()
+        } else {
+            let base = argv[0].rsplit('/').next().unwrap_or(&argv[0]);
+            self.config.binaries.get(base).cloned()
+        }
+        .ok_or_else(|| anyhow!("no local binary for {:?} of image {image}", argv[0]))?;
+        let log = std::fs::File::create(self.dir.join("container.log"))?;
+        let mut cmd = tokio::process::Command::new(&program);
+        cmd.args(&argv[1..])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", &self.dir)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0)
+            .kill_on_drop(true);
+        // SAFETY: prctl is async-signal-safe; the child dies with the runner's thread.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        tracing::info!(pod = %self.name, program = %program.display(), args = ?&argv[1..], "starting container");
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {}", program.display()))?;
+        Ok(child)
+    }
+
+    async fn resolve_env(&self, container: &Container, ip: &str) -> Result<Vec<(String, String)>> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        for from in container.env_from.iter().flatten() {
+            let prefix = from.prefix.clone().unwrap_or_default();
+            if let Some(r) = &from.secret_ref {
+                let data = self
+                    .secret_data(&r.name, r.optional.unwrap_or(false))
+                    .await?;
+                out.extend(data.into_iter().map(|(k, v)| (format!("{prefix}{k}"), v)));
+            }
+            if let Some(r) = &from.config_map_ref {
+                let data = self
+                    .config_map_data(&r.name, r.optional.unwrap_or(false))
+                    .await?;
+                out.extend(data.into_iter().map(|(k, v)| (format!("{prefix}{k}"), v)));
+            }
+        }
+        for EnvVar {
+            name,
+            value,
+            value_from,
+        } in container.env.iter().flatten()
+        {
+            let resolved = if let Some(v) = value {
+                let lookup: HashMap<&str, &str> =
+                    out.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                Some(expand(v, &lookup))
+            } else if let Some(src) = value_from {
+                if let Some(r) = &src.secret_key_ref {
+                    let data = self
+                        .secret_data(&r.name, r.optional.unwrap_or(false))
+                        .await?;
+                    match data.get(&r.key) {
+                        Some(v) => Some(v.clone()),
+                        None if r.optional.unwrap_or(false) => None,
+                        None => bail!(
+                            "couldn't find key {} in Secret {}/{}",
+                            r.key,
+                            self.namespace,
+                            r.name
+                        ),
+                    }
+                } else if let Some(r) = &src.config_map_key_ref {
+                    let data = self
+                        .config_map_data(&r.name, r.optional.unwrap_or(false))
+                        .await?;
+                    match data.get(&r.key) {
+                        Some(v) => Some(v.clone()),
+                        None if r.optional.unwrap_or(false) => None,
+                        None => bail!(
+                            "couldn't find key {} in ConfigMap {}/{}",
+                            r.key,
+                            self.namespace,
+                            r.name
+                        ),
+                    }
+                } else if let Some(f) = &src.field_ref {
+                    Some(self.field(&f.field_path, ip)?)
+                } else {
+                    src.resource_field_ref
+                        .as_ref()
+                        .map(|r| self.resource_field(container, &r.resource))
+                }
+            } else {
+                Some(String::new())
+            };
+            if let Some(v) = resolved {
+                out.retain(|(k, _)| k != name);
+                out.push((name.clone(), v));
+            }
+        }
+        Ok(out)
+    }
+
+    fn field(&self, path: &str, ip: &str) -> Result<String> {
+        let m = &self.pod.metadata;
+        let spec = self.pod.spec.as_ref();
+        let keyed = |prefix: &str, map: &Option<BTreeMap<String, String>>| -> Option<String> {
+            let key = path.strip_prefix(prefix)?.strip_suffix("']")?;
+            Some(map.as_ref()?.get(key).cloned().unwrap_or_default())
+        };
+        Ok(match path {
+            "metadata.name" => self.name.clone(),
+            "metadata.namespace" => self.namespace.clone(),
+            "metadata.uid" => m.uid.clone().unwrap_or_default(),
+            "spec.nodeName" => spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
+            "spec.serviceAccountName" => spec
+                .and_then(|s| s.service_account_name.clone())
+                .unwrap_or_default(),
+            "status.podIP" | "status.podIPs" => ip.to_string(),
+            "status.hostIP" | "status.hostIPs" => "127.0.0.1".into(),
+            _ => keyed("metadata.labels['", &m.labels)
+                .or_else(|| keyed("metadata.annotations['", &m.annotations))
+                .ok_or_else(|| anyhow!("unsupported fieldRef {path}"))?,
+        })
+    }
+
+    fn resource_field(&self, container: &Container, resource: &str) -> String {
+        let (kind, name) = resource.split_once('.').unwrap_or(("limits", resource));
+        let res = container.resources.as_ref();
+        let list = match kind {
+            "requests" => res.and_then(|r| r.requests.as_ref()),
+            _ => res.and_then(|r| r.limits.as_ref()),
+        };
+        list.and_then(|l| l.get(name))
+            .map(|q| q.0.clone())
+            .unwrap_or_else(|| "0".into())
+    }
+
+    async fn secret_data(&self, name: &str, optional: bool) -> Result<BTreeMap<String, String>> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        match api.get_opt(name).await? {
+            Some(s) => {
+                let mut out: BTreeMap<String, String> = s
+                    .data
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+                    .collect();
+                out.extend(s.string_data.unwrap_or_default());
+                Ok(out)
+            }
+            None if optional => Ok(BTreeMap::new()),
+            None => bail!("secret \"{name}\" not found"),
+        }
+    }
+
+    async fn config_map_data(
+        &self,
+        name: &str,
+        optional: bool,
+    ) -> Result<BTreeMap<String, String>> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        match api.get_opt(name).await? {
+            Some(c) => Ok(c.data.unwrap_or_default()),
+            None if optional => Ok(BTreeMap::new()),
+            None => bail!("configmap \"{name}\" not found"),
+        }
+    }
+
+    /// Writes each mounted Secret, ConfigMap, downward API or emptyDir volume under the pod
+    /// folder; returns mount path → local folder.
+    async fn write_volumes(&self, container: &Container) -> Result<Vec<(String, PathBuf)>> {
+        let volumes = self
+            .pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.volumes.clone())
+            .unwrap_or_default();
+        let mut out = Vec::new();
+        for mount in container.volume_mounts.iter().flatten() {
+            // /dev/shm exists on the host: an emptyDir there is the host's.
+            if mount.mount_path == "/dev/shm" {
+                continue;
+            }
+            let Some(volume) = volumes.iter().find(|v| v.name == mount.name) else {
+                bail!(
+                    "volume {} of mount {} not found",
+                    mount.name,
+                    mount.mount_path
+                );
+            };
+            let dir = self.dir.join("volumes").join(&volume.name);
+            tokio::fs::create_dir_all(&dir).await?;
+            let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+            if let Some(s) = &volume.secret {
+                let name = s.secret_name.clone().unwrap_or_default();
+                let data = self.secret_data(&name, s.optional.unwrap_or(false)).await?;
+                files.extend(data.into_iter().map(|(k, v)| (k, v.into_bytes())));
+            } else if let Some(c) = &volume.config_map {
+                let data = self
+                    .config_map_data(&c.name, c.optional.unwrap_or(false))
+                    .await?;
+                files.extend(data.into_iter().map(|(k, v)| (k, v.into_bytes())));
+            } else if let Some(d) = &volume.downward_api {
+                let ip = self.ip.map(|i| i.to_string()).unwrap_or_default();
+                for item in d.items.iter().flatten() {
+                    if let Some(f) = &item.field_ref {
+                        files.insert(
+                            item.path.clone(),
+                            self.field(&f.field_path, &ip)?.into_bytes(),
+                        );
+                    }
+                }
+            } else if volume.empty_dir.is_none() {
+                // PVCs, host paths, projected tokens: nothing to provide locally.
+                continue;
+            }
+            for (key, bytes) in files {
+                let path = dir.join(&key);
+                if let Some(parent) = path.parent() {
+                    tokio::fs::create_dir_all(parent).await?;
+                }
+                tokio::fs::write(&path, bytes).await?;
+            }
+            let local = match &mount.sub_path {
+                Some(sub) if !sub.is_empty() => dir.join(sub),
+                _ => dir,
+            };
+            out.push((mount.mount_path.clone(), local));
+        }
+        Ok(out)
+    }
+
+    /// A kubeconfig with a bound token of the pod's service account, unless the pod opts out.
+    async fn write_kubeconfig(&self) -> Result<Option<PathBuf>> {
+        let spec = self.pod.spec.as_ref();
+        if spec.and_then(|s| s.automount_service_account_token) == Some(false) {
+            return Ok(None);
+        }
+        let sa = spec
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_else(|| "default".into());
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &self.namespace);
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                expiration_seconds: Some(24 * 3600),
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(self.name.clone()),
+                    uid: self.pod.uid(),
+                }),
+                ..TokenRequestSpec::default()
+            }),
+            ..TokenRequest::default()
+        };
+        let token = api
+            .create_token_request(&sa, &PostParams::default(), &request)
+            .await
+            .with_context(|| format!("token for service account {}/{sa}", self.namespace))?
+            .status
+            .and_then(|s| s.token)
+            .ok_or_else(|| anyhow!("the token request returned no token"))?;
+        let path = self.dir.join("kubeconfig");
+        let yaml = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u, namespace: {}}}\ncurrent-context: c\n",
+            self.config.server,
+            self.config.ca_file.display(),
+            self.namespace
+        );
+        tokio::fs::write(&path, yaml).await?;
+        Ok(Some(path))
+    }
+
+    async fn log_tail(&self) -> String {
+        const TAIL: u64 = 2048;
+        let Ok(mut f) = tokio::fs::File::open(self.dir.join("container.log")).await else {
+            return String::new();
+        };
+        let len = f.metadata().await.map(|m| m.len()).unwrap_or(0);
+        let _ = f
+            .seek(std::io::SeekFrom::Start(len.saturating_sub(TAIL)))
+            .await;
+        let mut buf = Vec::new();
+        let _ = f.read_to_end(&mut buf).await;
+        String::from_utf8_lossy(&buf).trim().to_string()
+    }
+
+    /// Runs the probes and waits for the process to exit or the pod to go away.
+    async fn supervise(
+        &mut self,
+        mut child: tokio::process::Child,
+        updates: &mut mpsc::UnboundedReceiver<Option<Pod>>,
+    ) -> Outcome {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap_or_default();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut failures = 0;
+        loop {
+            tokio::select! {
+                status = child.wait() => {
+                    return match status {
+                        Ok(s) => Outcome::Exited(s),
+                        Err(_) => Outcome::Exited(std::process::ExitStatus::from_raw(1 << 8)),
+                    };
+                }
+                update = updates.recv() => match update {
+                    Some(Some(pod)) => {
+                        self.pod = pod;
+                        if self.deleting() {
+                            self.finish(Some(child)).await;
+                            return Outcome::Stopped;
+                        }
+                    }
+                    _ => {
+                        self.finish(Some(child)).await;
+                        return Outcome::Stopped;
+                    }
+                },
+                _ = tick.tick() => {
+                    let Some(container) = self.container().cloned() else { continue };
+                    if !self.started_ok {
+                        self.started_ok = match &container.startup_probe {
+                            Some(p) => self.probe(&http, &container, p).await,
+                            None => true,
+                        };
+                        if !self.started_ok {
+                            continue;
+                        }
+                    }
+                    let ok = match &container.readiness_probe {
+                        Some(p) => self.probe(&http, &container, p).await,
+                        None => true,
+                    };
+                    let threshold = container
+                        .readiness_probe
+                        .as_ref()
+                        .and_then(|p| p.failure_threshold)
+                        .unwrap_or(3);
+                    failures = if ok { 0 } else { failures + 1 };
+                    let ready = if ok { true } else if failures >= threshold { false } else { self.ready };
+                    if ready != self.ready {
+                        self.ready = ready;
+                        tracing::info!(pod = %self.name, ready, "readiness changed");
+                        self.report().await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn probe(&self, http: &reqwest::Client, container: &Container, probe: &Probe) -> bool {
+        let ip = self.ip.map(|i| i.to_string()).unwrap_or_default();
+        let timeout = Duration::from_secs(probe.timeout_seconds.unwrap_or(1).max(1) as u64);
+        if let Some(get) = &probe.http_get {
+            let Some(port) = resolve_port(container, &get.port) else {
+                return false;
+            };
+            return http_get(http, &ip, port, get, timeout).await;
+        }
+        if let Some(tcp) = &probe.tcp_socket {
+            let Some(port) = resolve_port(container, &tcp.port) else {
+                return false;
+            };
+            let host = tcp.host.clone().unwrap_or(ip);
+            return tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host, port)))
+                .await
+                .is_ok_and(|r| r.is_ok());
+        }
+        // exec probes and gRPC probes are not run: count them as passing.
+        true
+    }
+
+    /// preStop, SIGTERM, SIGKILL after the grace period; then the pod object goes.
+    async fn finish(&mut self, child: Option<tokio::process::Child>) {
+        let grace = self
+            .pod
+            .metadata
+            .deletion_grace_period_seconds
+            .or_else(|| {
+                self.pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.termination_grace_period_seconds)
+            })
+            .unwrap_or(30)
+            .max(0) as u64;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(grace);
+        let deleting = self.deleting();
+        if let Some(mut child) = child {
+            if deleting {
+                self.pre_stop(deadline).await;
+            }
+            if let Some(pid) = child.id() {
+                // SAFETY: signalling our own child's process group.
+                unsafe { libc::kill(-(pid as i32), libc::SIGTERM) };
+            }
+            let wait_until = if deleting {
+                deadline
+            } else {
+                tokio::time::Instant::now() + Duration::from_secs(5)
+            };
+            if tokio::time::timeout_at(wait_until, child.wait())
+                .await
+                .is_err()
+            {
+                tracing::warn!(pod = %self.name, "grace period over: SIGKILL");
+                if let Some(pid) = child.id() {
+                    // SAFETY: as above.
+                    unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+                }
+                let _ = child.kill().await;
+            }
+        }
+        if let Some(ip) = self.ip.take() {
+            self.ips.release(ip).await;
+        }
+        if deleting {
+            let dp = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: self.pod.uid().map(|uid| Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match self.pods().delete(&self.name, &dp).await {
+                Ok(_) => tracing::info!(pod = %self.name, "pod stopped and removed"),
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                Err(e) => tracing::warn!(pod = %self.name, error = %e, "pod delete failed"),
+            }
+        }
+    }
+
+    async fn pre_stop(&self, deadline: tokio::time::Instant) {
+        let Some(container) = self.container().cloned() else {
+            return;
+        };
+        let Some(hook) = container
+            .lifecycle
+            .as_ref()
+            .and_then(|l| l.pre_stop.clone())
+        else {
+            return;
+        };
+        let ip = self.ip.map(|i| i.to_string()).unwrap_or_default();
+        if let Some(get) = &hook.http_get {
+            if let Some(port) = resolve_port(&container, &get.port) {
+                let http = reqwest::Client::new();
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let _ = http_get(&http, &ip, port, get, left).await;
+            }
+        } else if let Some(exec) = &hook.exec {
+            let command = exec.command.clone().unwrap_or_default();
+            if let Some((program, args)) = command.split_first() {
+                let run = tokio::process::Command::new(program)
+                    .args(args)
+                    .current_dir(&self.dir)
+                    .kill_on_drop(true)
+                    .status();
+                let _ = tokio::time::timeout_at(deadline, run).await;
+            }
+        } else if let Some(sleep) = &hook.sleep {
+            let until =
+                tokio::time::Instant::now() + Duration::from_secs(sleep.seconds.max(0) as u64);
+            tokio::time::sleep_until(until.min(deadline)).await;
+        }
+    }
+}
+
+enum Outcome {
+    Exited(std::process::ExitStatus),
+    Stopped,
+}
+
+fn resolve_port(container: &Container, port: &IntOrString) -> Option<u16> {
+    match port {
+        IntOrString::Int(p) => u16::try_from(*p).ok(),
+        IntOrString::String(name) => container
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_deref() == Some(name))
+            .and_then(|p| u16::try_from(p.container_port).ok()),
+    }
+}
+
+async fn http_get(
+    http: &reqwest::Client,
+    ip: &str,
+    port: u16,
+    get: &HTTPGetAction,
+    timeout: Duration,
+) -> bool {
+    let host = get.host.clone().unwrap_or_else(|| ip.to_string());
+    let scheme = get.scheme.as_deref().unwrap_or("HTTP").to_lowercase();
+    let path = get.path.as_deref().unwrap_or("/");
+    let mut req = http
+        .get(format!("{scheme}://{host}:{port}{path}"))
+        .timeout(timeout);
+    for h in get.http_headers.iter().flatten() {
+        req = req.header(&h.name, &h.value);
+    }
+    req.send()
+        .await
+        .is_ok_and(|r| (200..400).contains(&r.status().as_u16()))
+}
+
+/// `$(VAR)` expansion as the kubelet does it: known names are replaced, `$$` escapes,
+/// unknown references stay as written.
+pub fn expand(s: &str, vars: &HashMap<&str, &str>) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(inner) = after.strip_prefix('(')
+            && let Some(end) = inner.find(')')
+            && let Some(value) = vars.get(&inner[..end])
+        {
+            out.push_str(value);
+            rest = &inner[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Rewrites a value that is, or contains after `=`, a path under a mapped prefix.
+pub fn rewrite_paths(v: &str, map: &[(String, PathBuf)]) -> String {
+    let rewrite = |p: &str| -> Option<String> {
+        map.iter().find_map(|(prefix, local)| {
+            let prefix = prefix.trim_end_matches('/');
+            let rest = p.strip_prefix(prefix)?;
+            (rest.is_empty() || rest.starts_with('/')).then(|| format!("{}{rest}", local.display()))
+        })
+    };
+    if let Some(r) = rewrite(v) {
+        return r;
+    }
+    if let Some((k, p)) = v.split_once('=')
+        && let Some(r) = rewrite(p)
+    {
+        return format!("{k}={r}");
+    }
+    v.to_string()
+}
+
+/// The runner's defaults: our three binaries from a folder (target/release).
+pub fn default_binaries(dir: &Path) -> BTreeMap<String, PathBuf> {
+    ["sgl-engine", "sgl-router", "sgl-operator"]
+        .into_iter()
+        .map(|b| (b.to_string(), dir.join(b)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expansion_follows_the_kubelet() {
+        let vars = HashMap::from([("KEY", "s3cret"), ("IP", "127.1.0.9")]);
+        assert_eq!(expand("--api-key=$(KEY)", &vars), "--api-key=s3cret");
+        assert_eq!(expand("$(IP):$(MISSING)", &vars), "127.1.0.9:$(MISSING)");
+        assert_eq!(expand("$$(KEY) $", &vars), "$(KEY) $");
+    }
+
+    #[test]
+    fn paths_under_a_mapped_prefix_are_rewritten() {
+        let map = vec![("/models".to_string(), PathBuf::from("/cache/m"))];
+        assert_eq!(rewrite_paths("/models/a.gguf", &map), "/cache/m/a.gguf");
+        assert_eq!(
+            rewrite_paths("--model=/models/a", &map),
+            "--model=/cache/m/a"
+        );
+        assert_eq!(rewrite_paths("/modelsx/a", &map), "/modelsx/a");
+        assert_eq!(rewrite_paths("plain", &map), "plain");
+    }
+
+    #[test]
+    fn images_map_by_their_last_segment() {
+        let c = RunnerConfig {
+            binaries: default_binaries(Path::new("/bin")),
+            path_map: vec![],
+            work_dir: PathBuf::new(),
+            server: String::new(),
+            ca_file: PathBuf::new(),
+        };
+        assert!(
+            c.binary_for_image("ghcr.io/sgl-rs/sgl-engine:0.1.0")
+                .is_some()
+        );
+        assert!(c.binary_for_image("sgl-router@sha256:abc").is_some());
+        assert!(c.binary_for_image("nginx:1.27").is_none());
+        assert!(c.binary_for_image("ghcr.io/x/sgl-engine-extra:1").is_none());
+    }
+}

@@ -1,0 +1,1027 @@
+//! End to end on a real control plane (`tests/k8s/cluster.sh`): the chart installed with the
+//! real Helm, the operator running with the chart's service account, engines and routers
+//! running as processes in pods bound to kwok nodes (the pod runner), checked with kubectl,
+//! the Kubernetes API and HTTP on the pod IPs.
+//!
+//! Skipped (with a message) when the control plane is not built; `SGL_K8S_REQUIRED=1` (set by
+//! `.ci/run`) makes that a failure. The tests share one cluster and take turns on it.
+#![allow(
+    clippy::await_holding_lock,
+    reason = "each test holds the cluster's turn (a std mutex) for its whole body, on its own runtime"
+)]
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use sgl_crds::SGLangService;
+use sgl_e2e_tests::k8s::cluster::{Cluster, WAIT, wait_for};
+use sgl_e2e_tests::workspace_root;
+
+const RUNNER: &str = env!("CARGO_BIN_EXE_k8s-pod-runner");
+const CHART_NS: &str = "sgl-system";
+const RELEASE: &str = "sgl";
+
+macro_rules! cluster {
+    () => {
+        match Cluster::get(RUNNER) {
+            Some(c) => c,
+            None => return,
+        }
+    };
+}
+
+fn chart_dir() -> String {
+    workspace_root().join("helm").display().to_string()
+}
+
+/// Installs the chart once (release `sgl` in `sgl-system`) and waits for the operator.
+async fn ensure_chart(c: &Cluster, client: &Client) {
+    if !c
+        .helm_raw(&["status", RELEASE, "-n", CHART_NS])
+        .status
+        .success()
+    {
+        c.helm(&[
+            "install",
+            RELEASE,
+            &chart_dir(),
+            "-n",
+            CHART_NS,
+            "--create-namespace",
+            "--wait",
+            "--timeout",
+            "5m",
+        ]);
+    }
+    wait_for("the operator Deployment to be available", WAIT, || async {
+        let d = operator_deployment(client).await;
+        let want = d.spec.replicas.unwrap_or(1);
+        let ready = d
+            .status
+            .as_ref()
+            .and_then(|s| s.ready_replicas)
+            .unwrap_or(0);
+        (ready >= want)
+            .then_some(())
+            .ok_or(format!("{ready}/{want} ready"))
+    })
+    .await;
+}
+
+/// The operator Deployment of the main release.
+async fn operator_deployment(client: &Client) -> Deployment {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), CHART_NS);
+    let list = deployments
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}")))
+        .await
+        .unwrap_or_else(|e| panic!("listing deployments: {e}"));
+    list.items
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("no operator Deployment for release {RELEASE}"))
+}
+
+fn ensure_namespace(c: &Cluster, ns: &str) {
+    c.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n"
+    ));
+}
+
+async fn ready_pods(client: &Client, ns: &str, selector: &str) -> Result<Vec<Pod>, String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let list = pods
+        .list(&ListParams::default().labels(selector))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && pod_ready(p))
+        .collect())
+}
+
+fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn pod_ip(p: &Pod) -> String {
+    p.status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .unwrap_or_else(|| panic!("pod {} has no IP", p.name_any()))
+}
+
+fn example(name: &str) -> String {
+    let path = workspace_root().join("examples").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Waits until `n` engine pods and one router pod of service `name` are ready.
+async fn wait_serving(c: &Cluster, client: &Client, ns: &str, name: &str, n: usize) -> Vec<Pod> {
+    let engines = format!("serving.sgl-rs.io/engine={name}");
+    let what = format!("{n} ready engine pods of {ns}/{name}");
+    let pods = wait_for(&what, WAIT, || async {
+        let pods = ready_pods(client, ns, &engines).await?;
+        (pods.len() == n).then_some(pods.clone()).ok_or_else(|| {
+            format!(
+                "{} ready; runner log:\n{}",
+                pods.len(),
+                c.log_tail("pod-runner", 15)
+            )
+        })
+    })
+    .await;
+    wait_for("a ready router pod", WAIT, || async {
+        let routers = router_pods(client, ns, name).await?;
+        (!routers.is_empty())
+            .then_some(())
+            .ok_or_else(|| "no ready router pod".to_string())
+    })
+    .await;
+    pods
+}
+
+async fn router_pods(client: &Client, ns: &str, name: &str) -> Result<Vec<Pod>, String> {
+    ready_pods(
+        client,
+        ns,
+        &format!("app.kubernetes.io/instance={name},app.kubernetes.io/component=router"),
+    )
+    .await
+}
+
+async fn chat(
+    http: &reqwest::Client,
+    ip: &str,
+    model: &str,
+    prompt: &str,
+) -> Result<Value, String> {
+    let resp = http
+        .post(format!("http://{ip}:30000/v1/chat/completions"))
+        .json(&json!({
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 8,
+            "temperature": 0,
+        }))
+        .timeout(Duration::from_secs(120))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let body: Value = resp.json().await.map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        return Err(format!("{status}: {body}"));
+    }
+    Ok(body)
+}
+
+/// Deletes a service and waits until it is gone.
+async fn delete_service(client: &Client, ns: &str, name: &str) {
+    let api: Api<SGLangService> = Api::namespaced(client.clone(), ns);
+    let _ = api.delete(name, &DeleteParams::foreground()).await;
+    wait_for(&format!("{ns}/{name} to be deleted"), WAIT, || async {
+        match api.get_opt(name).await {
+            Ok(None) => Ok(()),
+            Ok(Some(_)) => Err("still there".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await;
+}
+
+/// A service of an image that is not ours: kwok reports its pods Running and Ready without
+/// running anything, so the operator's objects are checked without loading engines.
+fn fake_service(ns: &str, name: &str, dp: i32, extra: &str) -> String {
+    format!(
+        r#"apiVersion: serving.sgl-rs.io/v1alpha1
+kind: SGLangService
+metadata:
+  name: {name}
+  namespace: {ns}
+spec:
+  model:
+    path: /models/fake.gguf
+  image: example.com/fake-engine:1
+  device: cpu
+  tpSize: 1
+  dpSize: {dp}
+  router:
+    image: example.com/fake-router:1
+{extra}"#
+    )
+}
+
+#[tokio::test]
+async fn a1_control_plane_binds_and_runs_a_tolerating_pod() {
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    let nodes = c.kubectl(&["get", "nodes", "-o", "name"]);
+    for n in ["kwok-node-0", "kwok-gpu-0", "kwok-tainted-0"] {
+        assert!(nodes.contains(n), "node {n} missing: {nodes}");
+    }
+    let ns = "smoke";
+    ensure_namespace(c, ns);
+    let pod = |name: &str, tolerate: bool| {
+        let tol = if tolerate {
+            "  tolerations:\n  - {key: kwok.x-k8s.io/node, operator: Exists, effect: NoSchedule}\n"
+        } else {
+            ""
+        };
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  nodeSelector: {{kubernetes.io/hostname: kwok-tainted-0}}\n{tol}  containers:\n  - name: c\n    image: registry.example/anything:1.0\n"
+        )
+    };
+    c.apply(&pod("tolerating", true));
+    c.apply(&pod("intolerant", false));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let running = wait_for("the tolerating pod to run", WAIT, || async {
+        let p = pods.get("tolerating").await.map_err(|e| e.to_string())?;
+        let phase = p.status.as_ref().and_then(|s| s.phase.clone());
+        (phase.as_deref() == Some("Running") && pod_ready(&p))
+            .then_some(p.clone())
+            .ok_or(format!("phase {phase:?}"))
+    })
+    .await;
+    assert_eq!(
+        running.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some("kwok-tainted-0")
+    );
+    assert!(
+        pod_ip(&running).starts_with("127.3."),
+        "pod IP {} is not in the node's CIDR",
+        pod_ip(&running)
+    );
+    let intolerant = wait_for(
+        "the scheduler to refuse the intolerant pod",
+        WAIT,
+        || async {
+            let p = pods.get("intolerant").await.map_err(|e| e.to_string())?;
+            let cond = p
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled").cloned());
+            match cond {
+                Some(c) if c.status == "False" => Ok(c),
+                other => Err(format!("PodScheduled {other:?}")),
+            }
+        },
+    )
+    .await;
+    assert_eq!(intolerant.reason.as_deref(), Some("Unschedulable"));
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
+    let lease = wait_for("the controller manager's leader lease", WAIT, || async {
+        leases
+            .get("kube-controller-manager")
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    assert!(lease.spec.and_then(|s| s.holder_identity).is_some());
+    c.kubectl(&["delete", "namespace", ns, "--wait=true", "--timeout=180s"]);
+}
+
+#[tokio::test]
+async fn b1_helm_install_runs_the_operator_with_the_chart_service_account() {
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    ensure_chart(c, &client).await;
+    let crd = c.kubectl(&[
+        "get",
+        "crd",
+        "sglangservices.serving.sgl-rs.io",
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+    ]);
+    assert_eq!(crd.trim(), "True");
+    let d = operator_deployment(&client).await;
+    let sa = d
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone())
+        .unwrap_or_else(|| panic!("the operator Deployment names no service account"));
+    let me = format!("system:serviceaccount:{CHART_NS}:{sa}");
+    // What the operator needs, the chart grants; what it does not, it does not.
+    for (verb, resource, sub, expect) in [
+        ("patch", "statefulsets.apps", "", "yes"),
+        ("create", "horizontalpodautoscalers.autoscaling", "", "yes"),
+        ("patch", "sglangservices.serving.sgl-rs.io", "status", "yes"),
+        ("patch", "sglangservices.serving.sgl-rs.io", "", "no"),
+        ("delete", "nodes", "", "no"),
+        ("get", "secrets", "", "no"),
+    ] {
+        let mut args = vec![
+            "auth", "can-i", verb, resource, "-n", "default", "--as", &me,
+        ];
+        let subresource = format!("--subresource={sub}");
+        if !sub.is_empty() {
+            args.push(&subresource);
+        }
+        let out = c.kubectl_raw(&args, None);
+        let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert_eq!(said, expect, "can {me} {verb} {resource} {sub}?");
+    }
+    // The operator pods run as processes that use the service account's token: the leader
+    // Lease they write is proof that the chart's RBAC lets them work.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), CHART_NS);
+    let pods = ready_pods(
+        &client,
+        CHART_NS,
+        &format!("app.kubernetes.io/instance={RELEASE}"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let names: HashSet<String> = pods.iter().map(|p| p.name_any()).collect();
+    let holder = wait_for("an operator pod to hold the leader lease", WAIT, || async {
+        let list = leases
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .iter()
+            .filter_map(|l| l.spec.as_ref()?.holder_identity.clone())
+            .find(|h| names.contains(h))
+            .ok_or(format!(
+                "leases: {:?}",
+                list.items.iter().map(|l| l.name_any()).collect::<Vec<_>>()
+            ))
+    })
+    .await;
+    assert!(names.contains(&holder));
+}
+
+#[tokio::test]
+async fn c1_cpu_example_serves_chat_through_the_router_and_scales_to_three() {
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    ensure_chart(c, &client).await;
+    let (ns, name) = ("default", "smollm2");
+    c.apply(&example("cpu-smollm2.yaml"));
+    wait_serving(c, &client, ns, name, 1).await;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let router = router_pods(&client, ns, name)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let router_ip = pod_ip(&router[0]);
+    let body = wait_for("a chat completion through the router", WAIT, || {
+        let http = http.clone();
+        let ip = router_ip.clone();
+        async move { chat(&http, &ip, "smollm2", "Say hello.").await }
+    })
+    .await;
+    let content = body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or("");
+    assert!(!content.is_empty(), "empty completion: {body}");
+    assert!(
+        body["usage"]["completion_tokens"].as_u64().unwrap_or(0) > 0,
+        "{body}"
+    );
+
+    // `kubectl get sgls` shows the printer columns.
+    let table = wait_for("the service to report ready", WAIT, || async {
+        let t = c.kubectl(&["get", "sgls", "-n", ns]);
+        t.contains("1/1").then_some(t.clone()).ok_or(t)
+    })
+    .await;
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        ["NAME", "MODEL", "TP", "READY", "ENDPOINT", "AGE"],
+        "{table}"
+    );
+    let row = table.lines().nth(1).unwrap_or("");
+    assert!(
+        row.starts_with(name) && row.contains("/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        "{table}"
+    );
+
+    // `kubectl scale` → three ready engines, and the router sends requests to each.
+    c.kubectl(&["scale", "sgls", name, "-n", ns, "--replicas=3"]);
+    let engines = wait_serving(c, &client, ns, name, 3).await;
+    let before = engine_request_counts(&http, &engines).await;
+    wait_for(
+        "the router to send requests to all three engines",
+        WAIT,
+        || {
+            let http = http.clone();
+            let ip = router_ip.clone();
+            let engines = engines.clone();
+            let before = before.clone();
+            async move {
+                for i in 0..3 {
+                    chat(&http, &ip, "smollm2", &format!("Count to {i}.")).await?;
+                }
+                let now = engine_request_counts(&http, &engines).await;
+                let idle: Vec<&String> = now
+                    .iter()
+                    .filter(|(pod, n)| before.get(*pod).copied().unwrap_or(0.0) >= **n)
+                    .map(|(pod, _)| pod)
+                    .collect();
+                idle.is_empty().then_some(()).ok_or(format!(
+                    "no request reached {idle:?} (before {before:?}, now {now:?})"
+                ))
+            }
+        },
+    )
+    .await;
+    c.kubectl(&["scale", "sgls", name, "-n", ns, "--replicas=1"]);
+}
+
+/// Each engine's prompt-token counter, read from its own /metrics on its pod IP.
+async fn engine_request_counts(http: &reqwest::Client, engines: &[Pod]) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for p in engines {
+        let url = format!("http://{}:30000/metrics", pod_ip(p));
+        let text = match http.get(&url).send().await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let total: f64 = text
+            .lines()
+            .filter(|l| l.starts_with("sglang:prompt_tokens_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        out.insert(p.name_any(), total);
+    }
+    out
+}
+
+#[tokio::test]
+async fn d1_invalid_spec_is_refused_with_the_rule_message() {
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    ensure_chart(c, &client).await;
+    for (spec, message) in [
+        ("  tpSize: 3\n", "tpSize must be 1, 2, 4 or 8"),
+        (
+            "  autoscaling: {enabled: true, minReplicas: 5, maxReplicas: 2}\n",
+            "minReplicas must not exceed maxReplicas",
+        ),
+        (
+            "  memFractionStatic: 1.5\n",
+            "memFractionStatic must be between 0 and 1",
+        ),
+    ] {
+        let yaml = fake_service("default", "refused", 1, "").replace("  tpSize: 1\n", "") + spec;
+        let out = c.kubectl_raw(&["apply", "--server-side", "-f", "-"], Some(&yaml));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{spec} was admitted");
+        assert!(
+            stderr.contains(message),
+            "refusal of {spec} lacks {message:?}: {stderr}"
+        );
+    }
+    let api: Api<SGLangService> = Api::namespaced(client.clone(), "default");
+    assert!(api.get_opt("refused").await.unwrap_or(None).is_none());
+}
+
+#[tokio::test]
+async fn e1_deleting_a_service_removes_every_child_through_the_gc() {
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    ensure_chart(c, &client).await;
+    let ns = "gc-e2e";
+    ensure_namespace(c, ns);
+    c.apply(&fake_service(ns, "doomed", 2, ""));
+    wait_serving(c, &client, ns, "doomed", 2).await;
+    let kinds = "statefulsets,deployments,replicasets,services,serviceaccounts,roles,rolebindings,pods,poddisruptionbudgets,horizontalpodautoscalers";
+    let owned = c.kubectl(&[
+        "get",
+        kinds,
+        "-n",
+        ns,
+        "-l",
+        "app.kubernetes.io/instance=doomed",
+        "-o",
+        "name",
+    ]);
+    assert!(owned.contains("statefulset.apps/doomed-engine"), "{owned}");
+    assert!(owned.contains("deployment.apps/doomed-router"), "{owned}");
+    // Not the operator: the garbage collector, through owner references.
+    let api: Api<SGLangService> = Api::namespaced(client.clone(), ns);
+    api.delete("doomed", &DeleteParams::background())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_for("every child to be collected", WAIT, || async {
+        let left = c.kubectl(&[
+            "get",
+            kinds,
+            "-n",
+            ns,
+            "-l",
+            "app.kubernetes.io/instance=doomed",
+            "-o",
+            "name",
+        ]);
+        left.trim().is_empty().then_some(()).ok_or(left)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn f1_operator_restart_makes_no_writes() {
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    ensure_chart(c, &client).await;
+    let ns = "restart-e2e";
+    ensure_namespace(c, ns);
+    c.apply(&fake_service(ns, "steady", 2, ""));
+    wait_serving(c, &client, ns, "steady", 2).await;
+    let api: Api<SGLangService> = Api::namespaced(client.clone(), ns);
+    wait_for("the service to be Ready", WAIT, || async {
+        let s = api.get("steady").await.map_err(|e| e.to_string())?;
+        let ready = s.status.as_ref().is_some_and(|st| {
+            st.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        });
+        ready.then_some(()).ok_or(format!("{:?}", s.status))
+    })
+    .await;
+    let versions = || async {
+        let out = c.kubectl(&[
+            "get",
+            "sglangservices,statefulsets,deployments,services,serviceaccounts,roles,rolebindings,poddisruptionbudgets",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={range .items[*]}{.kind}/{.metadata.name}={.metadata.resourceVersion}{\"\\n\"}{end}",
+        ]);
+        out.lines().map(str::to_string).collect::<Vec<_>>()
+    };
+    let before = versions().await;
+    assert!(before.len() >= 4, "{before:?}");
+    // Restart: delete the operator pods; the Deployment brings up new ones, which reconcile
+    // every service on start.
+    let old: HashSet<String> = ready_pods(
+        &client,
+        CHART_NS,
+        &format!("app.kubernetes.io/instance={RELEASE}"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+    .iter()
+    .map(|p| p.name_any())
+    .collect();
+    c.kubectl(&[
+        "delete",
+        "pods",
+        "-n",
+        CHART_NS,
+        "-l",
+        &format!("app.kubernetes.io/instance={RELEASE}"),
+        "--wait=true",
+    ]);
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_for("a new operator to reconcile the service", WAIT, || async {
+        let pods = ready_pods(
+            &client,
+            CHART_NS,
+            &format!("app.kubernetes.io/instance={RELEASE}"),
+        )
+        .await?;
+        for p in pods.iter().filter(|p| !old.contains(&p.name_any())) {
+            let url = format!("http://{}:8080/metrics", pod_ip(p));
+            let text = http
+                .get(&url)
+                .send()
+                .await
+                .map_err(|e| e.to_string())?
+                .text()
+                .await
+                .map_err(|e| e.to_string())?;
+            let reconciled = text
+                .lines()
+                .filter(|l| l.starts_with("sgl_operator_reconciliations_total"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>();
+            if reconciled >= 1.0 {
+                return Ok(());
+            }
+        }
+        Err("no new operator has reconciled yet".into())
+    })
+    .await;
+    let after = versions().await;
+    assert_eq!(
+        before, after,
+        "the restarted operator wrote to objects that were up to date"
+    );
+    delete_service(&client, ns, "steady").await;
+}
+
+#[tokio::test]
+async fn g1_autoscaling_a_dp4_service_never_lowers_its_replicas() {
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    ensure_chart(c, &client).await;
+    let ns = "hpa-e2e";
+    ensure_namespace(c, ns);
+    c.apply(&fake_service(ns, "wide", 4, ""));
+    wait_serving(c, &client, ns, "wide", 4).await;
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    // Watch the StatefulSet's replicas from now on, while autoscaling is turned on and off.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<i32>::new()));
+    let watch = {
+        let sts = sts.clone();
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            let cfg = kube::runtime::watcher::Config::default().fields("metadata.name=wide-engine");
+            let mut stream = std::pin::pin!(kube::runtime::watcher(sts, cfg));
+            while let Some(ev) = stream.next().await {
+                if let Ok(
+                    kube::runtime::watcher::Event::Apply(s)
+                    | kube::runtime::watcher::Event::InitApply(s),
+                ) = ev
+                {
+                    let r = s.spec.replicas.unwrap_or(-1);
+                    seen.lock().unwrap_or_else(|p| p.into_inner()).push(r);
+                }
+            }
+        })
+    };
+    c.apply(&fake_service(
+        ns,
+        "wide",
+        4,
+        "  autoscaling: {enabled: true, minReplicas: 2, maxReplicas: 8, targetQueueLength: 4}\n",
+    ));
+    let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), ns);
+    wait_for(
+        "the HPA controller to have synced the HPA",
+        WAIT,
+        || async {
+            let list = hpas
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let synced = list.items.iter().any(|h| {
+                h.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .flatten()
+                        .any(|c| c.type_ == "AbleToScale")
+                })
+            });
+            synced
+                .then_some(())
+                .ok_or(format!("{} HPAs, none synced", list.items.len()))
+        },
+    )
+    .await;
+    wait_observed(&client, ns, "wide").await;
+    c.apply(&fake_service(
+        ns,
+        "wide",
+        4,
+        "  autoscaling: {enabled: false, minReplicas: 2, maxReplicas: 8}\n",
+    ));
+    wait_observed(&client, ns, "wide").await;
+    wait_for("the HPA to be removed", WAIT, || async {
+        let list = hpas
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .is_empty()
+            .then_some(())
+            .ok_or(format!("{} HPAs left", list.items.len()))
+    })
+    .await;
+    watch.abort();
+    let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert!(!seen.is_empty(), "the watch saw nothing");
+    assert!(
+        seen.iter().all(|r| *r >= 4),
+        "replicas went below 4: {seen:?}"
+    );
+    delete_service(&client, ns, "wide").await;
+}
+
+/// Waits until the operator has reconciled the service's current generation.
+async fn wait_observed(client: &Client, ns: &str, name: &str) {
+    let api: Api<SGLangService> = Api::namespaced(client.clone(), ns);
+    wait_for(
+        "the operator to observe the new generation",
+        WAIT,
+        || async {
+            let s = api.get(name).await.map_err(|e| e.to_string())?;
+            let observed = s.status.as_ref().and_then(|st| st.observed_generation);
+            (observed == s.metadata.generation)
+                .then_some(())
+                .ok_or(format!(
+                    "generation {:?}, observed {observed:?}",
+                    s.metadata.generation
+                ))
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn h1_engine_error_is_reported_as_degraded() {
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    ensure_chart(c, &client).await;
+    let ns = "degraded-e2e";
+    ensure_namespace(c, ns);
+    // A real engine with a flag it refuses: it exits at once with its own error.
+    let yaml = format!(
+        r#"apiVersion: serving.sgl-rs.io/v1alpha1
+kind: SGLangService
+metadata:
+  name: broken
+  namespace: {ns}
+spec:
+  model:
+    path: /models/SmolLM2-135M-Instruct.Q4_1.gguf
+  device: cpu
+  tpSize: 1
+  dpSize: 1
+  extraArgs: ["--no-such-flag"]
+"#
+    );
+    c.apply(&yaml);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let message = wait_for("the pod to report the engine's exit", WAIT, || async {
+        let p = pods
+            .get("broken-engine-0")
+            .await
+            .map_err(|e| e.to_string())?;
+        let st = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|cs| cs.first().cloned())
+            .ok_or("no container status")?;
+        st.last_state
+            .and_then(|l| l.terminated)
+            .and_then(|t| t.message)
+            .ok_or(format!("state {:?}", st.state))
+    })
+    .await;
+    assert!(message.contains("--no-such-flag"), "{message}");
+    let api: Api<SGLangService> = Api::namespaced(client.clone(), ns);
+    wait_for(
+        "the service to say Degraded with the engine's error",
+        Duration::from_secs(120),
+        || async {
+            let s = api.get("broken").await.map_err(|e| e.to_string())?;
+            let conds = s.status.map(|st| st.conditions).unwrap_or_default();
+            conds
+                .iter()
+                .find(|c| {
+                    c.type_ == "Degraded"
+                        && c.status == "True"
+                        && c.message.contains("--no-such-flag")
+                })
+                .map(|_| ())
+                .ok_or(format!("{conds:?}"))
+        },
+    )
+    .await;
+    delete_service(&client, ns, "broken").await;
+}
+
+#[tokio::test]
+async fn z1_helm_upgrade_then_uninstall() {
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    let (release, ns) = ("sgl-b", "sgl-b");
+    c.helm(&[
+        "install",
+        release,
+        &chart_dir(),
+        "-n",
+        ns,
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        "5m",
+        "--set",
+        "leaderElection.enabled=false",
+    ]);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let find = || async {
+        deployments
+            .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={release}")))
+            .await
+            .map_err(|e| e.to_string())
+            .map(|l| l.items)
+    };
+    let env_of = |d: &Deployment| -> Option<String> {
+        d.spec.template.spec.as_ref()?.containers[0]
+            .env
+            .as_ref()?
+            .iter()
+            .find(|e| e.name == "RUST_LOG")?
+            .value
+            .clone()
+    };
+    let d = find().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(d.len(), 1);
+    assert_eq!(env_of(&d[0]).as_deref(), Some("info"));
+    c.helm(&[
+        "upgrade",
+        release,
+        &chart_dir(),
+        "-n",
+        ns,
+        "--reuse-values",
+        "--set",
+        "logLevel=debug",
+        "--wait",
+        "--timeout",
+        "5m",
+    ]);
+    let d = find().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(env_of(&d[0]).as_deref(), Some("debug"));
+    let pods = ready_pods(
+        &client,
+        ns,
+        &format!("app.kubernetes.io/instance={release}"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        pods.iter()
+            .all(|p| p.spec.as_ref().is_some_and(|s| s.containers[0]
+                .env
+                .iter()
+                .flatten()
+                .any(|e| e.name == "RUST_LOG" && e.value.as_deref() == Some("debug")))),
+        "the rollout left pods of the old template"
+    );
+    c.helm(&["uninstall", release, "-n", ns, "--wait", "--timeout", "5m"]);
+    let left = find().await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        left.is_empty(),
+        "the operator Deployment survived uninstall"
+    );
+    let roles = c.kubectl(&[
+        "get",
+        "clusterroles,clusterrolebindings",
+        "-l",
+        &format!("app.kubernetes.io/instance={release}"),
+        "-o",
+        "name",
+    ]);
+    assert!(
+        roles.trim().is_empty(),
+        "cluster RBAC survived uninstall: {roles}"
+    );
+    // The CRD stays (Helm never deletes CRDs), so the main release's services are untouched.
+    c.kubectl(&["get", "crd", "sglangservices.serving.sgl-rs.io"]);
+    c.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
+
+#[tokio::test]
+async fn i1_engine_metrics_stay_open_with_an_api_key() {
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    ensure_chart(c, &client).await;
+    let ns = "apikey-e2e";
+    ensure_namespace(c, ns);
+    c.apply(&format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata:
+  name: engine-key
+  namespace: {ns}
+stringData:
+  key: s3cret-key
+---
+apiVersion: serving.sgl-rs.io/v1alpha1
+kind: SGLangService
+metadata:
+  name: keyed
+  namespace: {ns}
+spec:
+  model:
+    path: /models/SmolLM2-135M-Instruct.Q4_1.gguf
+  device: cpu
+  tpSize: 1
+  dpSize: 1
+  apiKeySecretRef: {{name: engine-key, key: key}}
+"#
+    ));
+    let engines = wait_for("a ready engine", WAIT, || async {
+        let pods = ready_pods(&client, ns, "serving.sgl-rs.io/engine=keyed").await?;
+        (!pods.is_empty())
+            .then_some(pods.clone())
+            .ok_or(c.log_tail("pod-runner", 10))
+    })
+    .await;
+    let ip = pod_ip(&engines[0]);
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let status = |path: &'static str, key: Option<&'static str>| {
+        let http = http.clone();
+        let url = format!("http://{ip}:30000{path}");
+        async move {
+            let mut req = http.get(url);
+            if let Some(k) = key {
+                req = req.bearer_auth(k);
+            }
+            req.send().await.map(|r| r.status().as_u16()).unwrap_or(0)
+        }
+    };
+    // The key from the Secret reached the engine through $(SGLANG_API_KEY).
+    assert_eq!(status("/v1/models", None).await, 401);
+    assert_eq!(status("/v1/models", Some("s3cret-key")).await, 200);
+    // Prometheus scrapes without the key: /metrics must stay open.
+    assert_eq!(
+        status("/metrics", None).await,
+        200,
+        "/metrics refused a scrape without the API key"
+    );
+    delete_service(&client, ns, "keyed").await;
+}
+
+#[tokio::test]
+async fn j1_gpu_examples_are_admitted_or_refused_and_say_why_they_do_not_serve() {
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    ensure_chart(c, &client).await;
+    for file in [
+        "llama-8b-tp1-dp2.yaml",
+        "llama-70b-tp4.yaml",
+        "autoscaled.yaml",
+    ] {
+        let yaml = example(file);
+        let out = c.kubectl_raw(&["apply", "--server-side", "-f", "-"], Some(&yaml));
+        if !out.status.success() {
+            // Refused at admission: the refusal must say why.
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains("SGLangService") && stderr.contains("spec"),
+                "{file}: {stderr}"
+            );
+            continue;
+        }
+        let name = yaml
+            .split("kind: SGLangService")
+            .nth(1)
+            .and_then(|rest| rest.lines().find_map(|l| l.trim().strip_prefix("name: ")))
+            .unwrap_or_else(|| panic!("{file}: no SGLangService name"))
+            .to_string();
+        let api: Api<SGLangService> = Api::namespaced(client.clone(), "default");
+        let sts: Api<StatefulSet> = Api::namespaced(client.clone(), "default");
+        wait_for(&format!("{file}: its StatefulSet"), WAIT, || async {
+            sts.get(&format!("{name}-engine"))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+        .await;
+        wait_for(
+            &format!("{file}: a status that says why it is not serving"),
+            WAIT,
+            || async {
+                let s = api.get(&name).await.map_err(|e| e.to_string())?;
+                let conds = s.status.map(|st| st.conditions).unwrap_or_default();
+                let ready = conds.iter().find(|c| c.type_ == "Ready");
+                match ready {
+                    Some(r) if r.status == "False" && !r.message.is_empty() => {
+                        let why = conds.iter().any(|c| {
+                            (c.type_ == "Degraded" && c.status == "True")
+                                || c.type_ == "Progressing"
+                        });
+                        why.then_some(()).ok_or(format!("{conds:?}"))
+                    }
+                    _ => Err(format!("{conds:?}")),
+                }
+            },
+        )
+        .await;
+        delete_service(&client, "default", &name).await;
+    }
+}
