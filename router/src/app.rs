@@ -43,7 +43,10 @@ impl AppState {
             .no_proxy()
             .tcp_nodelay(true)
             .connect_timeout(CONNECT_TIMEOUT)
-            .pool_idle_timeout(Duration::from_secs(90))
+            // Below the engine's idle-connection timeout (30 s), so that the router, not
+            // the engine, closes an idle pooled connection: a request is never written to a
+            // connection the engine is closing at that moment.
+            .pool_idle_timeout(Duration::from_secs(20))
             .build()
             .map_err(|e| crate::RouterError::Config(format!("HTTP client: {e}")))?;
         let workers = WorkerRegistry::new(config.breaker());
@@ -129,6 +132,15 @@ impl AppState {
             None => {}
         }
         change
+    }
+
+    /// Takes a worker out of rotation at once, without waiting for its health checks to
+    /// fail, and forgets its cache entries; health checks bring it back.
+    pub fn mark_down(&self, worker: &Worker, reason: &str) {
+        if worker.mark_down() {
+            tracing::warn!(worker = worker.url(), reason, "worker marked dead");
+            self.policy.on_worker_removed(worker.url());
+        }
     }
 
     /// Checks every worker concurrently.

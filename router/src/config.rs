@@ -65,14 +65,15 @@ pub struct RouterConfig {
     #[arg(long, default_value_t = 1 << 24)]
     pub max_tree_size: usize,
 
-    /// Largest request body accepted, in bytes.
-    #[arg(long, default_value_t = 256 * 1024 * 1024)]
+    /// Largest request body accepted, in bytes (the engine's limit: a larger body would only
+    /// be refused by the worker after the router had read and kept all of it).
+    #[arg(long, default_value_t = 32 * 1024 * 1024)]
     pub max_payload_size: usize,
     /// Time limit for one request to a worker, its whole response body included.
     #[arg(long, default_value_t = 600)]
     pub request_timeout_secs: u64,
-    /// API key: clients must send `Authorization: Bearer <key>` (except to /health,
-    /// /health_generate and /metrics), and the router sends it to the workers.
+    /// API key: clients must send `Authorization: Bearer <key>` (except to /health and
+    /// /metrics), and the router sends it to the workers.
     #[arg(long, env = "SGL_ROUTER_API_KEY")]
     pub api_key: Option<String>,
 

@@ -14,6 +14,9 @@ pub enum RouterError {
     #[error("request body is larger than the limit of {limit} bytes (--max-payload-size)")]
     PayloadTooLarge { limit: usize },
 
+    #[error("the request body did not arrive within {secs} s")]
+    BodyTimeout { secs: u64 },
+
     #[error("missing or invalid API key: send `Authorization: Bearer <key>`")]
     Unauthorized,
 
@@ -54,6 +57,7 @@ impl RouterError {
         match self {
             Self::BadRequest(_) | Self::InvalidWorkerUrl { .. } => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::NoHealthyWorker => StatusCode::SERVICE_UNAVAILABLE,
             Self::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -69,6 +73,7 @@ impl RouterError {
         match self {
             Self::BadRequest(_) => "bad_request",
             Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::BodyTimeout { .. } => "body_timeout",
             Self::Unauthorized => "unauthorized",
             Self::NoHealthyWorker => "no_healthy_worker",
             Self::Timeout { .. } => "timeout",
@@ -82,31 +87,45 @@ impl RouterError {
             Self::Io(_) => "io",
         }
     }
+}
 
-    fn error_type(&self) -> &'static str {
-        match self.status() {
-            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "BadRequestError",
-            StatusCode::UNAUTHORIZED => "AuthenticationError",
-            StatusCode::NOT_FOUND => "NotFoundError",
-            StatusCode::CONFLICT => "ConflictError",
-            StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
-            StatusCode::GATEWAY_TIMEOUT => "TimeoutError",
-            _ => "InternalServerError",
+/// The engine's `type` of an error body for `status`, so that a client sees the same shapes
+/// from the router as from an engine.
+fn error_type(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::REQUEST_TIMEOUT => {
+            "invalid_request_error"
         }
+        StatusCode::UNAUTHORIZED => "authentication_error",
+        StatusCode::NOT_FOUND => "not_found_error",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::CONFLICT => "conflict_error",
+        StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+        StatusCode::SERVICE_UNAVAILABLE => "service_unavailable",
+        StatusCode::GATEWAY_TIMEOUT => "timeout_error",
+        StatusCode::BAD_GATEWAY => "bad_gateway",
+        _ => "internal_error",
     }
+}
+
+/// An error response in the engine's shape:
+/// `{"object": "error", "error": {"message", "type", "param", "code"}}`.
+pub fn error_response(status: StatusCode, message: impl Into<String>) -> Response {
+    let body = json!({
+        "object": "error",
+        "error": {
+            "message": message.into(),
+            "type": error_type(status),
+            "param": null,
+            "code": status.as_u16(),
+        }
+    });
+    (status, Json(body)).into_response()
 }
 
 impl IntoResponse for RouterError {
     fn into_response(self) -> Response {
-        let status = self.status();
-        let body = json!({
-            "error": {
-                "message": self.to_string(),
-                "type": self.error_type(),
-                "code": status.as_u16(),
-            }
-        });
-        (status, Json(body)).into_response()
+        error_response(self.status(), self.to_string())
     }
 }
 

@@ -90,9 +90,9 @@ pub async fn launch(config: RouterConfig, listener: TcpListener) -> Result<Runni
     let addr = listener.local_addr()?;
     let app = server::app(state.clone());
     let c = cancel.clone();
+    let limits = crate::listen::ConnLimits::default();
     let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { c.cancelled().await })
+        crate::listen::serve_with_limits(listener, app, limits, async move { c.cancelled().await })
             .await
     });
     tracing::info!(

@@ -1,8 +1,14 @@
 //! Forwarding one request to a worker: selection, retries, and streaming the response back.
 //!
 //! A request is retried on another worker (chosen again by the policy, the failed ones left
-//! out while others remain) after a connection error or a 502/503/504 answer, with
-//! exponential backoff and jitter between attempts. Once a worker's status line has been
+//! out while others remain) after a failure to connect or a 502/503/504 answer, with
+//! exponential backoff and jitter between attempts; a worker that refuses the connection is
+//! taken out of rotation at once. A request whose worker took it and then dropped the
+//! connection without an answer is not retried: the worker may have crashed on that very
+//! request, and a retry would take the next worker down the same way (a poison request must
+//! not walk through the fleet). It is answered 502 and the worker is marked dead until its
+//! health checks pass again. A request the worker does not accept (any answer but a 2xx, or
+//! no answer) is taken back out of the cache-aware prefix tree. Once a worker's status line has been
 //! accepted, its body is streamed to the client chunk by chunk as it arrives, and is never
 //! retried: the client may already hold part of it. The worker's load counts the request
 //! until the last chunk has been sent or the client has gone away.
@@ -82,6 +88,32 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     msg
 }
 
+/// Whether `e` says the worker's connection closed or was reset after the request went out
+/// (the worker process died, or dropped the connection, while handling it).
+fn connection_broke(e: &reqwest::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(h) = s.downcast_ref::<hyper::Error>()
+            && (h.is_incomplete_message() || h.is_canceled())
+        {
+            return true;
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof
+            )
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
 /// Sends `req` to a worker, retrying as described in the module documentation.
 pub async fn forward(state: &AppState, req: Outgoing<'_>) -> Result<Response> {
     let attempts = state.retry.max_retries + 1;
@@ -95,7 +127,7 @@ pub async fn forward(state: &AppState, req: Outgoing<'_>) -> Result<Response> {
             let wait = state.retry.backoff(attempt - 1, &mut rand::rng());
             tokio::time::sleep(wait).await;
         }
-        let Some((worker, _)) = state.select(req.text, &tried) else {
+        let Some((worker, decision)) = state.select(req.text, &tried) else {
             if attempt == 0 || attempt + 1 == attempts {
                 return Err(RouterError::NoHealthyWorker);
             }
@@ -116,7 +148,13 @@ pub async fn forward(state: &AppState, req: Outgoing<'_>) -> Result<Response> {
         if let Some(body) = &req.body {
             builder = builder.body(body.clone());
         }
-        match builder.send().await {
+        let sent = builder.send().await;
+        // A request the worker did not accept leaves nothing in the prefix tree.
+        let accepted = matches!(&sent, Ok(resp) if resp.status().is_success());
+        if !accepted && let (Some(text), Some(recorded)) = (req.text, decision.recorded) {
+            state.policy.on_refused(text, worker.url(), recorded);
+        }
+        match sent {
             Ok(resp) => {
                 let status = resp.status();
                 if is_retryable_status(status) && attempt + 1 < attempts {
@@ -145,11 +183,36 @@ pub async fn forward(state: &AppState, req: Outgoing<'_>) -> Result<Response> {
                     secs: timeout.as_secs(),
                 });
             }
-            Err(e) => {
+            Err(e) if e.is_connect() => {
+                // Nothing was sent: the request is safe to send elsewhere.
+                guard.failed();
+                last_error = format!("{}: {}", worker.url(), error_chain(&e));
+                tracing::warn!(worker = worker.url(), error = %last_error, attempt, "cannot connect to worker");
+                state.mark_down(&worker, "connection refused");
+                tried.push(worker.url_arc());
+            }
+            Err(e) if !connection_broke(&e) => {
+                // The worker answered something that is not HTTP, or the request could not
+                // be built: another worker may do better.
                 guard.failed();
                 last_error = format!("{}: {}", worker.url(), error_chain(&e));
                 tracing::warn!(worker = worker.url(), error = %last_error, attempt, "request to worker failed");
                 tried.push(worker.url_arc());
+            }
+            Err(e) => {
+                // The worker took the request and its connection broke before it answered:
+                // it may have died of this very request, which would kill every worker it
+                // is retried on. Answer 502 and take the worker out of rotation.
+                guard.failed();
+                state.mark_down(&worker, "connection broke during a request");
+                return Err(RouterError::Upstream {
+                    url: worker.url().to_string(),
+                    message: format!(
+                        "the connection broke while it handled the request ({}); not retried \
+                         on another worker, since the request itself may have caused it",
+                        error_chain(&e)
+                    ),
+                });
             }
         }
     }

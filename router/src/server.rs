@@ -16,17 +16,20 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::app::AppState;
-use crate::error::{Result, RouterError};
+use crate::error::{Result, RouterError, error_response};
 use crate::proxy::{self, Outgoing};
 use crate::request_text::{GenerationRoute, parse_request};
 
 /// Builds the axum application over `state`.
 pub fn app(state: AppState) -> Router {
     Router::new()
-        .route("/generate", post(generate))
+        .route("/generate", post(generate).put(generate))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(passthrough))
+        .route("/v1/models/{model}", get(passthrough))
+        .route("/parse_function_call", post(passthrough_post))
+        .route("/function_call", post(passthrough_post))
         .route("/get_model_info", get(passthrough))
         .route("/get_server_info", get(passthrough))
         .route("/health", get(passthrough))
@@ -37,16 +40,35 @@ pub fn app(state: AppState) -> Router {
         .route("/list_workers", get(list_workers))
         .route("/metrics", get(metrics))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
         ))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            panic_response,
+        ))
         .with_state(state)
 }
 
-/// Paths open without the API key: probes and scraping.
+/// A handler that panicked answers 500 with the usual error body; the router carries on.
+fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let reason = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string());
+    tracing::error!(reason, "request handler panicked");
+    error_response(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!("the request handler failed: {reason}"),
+    )
+}
+
+/// Paths open without the API key: probes and scraping. `/health_generate` is not among
+/// them: it makes an engine generate.
 fn is_public(path: &str) -> bool {
-    matches!(path, "/health" | "/health_generate" | "/metrics")
+    matches!(path, "/health" | "/metrics")
 }
 
 /// Compares in time independent of where the first difference is.
@@ -80,17 +102,24 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(RouterError::PayloadTooLarge { limit });
     }
-    let mut buf = BytesMut::new();
-    let mut stream = body.into_data_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk =
-            chunk.map_err(|e| RouterError::BadRequest(format!("could not read the body: {e}")))?;
-        if buf.len() + chunk.len() > limit {
-            return Err(RouterError::PayloadTooLarge { limit });
+    let read = async {
+        let mut buf = BytesMut::new();
+        let mut stream = body.into_data_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk
+                .map_err(|e| RouterError::BadRequest(format!("could not read the body: {e}")))?;
+            if buf.len() + chunk.len() > limit {
+                return Err(RouterError::PayloadTooLarge { limit });
+            }
+            buf.extend_from_slice(&chunk);
         }
-        buf.extend_from_slice(&chunk);
-    }
-    Ok(buf.freeze())
+        Ok(buf.freeze())
+    };
+    tokio::time::timeout(crate::listen::BODY_READ_TIMEOUT, read)
+        .await
+        .map_err(|_| RouterError::BodyTimeout {
+            secs: crate::listen::BODY_READ_TIMEOUT.as_secs(),
+        })?
 }
 
 fn path_and_query(uri: &Uri) -> &str {
@@ -178,7 +207,7 @@ async fn chat_completions(
     generation(s, GenerationRoute::ChatCompletions, uri, headers, body).await
 }
 
-/// Metric label of a GET route proxied to one worker.
+/// Metric label of a route proxied to one worker.
 fn passthrough_label(path: &str) -> &'static str {
     match path {
         "/v1/models" => "/v1/models",
@@ -186,8 +215,41 @@ fn passthrough_label(path: &str) -> &'static str {
         "/get_server_info" => "/get_server_info",
         "/health" => "/health",
         "/health_generate" => "/health_generate",
+        "/parse_function_call" => "/parse_function_call",
+        "/function_call" => "/function_call",
+        p if p.starts_with("/v1/models/") => "/v1/models/{model}",
         _ => "other",
     }
+}
+
+/// POST routes without a prompt (`/parse_function_call`): the body goes to any one worker.
+async fn passthrough_post(
+    State(state): State<AppState>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = Instant::now();
+    let route = passthrough_label(uri.path());
+    state.metrics.requests.with_label_values(&[route]).inc();
+    let result = async {
+        let bytes = read_body(&headers, body, state.config.max_payload_size).await?;
+        proxy::forward(
+            &state,
+            Outgoing {
+                route,
+                method: Method::POST,
+                path_and_query: path_and_query(&uri),
+                headers: &headers,
+                body: Some(bytes),
+                text: None,
+                started,
+            },
+        )
+        .await
+    }
+    .await;
+    finish(&state, route, started, result)
 }
 
 /// GET routes served by any one worker, chosen by the policy.
@@ -352,13 +414,16 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-async fn not_found(uri: Uri) -> Response {
-    let body = json!({
-        "error": {
-            "message": format!("no route for {}", uri.path()),
-            "type": "NotFoundError",
-            "code": 404,
-        }
-    });
-    (StatusCode::NOT_FOUND, Json(body)).into_response()
+async fn not_found(method: Method, uri: Uri) -> Response {
+    error_response(
+        StatusCode::NOT_FOUND,
+        format!("no route for {method} {}", uri.path()),
+    )
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    error_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} does not take {method}", uri.path()),
+    )
 }

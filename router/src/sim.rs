@@ -4,7 +4,9 @@
 //! to a router: a prefix cache (a prompt costs time only for the characters it does not
 //! share with a cached prompt, and prefill on one worker runs one request at a time),
 //! fixed latency, a failure rate, health that can be switched off, token streams that can
-//! be held at a gate, and sudden death (its runtime is dropped: every connection closes).
+//! be held at a gate, and sudden death (its runtime is dropped: every connection closes),
+//! on demand or when a request carries a poison text (as an engine that crashes on one
+//! request would).
 //! Each response carries the header `x-sim-worker` with the worker's name.
 
 use std::collections::VecDeque;
@@ -14,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -41,6 +43,9 @@ pub struct SimConfig {
     pub tokens: usize,
     /// Pause between streamed tokens.
     pub token_interval: Duration,
+    /// A generation request whose prompt contains this text kills the worker while it
+    /// handles it: every open connection closes, the request's included, before any answer.
+    pub poison: Option<String>,
 }
 
 impl Default for SimConfig {
@@ -54,6 +59,7 @@ impl Default for SimConfig {
             failure_status: 503,
             tokens: 4,
             token_interval: Duration::ZERO,
+            poison: None,
         }
     }
 }
@@ -72,6 +78,8 @@ pub struct SimState {
     compute: tokio::sync::Mutex<()>,
     gate_enabled: AtomicBool,
     gate: Semaphore,
+    /// Stops the worker's runtime (a clone of the owner's `kill` switch).
+    die: Mutex<Option<std::sync::mpsc::Sender<()>>>,
 }
 
 fn lcp_chars(a: &str, b: &str) -> usize {
@@ -126,6 +134,7 @@ impl SimWorker {
     pub fn start(config: SimConfig, listener: std::net::TcpListener) -> std::io::Result<Self> {
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
         let state = Arc::new(SimState {
             config,
             healthy: AtomicBool::new(true),
@@ -138,12 +147,12 @@ impl SimWorker {
             compute: tokio::sync::Mutex::new(()),
             gate_enabled: AtomicBool::new(false),
             gate: Semaphore::new(0),
+            die: Mutex::new(Some(stop_tx.clone())),
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()?;
-        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
         let app = app(state.clone());
         let thread = std::thread::spawn(move || {
             let serving = runtime.spawn(async move {
@@ -240,6 +249,9 @@ fn app(state: Arc<SimState>) -> Router {
         .route("/v1/completions", post(openai))
         .route("/v1/chat/completions", post(openai))
         .route("/v1/models", get(models))
+        .route("/v1/models/{model}", get(model))
+        .route("/parse_function_call", post(parse_function_call))
+        .route("/function_call", post(parse_function_call))
         .route("/get_model_info", get(model_info))
         .route("/get_server_info", get(server_info))
         .route("/flush_cache", post(flush_cache))
@@ -265,6 +277,23 @@ async fn models(State(s): State<Arc<SimState>>) -> Json<Value> {
     Json(
         json!({"object": "list", "data": [{"id": "sim-model", "object": "model", "owned_by": s.config.name}]}),
     )
+}
+
+async fn model(State(s): State<Arc<SimState>>, Path(id): Path<String>) -> Response {
+    if id != "sim-model" {
+        let msg = format!("the model `{id}` does not exist");
+        return (
+            StatusCode::NOT_FOUND,
+            Json(json!({"object": "error", "error": {"message": msg, "code": 404}})),
+        )
+            .into_response();
+    }
+    Json(json!({"id": "sim-model", "object": "model", "owned_by": s.config.name})).into_response()
+}
+
+/// Echoes the text back as normal text, with no calls.
+async fn parse_function_call(Json(body): Json<Value>) -> Json<Value> {
+    Json(json!({"normal_text": body.get("text").cloned().unwrap_or(Value::Null), "calls": []}))
 }
 
 async fn model_info() -> Json<Value> {
@@ -298,6 +327,17 @@ fn prompt_of(body: &Value) -> String {
 async fn admit(s: &SimState, prompt: &str) -> Result<usize, Response> {
     s.requests.fetch_add(1, Ordering::Relaxed);
     s.prompts.lock().push(prompt.to_string());
+    if s.config
+        .poison
+        .as_deref()
+        .is_some_and(|p| prompt.contains(p))
+    {
+        if let Some(die) = s.die.lock().take() {
+            let _ = die.send(());
+        }
+        // The runtime is going away with this task in it; no answer is ever sent.
+        std::future::pending::<()>().await;
+    }
     if s.config.failure_rate > 0.0 && rand::rng().random_bool(s.config.failure_rate.min(1.0)) {
         let status = StatusCode::from_u16(s.config.failure_status)
             .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);

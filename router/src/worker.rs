@@ -96,6 +96,14 @@ impl Worker {
         self.healthy.store(true, Ordering::Release);
     }
 
+    /// Marks the worker dead at once (its connection broke): it takes no request until a
+    /// health check passes again. Returns whether it was healthy before.
+    pub fn mark_down(&self) -> bool {
+        self.health_successes.store(0, Ordering::Relaxed);
+        self.pending.store(false, Ordering::Release);
+        self.healthy.swap(false, Ordering::AcqRel)
+    }
+
     /// Applies one health-check outcome; returns the change it caused, if any.
     pub fn record_health(
         &self,
@@ -328,6 +336,14 @@ mod tests {
             Some(HealthChange::BecameHealthy)
         );
         assert!(w.is_healthy());
+        assert!(w.mark_down(), "was healthy");
+        assert!(!w.mark_down(), "already down");
+        assert!(!w.is_available());
+        assert_eq!(w.record_health(true, 3, 2), None, "one success of two");
+        assert_eq!(
+            w.record_health(true, 3, 2),
+            Some(HealthChange::BecameHealthy)
+        );
     }
 
     #[test]

@@ -101,16 +101,29 @@ async fn killing_a_worker_mid_load_loses_no_request() {
     assert!(before > 0, "the killed worker was serving");
 
     let mut by_worker: HashMap<String, usize> = HashMap::new();
+    let mut cut = 0;
     for t in tasks {
         let (status, worker, body) = t.await.unwrap();
+        // Requests the dying worker held are answered 502 (not retried: the request may be
+        // what killed it); every other one is served.
+        if status == 502 {
+            let msg = body["error"]["message"].as_str().unwrap_or_default();
+            assert!(msg.contains("not retried"), "{body}");
+            cut += 1;
+            continue;
+        }
         assert_eq!(status, 200, "{body}");
         *by_worker.entry(worker).or_default() += 1;
     }
-    assert_eq!(by_worker.values().sum::<usize>(), total);
+    assert_eq!(by_worker.values().sum::<usize>() + cut, total);
+    assert!(
+        cut < 30,
+        "only the requests in flight on the killed worker fail: {cut}"
+    );
     let killed_served = by_worker.get("b").copied().unwrap_or(0) as u64;
     assert!(
         killed_served < before,
-        "requests cut off by the kill were retried elsewhere"
+        "requests sent after the kill were retried elsewhere"
     );
     let metrics = metrics_text(&c, &url).await;
     assert!(metrics.contains("sgl_router_retries_total"), "{metrics}");

@@ -37,7 +37,7 @@
 use std::sync::Arc;
 
 use super::{CacheOutcome, Decision, LoadBalancingPolicy};
-use crate::tree::PrefixTree;
+use crate::tree::{InsertReceipt, PrefixTree};
 use crate::worker::Worker;
 
 /// Settings of the cache-aware policy (see the module documentation).
@@ -124,15 +124,20 @@ impl LoadBalancingPolicy for CacheAwarePolicy {
                 (index, CacheOutcome::Miss)
             }
         };
-        self.tree.insert(text, workers[index].url());
+        let recorded = self.tree.insert(text, workers[index].url());
         Some(Decision {
             index,
             cache: Some(outcome),
+            recorded: Some(recorded),
         })
     }
 
     fn on_worker_removed(&self, url: &str) {
         self.tree.remove_tenant(url);
+    }
+
+    fn on_refused(&self, text: &str, url: &str, recorded: InsertReceipt) {
+        self.tree.forget(text, url, recorded);
     }
 
     fn maintain(&self) {

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::config::PolicyKind;
-use crate::tree::PrefixTree;
+use crate::tree::{InsertReceipt, PrefixTree};
 use crate::worker::Worker;
 
 mod cache_aware;
@@ -34,11 +34,18 @@ pub enum CacheOutcome {
 pub struct Decision {
     pub index: usize,
     pub cache: Option<CacheOutcome>,
+    /// The request's text was recorded in the prefix tree under the chosen worker; hand
+    /// this back to [`LoadBalancingPolicy::on_refused`] if the worker refuses the request.
+    pub recorded: Option<InsertReceipt>,
 }
 
 impl Decision {
     pub fn plain(index: usize) -> Self {
-        Self { index, cache: None }
+        Self {
+            index,
+            cache: None,
+            recorded: None,
+        }
     }
 }
 
@@ -50,6 +57,10 @@ pub trait LoadBalancingPolicy: Send + Sync {
 
     /// The worker was removed or found dead: forget what is known about it.
     fn on_worker_removed(&self, _url: &str) {}
+
+    /// The worker chosen by a decision refused the request or failed it: take back what
+    /// the decision recorded (a refused request must not stay in the prefix tree).
+    fn on_refused(&self, _text: &str, _url: &str, _recorded: InsertReceipt) {}
 
     /// Periodic upkeep (the cache-aware policy evicts its tree here).
     fn maintain(&self) {}

@@ -15,6 +15,9 @@
 //!   removing it from its least recently used leaves, one at a time; a node that no worker
 //!   holds any more is deleted.
 //! - `remove_tenant(worker)` drops a worker's entries at once (worker removed or dead).
+//! - `forget(text, worker, receipt)` takes back one `insert` whose request the worker
+//!   refused: the characters the worker did not hold before that insert are dropped, unless a
+//!   later insert has used them since. A refused request leaves no text behind.
 //!
 //! Lengths are in characters, not tokens, and edges split only on character boundaries.
 //! One reader-writer lock guards the tree: matches share it, inserts and evictions take it
@@ -86,6 +89,15 @@ impl Node {
     fn has_tenant(&self, tenant: TenantId) -> bool {
         self.tenants.iter().any(|(t, _)| *t == tenant)
     }
+}
+
+/// What one [`PrefixTree::insert`] changed, so that [`PrefixTree::forget`] can take it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InsertReceipt {
+    /// The logical time the insert stamped on its path.
+    time: u64,
+    /// Characters of the text the tenant already held before the insert.
+    held_before: usize,
 }
 
 /// Result of [`PrefixTree::match_prefix`].
@@ -163,9 +175,17 @@ impl PrefixTree {
     }
 
     /// Records that `tenant` has seen `text`.
-    pub fn insert(&self, text: &str, tenant: &str) {
+    pub fn insert(&self, text: &str, tenant: &str) -> InsertReceipt {
         let mut inner = self.inner.write();
-        inner.insert(text, tenant);
+        inner.insert(text, tenant)
+    }
+
+    /// Takes back the insert of `text` under `tenant` that returned `receipt` (the request was
+    /// refused): drops what it added unless a later insert has used it since. Returns the
+    /// characters dropped.
+    pub fn forget(&self, text: &str, tenant: &str, receipt: InsertReceipt) -> usize {
+        let mut inner = self.inner.write();
+        inner.forget(text, tenant, receipt)
     }
 
     /// Longest prefix of `text` held by any worker in `candidates` (see module docs).
@@ -261,19 +281,22 @@ impl Inner {
         *self.tenant_chars.entry(tenant).or_insert(0) += chars;
     }
 
-    fn insert(&mut self, text: &str, tenant: &str) {
+    fn insert(&mut self, text: &str, tenant: &str) -> InsertReceipt {
         let tenant = self.tenant_id(tenant);
         self.clock += 1;
         let now = self.clock;
         let mut node = self.root;
         self.touch(node, tenant, now);
+        // Characters of the path the tenant held before, while it held all of them.
+        let mut held_before = 0;
+        let mut holding = true;
         let mut rest = text;
         while let Some(first) = rest.chars().next() {
             let Some(&child) = self.nodes[node].children.get(&first) else {
                 let leaf = self.nodes.insert(Node::new(rest, node));
                 self.nodes[node].children.insert(first, leaf);
                 self.touch(leaf, tenant, now);
-                return;
+                break;
             };
             let k = common_prefix_len(&self.nodes[child].label, rest);
             let next = if k < self.nodes[child].label.len() {
@@ -281,10 +304,52 @@ impl Inner {
             } else {
                 child
             };
+            holding = holding && self.nodes[next].has_tenant(tenant);
+            if holding {
+                held_before += self.nodes[next].chars;
+            }
             self.touch(next, tenant, now);
             node = next;
             rest = &rest[k..];
         }
+        InsertReceipt {
+            time: now,
+            held_before,
+        }
+    }
+
+    fn forget(&mut self, text: &str, tenant: &str, receipt: InsertReceipt) -> usize {
+        let Some(&tenant) = self.ids.get(tenant) else {
+            return 0;
+        };
+        // The path of `text`, with the characters before each node.
+        let mut path: Vec<(NodeId, usize)> = Vec::new();
+        let mut node = self.root;
+        let mut offset = 0;
+        let mut rest = text;
+        while let Some(first) = rest.chars().next() {
+            let Some(&child) = self.nodes[node].children.get(&first) else {
+                break;
+            };
+            let c = &self.nodes[child];
+            let k = common_prefix_len(&c.label, rest);
+            if k < c.label.len() {
+                break;
+            }
+            path.push((child, offset));
+            offset += c.chars;
+            node = child;
+            rest = &rest[k..];
+        }
+        let before = self.tenant_chars.get(&tenant).copied().unwrap_or(0);
+        for &(node, start) in path.iter().rev() {
+            let untouched_since = self.nodes[node].tenant_time(tenant) == Some(receipt.time);
+            if start < receipt.held_before || !untouched_since || !self.is_leaf_for(node, tenant) {
+                break;
+            }
+            self.drop_from_node(node, tenant);
+        }
+        before.saturating_sub(self.tenant_chars.get(&tenant).copied().unwrap_or(0))
     }
 
     /// Splits `child`'s edge after `k` bytes; returns the new upper node, which holds the

@@ -225,6 +225,42 @@ fn concurrent_insert_match_evict_keeps_the_tree_consistent() {
 }
 
 /// Characters in the longest common prefix of `a` and `b`.
+#[test]
+fn forgetting_a_refused_insert_drops_only_what_it_added() {
+    let tree = PrefixTree::new();
+    tree.insert("shared system prompt: question one", "w1");
+    let before = tree.tenant_chars("w1");
+    // A huge refused prompt on the same worker: its text goes, the earlier entry stays.
+    let huge = format!("shared system prompt: {}", "x".repeat(100_000));
+    let receipt = tree.insert(&huge, "w1");
+    assert!(tree.tenant_chars("w1") > 100_000);
+    assert_eq!(tree.forget(&huge, "w1", receipt), 100_000);
+    assert_eq!(tree.tenant_chars("w1"), before);
+    assert_eq!(
+        tree.match_prefix("shared system prompt: question one", &["w1"])
+            .matched_chars,
+        34
+    );
+    tree.check_invariants().unwrap();
+
+    // A refused repeat of a text the worker holds takes nothing away.
+    let receipt = tree.insert("shared system prompt: question one", "w1");
+    assert_eq!(
+        tree.forget("shared system prompt: question one", "w1", receipt),
+        0
+    );
+    assert_eq!(tree.tenant_chars("w1"), before);
+
+    // A later insert through the same nodes keeps them.
+    let receipt = tree.insert("another prompt entirely", "w2");
+    tree.insert("another prompt entirely, accepted", "w2");
+    assert_eq!(tree.forget("another prompt entirely", "w2", receipt), 0);
+    assert_eq!(tree.tenant_chars("w2"), 33);
+    tree.check_invariants().unwrap();
+    // Unknown tenants and texts are no-ops.
+    assert_eq!(tree.forget("nothing", "w9", receipt), 0);
+}
+
 fn lcp_chars(a: &str, b: &str) -> usize {
     a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count()
 }
@@ -257,6 +293,35 @@ proptest! {
                     .iter()
                     .any(|(text, w)| ALL[*w] == &**t && lcp_chars(text, q) >= expected);
                 prop_assert!(holder_matches, "{} reported without holding the match", t);
+            }
+        }
+    }
+
+    #[test]
+    fn refused_inserts_leave_the_tree_as_if_never_made(
+        inserts in prop::collection::vec(("[ab]{1,8}", 0usize..3, any::<bool>()), 1..40),
+        queries in prop::collection::vec("[ab]{0,9}", 1..10),
+    ) {
+        let with_refusals = PrefixTree::new();
+        let accepted_only = PrefixTree::new();
+        for (text, w, refused) in &inserts {
+            let receipt = with_refusals.insert(text, ALL[*w]);
+            if *refused {
+                with_refusals.forget(text, ALL[*w], receipt);
+            } else {
+                accepted_only.insert(text, ALL[*w]);
+            }
+            with_refusals.check_invariants().map_err(TestCaseError::fail)?;
+        }
+        let sizes = |t: &PrefixTree| {
+            t.tenant_sizes().into_iter().filter(|(_, n)| *n > 0).collect::<Vec<_>>()
+        };
+        prop_assert_eq!(sizes(&with_refusals), sizes(&accepted_only));
+        for q in &queries {
+            for w in ALL {
+                let a = with_refusals.match_prefix(q, &[*w]);
+                let b = accepted_only.match_prefix(q, &[*w]);
+                prop_assert_eq!(a.matched_chars, b.matched_chars, "{} {}", q, w);
             }
         }
     }
