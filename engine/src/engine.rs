@@ -1,5 +1,10 @@
 //! The engine as the HTTP layer sees it: a cloneable [`EngineHandle`] that submits requests to
-//! the scheduler thread and reads their token streams back.
+//! the scheduler thread and reads their token streams back, and [`launch`], which builds one
+//! (model, tokenizer, backend, scheduler).
+
+mod launch;
+
+pub use launch::launch;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -89,7 +94,7 @@ pub enum GrammarAvailability {
     Off(String),
 }
 
-/// The parts from which a handle is built (see `crate::scheduler::launch`).
+/// The parts from which a handle is built (see [`launch`]).
 pub struct EngineParts {
     pub tx: mpsc::Sender<SchedulerMsg>,
     pub info: ModelInfo,

@@ -13,6 +13,12 @@ pub enum EngineError {
     /// The model or tokenizer could not be loaded.
     #[error("failed to load model: {0}")]
     Load(String),
+    /// The checkpoint could not be found or read.
+    #[error("failed to load model: {0}")]
+    Model(#[source] crate::model::LoadError),
+    /// The backend could not be built or failed a pass.
+    #[error("backend: {0}")]
+    Backend(#[source] crate::backend::BackendError),
     /// A request the user must fix (bad field, too long, ...). `param` names the field.
     #[error("{message}")]
     BadRequest {
@@ -58,7 +64,10 @@ impl EngineError {
             EngineError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             EngineError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             EngineError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            EngineError::Load(_) | EngineError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            EngineError::Load(_)
+            | EngineError::Model(_)
+            | EngineError::Backend(_)
+            | EngineError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -71,7 +80,10 @@ impl EngineError {
             EngineError::Unauthorized(_) => "authentication_error",
             EngineError::Overloaded(_) => "rate_limit_error",
             EngineError::Unavailable(_) => "service_unavailable",
-            EngineError::Load(_) | EngineError::Internal(_) => "internal_error",
+            EngineError::Load(_)
+            | EngineError::Model(_)
+            | EngineError::Backend(_)
+            | EngineError::Internal(_) => "internal_error",
         }
     }
 
@@ -91,6 +103,22 @@ impl EngineError {
                 "code": self.status().as_u16(),
             }
         })
+    }
+}
+
+impl From<crate::model::LoadError> for EngineError {
+    fn from(e: crate::model::LoadError) -> Self {
+        EngineError::Model(e)
+    }
+}
+
+/// A checkpoint that cannot be read stays a load error when it surfaces through a backend.
+impl From<crate::backend::BackendError> for EngineError {
+    fn from(e: crate::backend::BackendError) -> Self {
+        match e {
+            crate::backend::BackendError::Load(e) => EngineError::Model(e),
+            other => EngineError::Backend(other),
+        }
     }
 }
 

@@ -82,7 +82,7 @@ async fn serve(args: ServerArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
-    let engine = tokio::task::spawn_blocking(move || sgl_engine::scheduler::launch(args))
+    let engine = tokio::task::spawn_blocking(move || sgl_engine::engine::launch(args))
         .await
         .map_err(|e| format!("start-up failed: {e}"))?
         .map_err(|e| e.to_string())?;

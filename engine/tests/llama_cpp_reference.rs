@@ -75,11 +75,9 @@ fn greedy_tokens_match_llama_cpp() {
     let path = model_path();
     let data: Value = serde_json::from_str(include_str!("data/reference/llama_cpp_greedy.json"))
         .expect("reference json");
-    let loaded = sgl_engine::model::load(&path).expect("load model");
-    let tokenizer =
-        Tokenizer::from_gguf(loaded.gguf.as_ref().expect("gguf header")).expect("tokenizer");
-    let cfg = loaded.config.clone();
-    let mut backend = CpuBackend::new(cfg, loaded.weights, 4096, 4096).expect("backend");
+    let model = sgl_engine::model::load(&path).expect("load model");
+    let tokenizer = Tokenizer::from_gguf(model.gguf().expect("gguf header")).expect("tokenizer");
+    let mut backend = CpuBackend::with_capacity(&model, 4096, 4096).expect("backend");
 
     let mut full_matches = 0;
     let cases = data["cases"].as_array().expect("cases");
@@ -130,9 +128,8 @@ fn greedy_tokens_match_llama_cpp() {
 #[test]
 fn split_batched_decode_matches_unsplit() {
     sgl_engine::backend::cpu::kernels::set_num_threads(2);
-    let loaded = sgl_engine::model::load(&model_path()).expect("load model");
-    let mut backend =
-        CpuBackend::new(loaded.config.clone(), loaded.weights, 16 * 64, 1024).expect("backend");
+    let model = sgl_engine::model::load(&model_path()).expect("load model");
+    let mut backend = CpuBackend::with_capacity(&model, 16 * 64, 1024).expect("backend");
     const SEQS: usize = 16;
     // Prompts of 3 to 33 tokens; sequence i owns slots i*64.. (its prompt, then decodes).
     let prompts: Vec<Vec<u32>> = (0..SEQS)

@@ -28,7 +28,7 @@ pub enum KernelError {
     #[error("CUDA driver: {0}")]
     Driver(#[from] cudarc::driver::DriverError),
     #[error("cuBLASLt: {0:?}")]
-    Blas(cudarc::cublaslt::result::CublasError),
+    Blas(#[source] cudarc::cublaslt::result::CublasError),
     #[error("NVRTC could not compile the kernels: {0}")]
     Compile(String),
     #[error("NVRTC (libnvrtc.so) was not found; install the CUDA toolkit or nvidia-cuda-nvrtc")]

@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Backend, DeviceSampling, SeqInput};
+use super::{Backend, DeviceSampler, DeviceSampling, Overlap, SeqInput};
 use crate::error::{EngineError, Result};
 use crate::request::SamplingParams;
 use crate::sampling::{argmax, sample_with};
@@ -53,15 +53,19 @@ impl Backend for HostSampling {
         )
     }
 
-    fn samples_on_device(&self) -> bool {
-        true
+    fn device_sampler(&mut self) -> Option<&mut dyn DeviceSampler> {
+        Some(self)
     }
 
-    fn overlaps(&self) -> bool {
-        self.overlap
+    fn overlap(&mut self) -> Option<&mut dyn Overlap> {
+        if self.overlap { Some(self) } else { None }
     }
+}
 
-    fn launch_sample(&mut self, batch: &[SeqInput<'_>], s: DeviceSampling<'_>) -> Result<()> {
+impl HostSampling {
+    /// Run the pass and sample its rows on the host, input tokens of `s.prev` taken from the
+    /// newest launched pass.
+    fn sample(&mut self, batch: &[SeqInput<'_>], s: DeviceSampling<'_>) -> Result<Vec<u32>> {
         // Input tokens taken from the previous pass (the newest launched).
         let mut tokens: Vec<Vec<u32>> = batch.iter().map(|q| q.tokens.to_vec()).collect();
         for (i, p) in s.prev.iter().enumerate() {
@@ -101,7 +105,7 @@ impl Backend for HostSampling {
                 *l = e.apply(*l);
             }
         }
-        let out = s
+        let out: Vec<u32> = s
             .params
             .iter()
             .zip(logits.chunks(v.max(1)))
@@ -120,17 +124,34 @@ impl Backend for HostSampling {
             })
             .collect();
         self.inner.recycle_logits(logits);
+        Ok(out)
+    }
+}
+
+impl DeviceSampler for HostSampling {
+    fn forward_sample(
+        &mut self,
+        batch: &[SeqInput<'_>],
+        s: DeviceSampling<'_>,
+    ) -> Result<Vec<u32>> {
+        self.sample(batch, s)
+    }
+}
+
+impl Overlap for HostSampling {
+    fn launch_sample(&mut self, batch: &[SeqInput<'_>], s: DeviceSampling<'_>) -> Result<()> {
+        let out = self.sample(batch, s)?;
         self.launched.push_back(out);
         Ok(())
-    }
-
-    fn discard_launched(&mut self) {
-        self.launched.clear();
     }
 
     fn collect(&mut self) -> Result<Vec<u32>> {
         self.launched
             .pop_front()
             .ok_or_else(|| EngineError::Internal("no pass was launched".into()))
+    }
+
+    fn discard_launched(&mut self) {
+        self.launched.clear();
     }
 }

@@ -6,9 +6,13 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod error;
 mod host_sampling;
+mod load;
 
+pub use error::BackendError;
 pub use host_sampling::HostSampling;
+pub use load::{LoadOptions, load};
 
 use crate::error::Result;
 
@@ -96,51 +100,43 @@ pub trait Backend: Send {
     /// A short description for logs and /get_server_info (device, dtype).
     fn describe(&self) -> String;
 
-    /// Whether [`Backend::forward_sample`] samples on the backend's own device, so that the
-    /// scheduler can skip copying logits out for requests that need nothing but a token.
-    fn samples_on_device(&self) -> bool {
-        false
+    /// Sampling on the backend's own device, for a backend that can, so that the scheduler
+    /// can skip copying logits out for requests that need nothing but a token.
+    fn device_sampler(&mut self) -> Option<&mut dyn DeviceSampler> {
+        None
     }
 
+    /// Asynchronous passes, for a backend whose [`Overlap::launch_sample`] returns before the
+    /// pass is done, so that the scheduler gains by preparing the next batch meanwhile
+    /// (overlap scheduling). Such a backend also samples on its device.
+    fn overlap(&mut self) -> Option<&mut dyn Overlap> {
+        None
+    }
+}
+
+/// What a backend that samples on its device does (see [`Backend::device_sampler`]).
+pub trait DeviceSampler {
     /// Run one forward pass and sample one token for every sequence with `num_logits` > 0
-    /// (each must have exactly 1), as `sampling` says. Tokens in order.
+    /// (each must have exactly 1), as `sampling` says (its `prev` empty). Tokens in order.
     fn forward_sample(
         &mut self,
         batch: &[SeqInput<'_>],
         sampling: DeviceSampling<'_>,
-    ) -> Result<Vec<u32>> {
-        self.launch_sample(batch, sampling)?;
-        self.collect()
-    }
+    ) -> Result<Vec<u32>>;
+}
 
-    /// Whether [`Backend::launch_sample`] returns before the pass is done, so that the
-    /// scheduler gains by preparing the next batch meanwhile (overlap scheduling).
-    fn overlaps(&self) -> bool {
-        false
-    }
-
-    /// Start what [`Backend::forward_sample`] does; its tokens come from the next
-    /// [`Backend::collect`]. At most one pass is launched and not yet collected, plus the one
+/// What a backend that overlaps passes with the host does (see [`Backend::overlap`]).
+pub trait Overlap {
+    /// Start what [`DeviceSampler::forward_sample`] does; its tokens come from the next
+    /// [`Overlap::collect`]. At most one pass is launched and not yet collected, plus the one
     /// being launched: a pass may take input tokens from the previous one (`sampling.prev`).
-    fn launch_sample(
-        &mut self,
-        batch: &[SeqInput<'_>],
-        sampling: DeviceSampling<'_>,
-    ) -> Result<()> {
-        let _ = (batch, sampling);
-        Err(crate::error::EngineError::Internal(
-            "this backend does not sample on its device".into(),
-        ))
-    }
+    fn launch_sample(&mut self, batch: &[SeqInput<'_>], sampling: DeviceSampling<'_>)
+    -> Result<()>;
+
+    /// The tokens of the oldest launched pass not yet collected (waits for it).
+    fn collect(&mut self) -> Result<Vec<u32>>;
 
     /// Forget every launched pass not yet collected (after a failure), waiting for the
     /// device to finish them.
-    fn discard_launched(&mut self) {}
-
-    /// The tokens of the oldest launched pass not yet collected (waits for it).
-    fn collect(&mut self) -> Result<Vec<u32>> {
-        Err(crate::error::EngineError::Internal(
-            "no pass was launched".into(),
-        ))
-    }
+    fn discard_launched(&mut self);
 }

@@ -526,11 +526,11 @@ fn decode_bench(path: &str, seconds: f64) -> anyhow::Result<()> {
     let max_ctx = contexts.iter().copied().max().unwrap_or(1).max(1);
     set_num_threads(threads);
 
-    let loaded = sgl_engine::model::load(std::path::Path::new(path))
+    let model = sgl_engine::model::load(std::path::Path::new(path))
         .with_context(|| format!("load {path} (run scripts/fetch-model.sh)"))?;
-    let cfg = loaded.config.clone();
-    let vocab = cfg.vocab_size as u64;
-    let mut backend = CpuBackend::new(cfg, loaded.weights, batch * max_ctx, max_ctx)?;
+    let vocab = model.config.vocab_size as u64;
+    let mut backend = CpuBackend::with_capacity(&model, batch * max_ctx, max_ctx)?;
+    drop(model);
     println!(
         "model: {path}\n  {}; {threads} thread(s), batch {batch}, contexts {contexts:?}",
         backend.describe()

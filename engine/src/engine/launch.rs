@@ -1,35 +1,31 @@
-//! Start-up: load the tokenizer and the model, size the KV cache, start the scheduler thread.
+//! The composition root: open the model, build the tokenizer and the backend, size the KV
+//! cache, start the scheduler thread, and hand back the [`EngineHandle`].
 
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Instant;
 
-use super::{Scheduler, SchedulerConfig};
-use crate::backend::cpu::{CpuBackend, kernels};
-use crate::backend::{Backend, HostSampling};
+use super::{EngineHandle, EngineParts, GrammarAvailability, ModelInfo, SchedulerStats};
+use crate::backend::cpu::kernels;
+use crate::backend::{self, LoadOptions};
 use crate::config::{DeviceKind, ServerArgs};
-use crate::engine::{EngineHandle, EngineParts, GrammarAvailability, ModelInfo, SchedulerStats};
 use crate::error::{EngineError, Result};
 use crate::metrics::Metrics;
 use crate::model::config::ModelConfig;
-use crate::model::loader::ModelFiles;
+use crate::model::files::ModelFiles;
+use crate::model::{self, Model};
+use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::tokenizer::Tokenizer;
 
-/// Bytes of KV cache the CPU backend takes when `--max-total-tokens` is not given.
-const CPU_KV_BUDGET_BYTES: usize = 2 << 30;
 const CPU_DEFAULT_MAX_RUNNING: usize = 128;
 
-fn load_tokenizer(
-    args: &ServerArgs,
-    files: &ModelFiles,
-    gguf: Option<&candle_core::quantized::gguf_file::Content>,
-) -> Result<Option<Arc<Tokenizer>>> {
+fn load_tokenizer(args: &ServerArgs, model: &Model) -> Result<Option<Arc<Tokenizer>>> {
     if args.skip_tokenizer_init {
         return Ok(None);
     }
     let tok_err =
         |e: crate::tokenizer::TokenizerError| EngineError::Load(format!("tokenizer: {e}"));
-    let mut tok = match (&args.tokenizer_path, files, gguf) {
+    let mut tok = match (&args.tokenizer_path, &model.files, model.gguf()) {
         (Some(p), _, _) => Tokenizer::from_dir_or_file(p).map_err(tok_err)?,
         (None, _, Some(content)) => Tokenizer::from_gguf(content).map_err(tok_err)?,
         (None, ModelFiles::HfDir(dir), _) => Tokenizer::from_dir_or_file(dir).map_err(tok_err)?,
@@ -59,58 +55,6 @@ fn resolve_context_length(args: &ServerArgs, cfg: &ModelConfig) -> Result<usize>
     }
 }
 
-fn cpu_backend(
-    args: &ServerArgs,
-    loaded: crate::model::LoadedModel,
-    context_length: usize,
-) -> Result<Box<dyn Backend>> {
-    let cfg = loaded.config;
-    // K and V, f16 each (the CPU backend stores its KV cache in half precision).
-    let per_token = 2 * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim;
-    let capacity = match args.max_total_tokens {
-        Some(n) => n,
-        None => (CPU_KV_BUDGET_BYTES / per_token.max(1)).clamp(2048, 131_072),
-    };
-    let cpu = Box::new(CpuBackend::new(
-        cfg,
-        loaded.weights,
-        capacity,
-        context_length + 1,
-    )?);
-    if args.enable_overlap_schedule {
-        return Ok(Box::new(HostSampling::new(cpu, true)));
-    }
-    Ok(cpu)
-}
-
-#[cfg(feature = "cuda")]
-fn cuda_backend(
-    args: &ServerArgs,
-    files: &ModelFiles,
-    cfg: &ModelConfig,
-) -> Result<Box<dyn Backend>> {
-    let ModelFiles::HfDir(dir) = files else {
-        return Err(EngineError::InvalidArgument(
-            "--device cuda serves Hugging Face folders (safetensors); GGUF files run on --device cpu".into(),
-        ));
-    };
-    let opts = crate::backend::cuda::CudaOptions {
-        mem_fraction_static: args.mem_fraction_static,
-        max_total_tokens: args.max_total_tokens,
-        cuda_graph_max_bs: args.cuda_graph_max_bs,
-        disable_cuda_graph: args.disable_cuda_graph,
-        ..Default::default()
-    };
-    crate::backend::cuda::load_cuda_backend_with(dir, cfg, &opts)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_backend(_: &ServerArgs, _: &ModelFiles, _: &ModelConfig) -> Result<Box<dyn Backend>> {
-    Err(EngineError::InvalidArgument(
-        "this sgl-engine was built without CUDA support; rebuild with `--features cuda` or use --device cpu".into(),
-    ))
-}
-
 /// Load everything and start the scheduler thread.
 pub fn launch(args: ServerArgs) -> Result<EngineHandle> {
     args.validate()?;
@@ -118,28 +62,23 @@ pub fn launch(args: ServerArgs) -> Result<EngineHandle> {
     if let Some(n) = args.num_threads {
         kernels::set_num_threads(n);
     }
-    let files = ModelFiles::detect(&args.model_path)?;
     tracing::info!("loading model from {}", args.model_path.display());
-    let (backend, cfg, tokenizer) = match args.device {
-        DeviceKind::Cpu => {
-            let loaded = crate::model::load(&args.model_path)?;
-            let tokenizer = load_tokenizer(&args, &files, loaded.gguf.as_ref())?;
-            let cfg = loaded.config.clone();
-            let ctx = resolve_context_length(&args, &cfg)?;
-            (cpu_backend(&args, loaded, ctx)?, cfg, tokenizer)
-        }
-        DeviceKind::Cuda => {
-            let ModelFiles::HfDir(dir) = &files else {
-                return Err(EngineError::InvalidArgument(
-                    "--device cuda serves Hugging Face folders (safetensors); GGUF files run on --device cpu".into(),
-                ));
-            };
-            let cfg = ModelConfig::from_hf_config(&dir.join("config.json"))?;
-            let tokenizer = load_tokenizer(&args, &files, None)?;
-            (cuda_backend(&args, &files, &cfg)?, cfg, tokenizer)
-        }
-    };
+    let model = model::load(&args.model_path)?;
+    let tokenizer = load_tokenizer(&args, &model)?;
+    let cfg = model.config.clone();
     let context_length = resolve_context_length(&args, &cfg)?;
+    let opts = LoadOptions {
+        max_total_tokens: args.max_total_tokens,
+        context_length,
+        host_overlap: args.device == DeviceKind::Cpu && args.enable_overlap_schedule,
+        mem_fraction_static: args.mem_fraction_static,
+        cuda_graph_max_bs: args.cuda_graph_max_bs,
+        disable_cuda_graph: args.disable_cuda_graph,
+        ..LoadOptions::default()
+    };
+    let backend = backend::load(args.device, &model, &opts)?;
+    // The weights are on the device now; unmap the checkpoint.
+    drop(model);
     let max_total_tokens = backend.kv_capacity();
     if max_total_tokens < 2 {
         return Err(EngineError::InvalidArgument(

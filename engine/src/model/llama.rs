@@ -1,10 +1,10 @@
-//! Llama-family weights (Llama, Mistral, Qwen2, SmolLM2): loading under GGUF or Hugging Face
-//! tensor names. The forward pass over these weights is in `crate::backend::cpu`.
+//! The tensors of a Llama-family checkpoint (Llama, Mistral, Qwen2, SmolLM2) under GGUF or
+//! Hugging Face names, with their expected shapes and how tensor parallelism splits them.
+//! Each backend lays them out for its device (`backend::cpu::weights`, `backend::cuda::weights`).
 
-use crate::backend::cpu::kernels::Weight;
-use crate::error::{EngineError, Result};
-use crate::model::config::ModelConfig;
-use crate::model::loader::TensorSource;
+use super::config::ModelConfig;
+use super::error::LoadError;
+use super::tensors::{Shard, Tensor, TensorSource};
 
 /// Which checkpoint naming scheme the tensors use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,8 +15,9 @@ pub enum Naming {
     HuggingFace,
 }
 
-#[derive(Clone, Copy)]
-enum Part {
+/// One tensor of a decoder layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
     AttnNorm,
     Q,
     K,
@@ -31,8 +32,27 @@ enum Part {
     Down,
 }
 
+impl Part {
+    /// How tensor parallelism splits this part: q, k, v, gate, up (and the biases) by output
+    /// rows, o and down by input columns; the norms stay whole.
+    fn shard(self, tp: TensorParallel) -> Shard {
+        if tp.size <= 1 {
+            return Shard::Whole;
+        }
+        let (rank, parts) = (tp.rank, tp.size);
+        match self {
+            Part::Q | Part::K | Part::V | Part::QBias | Part::KBias | Part::VBias => {
+                Shard::Rows { rank, parts }
+            }
+            Part::Gate | Part::Up => Shard::Rows { rank, parts },
+            Part::O | Part::Down => Shard::Cols { rank, parts },
+            Part::AttnNorm | Part::FfnNorm => Shard::Whole,
+        }
+    }
+}
+
 impl Naming {
-    fn layer(self, i: usize, part: Part) -> String {
+    pub fn layer(self, i: usize, part: Part) -> String {
         match self {
             Naming::Gguf => {
                 let p = match part {
@@ -71,21 +91,21 @@ impl Naming {
         }
     }
 
-    fn embed(self) -> &'static str {
+    pub fn embed(self) -> &'static str {
         match self {
             Naming::Gguf => "token_embd.weight",
             Naming::HuggingFace => "model.embed_tokens.weight",
         }
     }
 
-    fn final_norm(self) -> &'static str {
+    pub fn final_norm(self) -> &'static str {
         match self {
             Naming::Gguf => "output_norm.weight",
             Naming::HuggingFace => "model.norm.weight",
         }
     }
 
-    fn lm_head(self) -> &'static str {
+    pub fn lm_head(self) -> &'static str {
         match self {
             Naming::Gguf => "output.weight",
             Naming::HuggingFace => "lm_head.weight",
@@ -93,141 +113,109 @@ impl Naming {
     }
 }
 
-pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,
-    pub wq: Weight,
-    pub wk: Weight,
-    pub wv: Weight,
-    pub wo: Weight,
-    pub bq: Option<Vec<f32>>,
-    pub bk: Option<Vec<f32>>,
-    pub bv: Option<Vec<f32>>,
-    pub ffn_norm: Vec<f32>,
-    pub w_gate: Weight,
-    pub w_up: Weight,
-    pub w_down: Weight,
+/// This process's place in a tensor-parallel group (`--tp-size`): rank `rank` of `size`.
+/// `size` 1 reads every tensor whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TensorParallel {
+    pub rank: usize,
+    pub size: usize,
 }
 
-pub struct LlamaWeights {
-    pub embed: Weight,
-    pub layers: Vec<LayerWeights>,
-    pub norm: Vec<f32>,
-    /// `None` when the output projection is tied to the embedding.
-    pub lm_head: Option<Weight>,
-}
-
-fn expect_shape(name: &str, w: &Weight, rows: usize, cols: usize) -> Result<()> {
-    if w.rows() != rows || w.cols() != cols {
-        return Err(EngineError::Load(format!(
-            "tensor {name} has shape [{}, {}], expected [{rows}, {cols}]",
-            w.rows(),
-            w.cols()
-        )));
+impl Default for TensorParallel {
+    fn default() -> Self {
+        TensorParallel { rank: 0, size: 1 }
     }
-    Ok(())
 }
 
-fn expect_len(name: &str, v: &[f32], len: usize) -> Result<()> {
-    if v.len() != len {
-        return Err(EngineError::Load(format!(
-            "tensor {name} has {} values, expected {len}",
-            v.len()
-        )));
-    }
-    Ok(())
+/// A Llama-family checkpoint's tensors, read by part with their shapes checked against the
+/// config (the shapes of this rank's shards).
+pub struct LlamaTensors<'a> {
+    src: &'a dyn TensorSource,
+    cfg: &'a ModelConfig,
+    naming: Naming,
+    tp: TensorParallel,
 }
 
-impl LlamaWeights {
-    pub fn load(
-        src: &mut dyn TensorSource,
-        cfg: &ModelConfig,
+impl<'a> LlamaTensors<'a> {
+    pub fn new(
+        src: &'a dyn TensorSource,
+        cfg: &'a ModelConfig,
         naming: Naming,
-        mut progress: impl FnMut(usize, usize),
-    ) -> Result<Self> {
-        let h = cfg.hidden_size;
-        let qd = cfg.num_heads * cfg.head_dim;
-        let kvd = cfg.num_kv_heads * cfg.head_dim;
-        let ffn = cfg.intermediate_size;
-        let embed = src.matrix(naming.embed())?;
-        expect_shape(naming.embed(), &embed, cfg.vocab_size, h)?;
-        let mut layers = Vec::with_capacity(cfg.num_layers);
-        for i in 0..cfg.num_layers {
-            let mut mat = |part: Part, rows: usize, cols: usize| -> Result<Weight> {
-                let name = naming.layer(i, part);
-                let w = src.matrix(&name)?;
-                expect_shape(&name, &w, rows, cols)?;
-                Ok(w)
-            };
-            let wq = mat(Part::Q, qd, h)?;
-            let wk = mat(Part::K, kvd, h)?;
-            let wv = mat(Part::V, kvd, h)?;
-            let wo = mat(Part::O, h, qd)?;
-            let w_gate = mat(Part::Gate, ffn, h)?;
-            let w_up = mat(Part::Up, ffn, h)?;
-            let w_down = mat(Part::Down, h, ffn)?;
-            let has_bias = src.contains(&naming.layer(i, Part::QBias));
-            let mut vec = |part: Part, len: usize| -> Result<Vec<f32>> {
-                let name = naming.layer(i, part);
-                let v = src.vector(&name)?;
-                expect_len(&name, &v, len)?;
-                Ok(v)
-            };
-            let attn_norm = vec(Part::AttnNorm, h)?;
-            let ffn_norm = vec(Part::FfnNorm, h)?;
-            let (bq, bk, bv) = if has_bias {
-                (
-                    Some(vec(Part::QBias, qd)?),
-                    Some(vec(Part::KBias, kvd)?),
-                    Some(vec(Part::VBias, kvd)?),
-                )
-            } else {
-                (None, None, None)
-            };
-            layers.push(LayerWeights {
-                attn_norm,
-                wq,
-                wk,
-                wv,
-                wo,
-                bq,
-                bk,
-                bv,
-                ffn_norm,
-                w_gate,
-                w_up,
-                w_down,
-            });
-            progress(i + 1, cfg.num_layers);
+        tp: TensorParallel,
+    ) -> Self {
+        LlamaTensors {
+            src,
+            cfg,
+            naming,
+            tp,
         }
-        let norm = src.vector(naming.final_norm())?;
-        expect_len(naming.final_norm(), &norm, h)?;
-        let lm_head = if src.contains(naming.lm_head()) {
-            let w = src.matrix(naming.lm_head())?;
-            expect_shape(naming.lm_head(), &w, cfg.vocab_size, h)?;
-            Some(w)
-        } else {
-            None
-        };
-        Ok(LlamaWeights {
-            embed,
-            layers,
-            norm,
-            lm_head,
-        })
     }
 
-    pub fn lm_head(&self) -> &Weight {
-        self.lm_head.as_ref().unwrap_or(&self.embed)
+    pub fn config(&self) -> &ModelConfig {
+        self.cfg
     }
 
-    pub fn size_bytes(&self) -> usize {
-        let mut n = self.embed.size_bytes() + self.lm_head.as_ref().map_or(0, |w| w.size_bytes());
-        for l in &self.layers {
-            n += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
-                .iter()
-                .map(|w| w.size_bytes())
-                .sum::<usize>();
+    pub fn naming(&self) -> Naming {
+        self.naming
+    }
+
+    /// The full shape of a layer part.
+    fn shape(&self, part: Part) -> Vec<usize> {
+        let c = self.cfg;
+        let h = c.hidden_size;
+        let qd = c.num_heads * c.head_dim;
+        let kvd = c.num_kv_heads * c.head_dim;
+        let ffn = c.intermediate_size;
+        match part {
+            Part::AttnNorm | Part::FfnNorm => vec![h],
+            Part::Q => vec![qd, h],
+            Part::K | Part::V => vec![kvd, h],
+            Part::O => vec![h, qd],
+            Part::QBias => vec![qd],
+            Part::KBias | Part::VBias => vec![kvd],
+            Part::Gate | Part::Up => vec![ffn, h],
+            Part::Down => vec![h, ffn],
         }
-        n
+    }
+
+    /// Whether layer `i` has the part (the q/k/v biases are optional).
+    pub fn has(&self, i: usize, part: Part) -> bool {
+        self.src.contains(&self.naming.layer(i, part))
+    }
+
+    /// Layer `i`'s part: this rank's shard, shape checked.
+    pub fn layer(&self, i: usize, part: Part) -> Result<Tensor<'a>, LoadError> {
+        let name = self.naming.layer(i, part);
+        let shape = self.shape(part);
+        let t = self.src.read(&name, Shard::Whole)?.expect_shape(&shape)?;
+        t.shard(part.shard(self.tp))
+    }
+
+    /// The token embedding `[vocab, hidden]` (every rank holds it whole).
+    pub fn embed(&self) -> Result<Tensor<'a>, LoadError> {
+        let shape = [self.cfg.vocab_size, self.cfg.hidden_size];
+        self.src
+            .read(self.naming.embed(), Shard::Whole)?
+            .expect_shape(&shape)
+    }
+
+    /// The final RMSNorm weight `[hidden]`.
+    pub fn final_norm(&self) -> Result<Tensor<'a>, LoadError> {
+        self.src
+            .read(self.naming.final_norm(), Shard::Whole)?
+            .expect_shape(&[self.cfg.hidden_size])
+    }
+
+    /// Whether the checkpoint has its own output projection (else it is tied to the embedding).
+    pub fn has_lm_head(&self) -> bool {
+        self.src.contains(self.naming.lm_head())
+    }
+
+    /// The output projection `[vocab, hidden]`.
+    pub fn lm_head(&self) -> Result<Tensor<'a>, LoadError> {
+        let shape = [self.cfg.vocab_size, self.cfg.hidden_size];
+        self.src
+            .read(self.naming.lm_head(), Shard::Whole)?
+            .expect_shape(&shape)
     }
 }

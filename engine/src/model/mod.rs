@@ -1,52 +1,86 @@
-//! Model configuration, checkpoint loading and the Llama-family weights.
+//! The model as stored, knowing no device: where its files are ([`files`]), its configuration
+//! ([`config`]), and its tensors as stored ([`tensors`], one [`TensorSource`] over safetensors
+//! and GGUF, memory-mapped), named by part for the Llama family ([`llama`]). Backends build
+//! their weights from a [`Model`] (`crate::backend::load`).
 
 pub mod config;
+pub mod error;
+pub mod files;
 pub mod llama;
-pub mod loader;
+pub mod tensors;
 
 use std::path::Path;
 
+use candle_core::quantized::gguf_file::Content;
+
 use crate::error::Result;
 use config::ModelConfig;
-use llama::{LlamaWeights, Naming};
-use loader::{GgufSource, ModelFiles, SafetensorsSource};
+pub use error::LoadError;
+use files::ModelFiles;
+use llama::{LlamaTensors, Naming, TensorParallel};
+pub use tensors::{DType, Quantization, Shard, Tensor, TensorSource};
+use tensors::{GgufFile, SafetensorsFiles};
 
-/// A loaded checkpoint for the CPU backend.
-pub struct LoadedModel {
+/// An opened checkpoint: files found, configuration read, tensors mapped (not yet read).
+pub struct Model {
+    pub files: ModelFiles,
     pub config: ModelConfig,
-    pub weights: LlamaWeights,
-    /// The GGUF header (tokenizer vocabulary and chat template live there), for GGUF models.
-    pub gguf: Option<candle_core::quantized::gguf_file::Content>,
+    /// The tensor naming scheme of the files.
+    pub naming: Naming,
+    source: Source,
 }
 
-/// Load a GGUF file or a Hugging Face folder, logging progress per layer.
-pub fn load(path: &Path) -> Result<LoadedModel> {
+enum Source {
+    Gguf(GgufFile),
+    Safetensors(SafetensorsFiles),
+}
+
+/// Open a GGUF file or a Hugging Face folder (`config.json` and `*.safetensors`).
+pub fn load(path: &Path) -> Result<Model> {
     let files = ModelFiles::detect(path)?;
-    let progress = |done: usize, total: usize| {
-        if done == total || done.is_multiple_of(8) {
-            tracing::info!("loading weights: layer {done}/{total}");
-        }
-    };
-    match files {
+    match &files {
         ModelFiles::Gguf(p) => {
-            let mut src = GgufSource::open(&p)?;
-            let config = ModelConfig::from_gguf(&src.content)?;
-            let weights = LlamaWeights::load(&mut src, &config, Naming::Gguf, progress)?;
-            Ok(LoadedModel {
+            let gguf = GgufFile::open(p)?;
+            let config = ModelConfig::from_gguf(gguf.content())?;
+            Ok(Model {
+                files,
                 config,
-                weights,
-                gguf: Some(src.content),
+                naming: Naming::Gguf,
+                source: Source::Gguf(gguf),
             })
         }
         ModelFiles::HfDir(dir) => {
             let config = ModelConfig::from_hf_config(&dir.join("config.json"))?;
-            let mut src = SafetensorsSource::open(&dir)?;
-            let weights = LlamaWeights::load(&mut src, &config, Naming::HuggingFace, progress)?;
-            Ok(LoadedModel {
+            let shards = files::safetensors_shards(dir)?;
+            let st = SafetensorsFiles::open(&shards)?;
+            Ok(Model {
+                files,
                 config,
-                weights,
-                gguf: None,
+                naming: Naming::HuggingFace,
+                source: Source::Safetensors(st),
             })
         }
+    }
+}
+
+impl Model {
+    pub fn tensors(&self) -> &dyn TensorSource {
+        match &self.source {
+            Source::Gguf(g) => g,
+            Source::Safetensors(s) => s,
+        }
+    }
+
+    /// The GGUF header (tokenizer vocabulary and chat template live there), for GGUF models.
+    pub fn gguf(&self) -> Option<&Content> {
+        match &self.source {
+            Source::Gguf(g) => Some(g.content()),
+            Source::Safetensors(_) => None,
+        }
+    }
+
+    /// The Llama-family tensors of this rank.
+    pub fn llama(&self, tp: TensorParallel) -> LlamaTensors<'_> {
+        LlamaTensors::new(self.tensors(), &self.config, self.naming, tp)
     }
 }

@@ -19,11 +19,8 @@
 //! the forward pass runs: their grammar states are taken out of the requests for the pass and
 //! put back before sampling (see [`req`]).
 
-mod launch;
 mod req;
 mod step;
-
-pub use launch::launch;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -164,7 +161,9 @@ impl Scheduler {
             if let Err(e) = self.step() {
                 tracing::error!("forward pass failed: {e}");
                 self.flight = None;
-                self.backend.discard_launched();
+                if let Some(overlap) = self.backend.overlap() {
+                    overlap.discard_launched();
+                }
                 let reqs: Vec<Req> = self.running.drain(..).collect();
                 for mut r in reqs {
                     r.fail(format!("the engine failed to run this request: {e}"));

@@ -83,9 +83,9 @@ impl Scheduler {
     /// Whether the next pass may be launched before the one in flight is processed: the
     /// backend overlaps and no running or waiting request needs logits on the host or logits
     /// edits that depend on the token still being sampled.
-    fn overlap_ready(&self) -> bool {
+    fn overlap_ready(&mut self) -> bool {
         !self.cfg.disable_overlap_schedule
-            && self.backend.overlaps()
+            && self.backend.overlap().is_some()
             && self
                 .running
                 .iter()
@@ -224,9 +224,7 @@ impl Scheduler {
         entries: &[Entry],
         at: &HashMap<u64, usize>,
     ) -> Option<(Vec<SampleInput>, Vec<LogitEdit>)> {
-        if !self.backend.samples_on_device() {
-            return None;
-        }
+        self.backend.device_sampler()?;
         let eligible = entries.iter().all(|e| {
             e.nrows == usize::from(e.completes)
                 && (!e.completes
@@ -274,7 +272,12 @@ impl Scheduler {
             edits: &edits,
             prev: &prep.prev,
         };
-        self.backend.launch_sample(&inputs, sampling)?;
+        let Some(overlap) = self.backend.overlap() else {
+            return Err(EngineError::Internal(
+                "an overlapped pass needs a backend that overlaps".into(),
+            ));
+        };
+        overlap.launch_sample(&inputs, sampling)?;
         drop(inputs);
         self.passes += 1;
         let pass = self.passes;
@@ -297,7 +300,12 @@ impl Scheduler {
 
     /// Collect the tokens of the oldest pass in flight and process them.
     fn land(&mut self, f: Flight) -> Result<()> {
-        let tokens = self.backend.collect()?;
+        let Some(overlap) = self.backend.overlap() else {
+            return Err(EngineError::Internal(
+                "a pass in flight on a backend that does not overlap".into(),
+            ));
+        };
+        let tokens = overlap.collect()?;
         let secs = f.started.elapsed().as_secs_f64();
         self.process(
             &f.entries,
@@ -343,16 +351,21 @@ impl Scheduler {
                 })
             });
             let forward = match &device {
-                Some((params, edits)) => backend
-                    .forward_sample(
-                        &inputs,
-                        DeviceSampling {
-                            params,
-                            edits,
-                            prev: &[],
-                        },
-                    )
-                    .map(Sampled::Tokens),
+                Some((params, edits)) => match backend.device_sampler() {
+                    Some(sampler) => sampler
+                        .forward_sample(
+                            &inputs,
+                            DeviceSampling {
+                                params,
+                                edits,
+                                prev: &[],
+                            },
+                        )
+                        .map(Sampled::Tokens),
+                    None => Err(EngineError::Internal(
+                        "device sampling on a backend without a device sampler".into(),
+                    )),
+                },
                 None => backend.forward(&inputs).map(Sampled::Logits),
             };
             let jobs = match worker {

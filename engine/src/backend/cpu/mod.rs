@@ -4,16 +4,20 @@
 mod attention;
 pub mod kernels;
 mod ops;
+pub mod weights;
 
 use std::time::Instant;
 
-use crate::backend::{Backend, SeqInput};
+use crate::backend::{Backend, BackendError, LoadOptions, SeqInput};
 use crate::error::{EngineError, Result};
 use crate::model::config::ModelConfig;
-use crate::model::llama::LlamaWeights;
+pub use weights::LlamaWeights;
 
 use half::f16;
 use kernels::{SharedMut, matmul, matmul_multi, matmul_multi_with, num_threads, parallel_for};
+
+/// Bytes of KV cache the CPU backend takes when `--max-total-tokens` is not given.
+pub const CPU_KV_BUDGET_BYTES: usize = 2 << 30;
 
 pub struct CpuBackend {
     cfg: ModelConfig,
@@ -154,16 +158,48 @@ fn rope_and_store(
 
 impl CpuBackend {
     /// `kv_capacity` token slots; `max_positions` bounds the RoPE table.
+    /// Reads `model`'s weights into the kernels' formats and allocates the KV cache:
+    /// `--max-total-tokens` slots, or as many as [`CPU_KV_BUDGET_BYTES`] holds.
+    pub fn load(model: &crate::model::Model, opts: &LoadOptions) -> Result<Self, BackendError> {
+        let cfg = &model.config;
+        // K and V, f16 each.
+        let per_token = 2 * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim;
+        let capacity = match opts.max_total_tokens {
+            Some(n) => n,
+            None => (CPU_KV_BUDGET_BYTES / per_token.max(1)).clamp(2048, 131_072),
+        };
+        let tensors = model.llama(opts.tensor_parallel);
+        let progress = |done: usize, total: usize| {
+            if done == total || done.is_multiple_of(8) {
+                tracing::info!("loading weights: layer {done}/{total}");
+            }
+        };
+        let weights = LlamaWeights::load(&tensors, opts.quantization, progress)?;
+        CpuBackend::new(cfg.clone(), weights, capacity, opts.context_length + 1)
+    }
+
+    /// [`CpuBackend::load`] with `kv_capacity` KV slots and room for sequences of
+    /// `max_positions` tokens (benchmarks and tests).
+    pub fn with_capacity(
+        model: &crate::model::Model,
+        kv_capacity: usize,
+        max_positions: usize,
+    ) -> Result<Self, BackendError> {
+        let tensors = model.llama(Default::default());
+        let weights = LlamaWeights::load(&tensors, Default::default(), |_, _| {})?;
+        CpuBackend::new(model.config.clone(), weights, kv_capacity, max_positions)
+    }
+
     pub fn new(
         cfg: ModelConfig,
         weights: LlamaWeights,
         kv_capacity: usize,
         max_positions: usize,
-    ) -> Result<Self> {
+    ) -> Result<Self, BackendError> {
         let kv_dim = cfg.num_kv_heads * cfg.head_dim;
         let per_layer = kv_capacity
             .checked_mul(kv_dim)
-            .ok_or_else(|| EngineError::Load("KV cache size overflows".into()))?;
+            .ok_or_else(|| BackendError::OutOfMemory("KV cache size overflows".into()))?;
         let bytes = per_layer as u128 * 2 * 2 * cfg.num_layers as u128;
         tracing::info!(
             "KV cache: {kv_capacity} tokens, {:.1} MiB ({} layers, {} KV heads × {})",
@@ -174,10 +210,10 @@ impl CpuBackend {
         );
         let mut k_cache: Vec<KvBuffer> = (0..cfg.num_layers)
             .map(|_| KvBuffer::new(per_layer))
-            .collect::<Result<_>>()?;
+            .collect::<Result<_, _>>()?;
         let mut v_cache: Vec<KvBuffer> = (0..cfg.num_layers)
             .map(|_| KvBuffer::new(per_layer))
-            .collect::<Result<_>>()?;
+            .collect::<Result<_, _>>()?;
         // Slots are handed out lowest first: touch the first ones' rows now.
         let per_token = 2 * 2 * kv_dim * cfg.num_layers;
         let slots = kv_capacity.min(KV_PREFAULT_BYTES / per_token.max(1));
@@ -261,13 +297,15 @@ struct KvBuffer {
 
 impl KvBuffer {
     /// `len` zeroed f16 values.
-    fn new(len: usize) -> Result<KvBuffer> {
+    fn new(len: usize) -> Result<KvBuffer, BackendError> {
         let size = len
             .checked_mul(std::mem::size_of::<f16>())
-            .ok_or_else(|| EngineError::Load("KV cache size overflows".into()))?;
+            .ok_or_else(|| BackendError::OutOfMemory("KV cache size overflows".into()))?;
         let bytes = kernels::HugeBytes::zeroed(size);
         if !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<f16>()) {
-            return Err(EngineError::Load("KV cache buffer is misaligned".into()));
+            return Err(BackendError::OutOfMemory(
+                "KV cache buffer is misaligned".into(),
+            ));
         }
         Ok(KvBuffer { bytes, len })
     }

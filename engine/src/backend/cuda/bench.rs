@@ -61,8 +61,7 @@ fn arg_usize(args: &[String], name: &str, default: usize) -> Result<usize> {
 fn open(args: &[String]) -> Result<CudaBackend> {
     let model = arg(args, "--model")
         .ok_or_else(|| EngineError::InvalidArgument("--model DIR is required".into()))?;
-    let dir = PathBuf::from(model);
-    let cfg = ModelConfig::from_hf_config(&dir.join("config.json"))?;
+    let model = crate::model::load(&PathBuf::from(model))?;
     let opts = CudaOptions {
         disable_cuda_graph: args.iter().any(|a| a == "--disable-cuda-graph"),
         cuda_graph_max_bs: arg_usize(args, "--cuda-graph-max-bs", 160)?,
@@ -72,7 +71,7 @@ fn open(args: &[String]) -> Result<CudaBackend> {
             .unwrap_or(0.88),
         ..CudaOptions::default()
     };
-    CudaBackend::load(&dir, &cfg, &opts)
+    CudaBackend::load(&model, &opts)
 }
 
 /// Entry point for the benchmark and check commands (see the module docs).
@@ -1111,7 +1110,7 @@ pub fn offline_engine(args: &[String]) -> Result<EngineOfflineReport> {
         .server;
     let radix = !flags.disable_radix_cache;
     let chunk = flags.chunked_prefill_size;
-    let engine = crate::scheduler::launch(flags)?;
+    let engine = crate::engine::launch(flags)?;
     let max_running = engine.info().max_running_requests;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -17,16 +17,21 @@ mod overlap;
 mod weights;
 
 use std::cell::Cell;
-use std::path::Path;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use half::bf16;
 use sgl_kernels::{Gemm, GemvWorkspace, Kernels, MAX_DECODE_SPLITS};
 
-use super::{Backend, DeviceSampling, SampleInput, SeqInput};
+use super::{
+    Backend, BackendError, DeviceSampler, DeviceSampling, LoadOptions, Overlap, SampleInput,
+    SeqInput,
+};
 use crate::error::{EngineError, Result};
 use crate::model::config::ModelConfig;
+use crate::model::files::ModelFiles;
+use crate::model::llama::TensorParallel;
+use crate::model::{Model, Quantization};
 
 pub use bench::{
     BenchOneBatchArgs, EngineOfflineReport, bench_main, bench_one_batch, offline_engine,
@@ -42,6 +47,8 @@ pub struct CudaOptions {
     pub disable_cuda_graph: bool,
     /// Tokens one forward pass may carry before scratch buffers grow.
     pub max_forward_tokens: usize,
+    pub quantization: Quantization,
+    pub tensor_parallel: TensorParallel,
 }
 
 impl Default for CudaOptions {
@@ -52,36 +59,29 @@ impl Default for CudaOptions {
             cuda_graph_max_bs: 160,
             disable_cuda_graph: false,
             max_forward_tokens: 8192,
+            quantization: Quantization::AsStored,
+            tensor_parallel: TensorParallel::default(),
         }
     }
 }
 
-pub(crate) fn cuda_err(e: impl std::fmt::Display) -> EngineError {
-    EngineError::Internal(format!("CUDA: {e}"))
+/// A failed CUDA call or kernel launch as the engine's error (its cause kept typed).
+pub(crate) fn cuda_err(e: impl Into<BackendError>) -> EngineError {
+    EngineError::from(e.into())
 }
 
-/// Load the model in `model_dir` onto GPU 0 and size the KV pool.
-pub fn load_cuda_backend(
-    model_dir: &Path,
-    cfg: &ModelConfig,
-    mem_fraction_static: f32,
-    max_total_tokens: Option<usize>,
-) -> Result<Box<dyn Backend>> {
-    let opts = CudaOptions {
-        mem_fraction_static,
-        max_total_tokens,
-        ..CudaOptions::default()
-    };
-    Ok(Box::new(CudaBackend::load(model_dir, cfg, &opts)?))
-}
-
-/// As [`load_cuda_backend`], with every option.
-pub fn load_cuda_backend_with(
-    model_dir: &Path,
-    cfg: &ModelConfig,
-    opts: &CudaOptions,
-) -> Result<Box<dyn Backend>> {
-    Ok(Box::new(CudaBackend::load(model_dir, cfg, opts)?))
+impl From<&LoadOptions> for CudaOptions {
+    fn from(o: &LoadOptions) -> Self {
+        CudaOptions {
+            mem_fraction_static: o.mem_fraction_static,
+            max_total_tokens: o.max_total_tokens,
+            cuda_graph_max_bs: o.cuda_graph_max_bs,
+            disable_cuda_graph: o.disable_cuda_graph,
+            quantization: o.quantization,
+            tensor_parallel: o.tensor_parallel,
+            ..CudaOptions::default()
+        }
+    }
 }
 
 pub struct CudaBackend {
@@ -119,41 +119,43 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    pub fn load(model_dir: &Path, cfg: &ModelConfig, opts: &CudaOptions) -> Result<Self> {
+    /// Loads `model` onto GPU 0 and sizes the KV pool.
+    pub fn load(model: &Model, opts: &CudaOptions) -> Result<Self> {
+        let cfg = &model.config;
+        if let ModelFiles::Gguf(_) = model.files {
+            return Err(EngineError::from(BackendError::Unsupported(
+                "--device cuda serves Hugging Face folders (safetensors); GGUF files run on --device cpu".into(),
+            )));
+        }
         tracing::info!(
             "RoPE theta {} scaling {:?}",
             cfg.rope_theta,
             cfg.rope_scaling
         );
         if cfg.rope_interleaved {
-            return Err(EngineError::Load(
+            return Err(EngineError::from(BackendError::Unsupported(
                 "the CUDA backend runs Hugging Face checkpoints (rotate-half RoPE)".into(),
-            ));
+            )));
         }
         if !cfg.hidden_size.is_multiple_of(8) || !cfg.intermediate_size.is_multiple_of(8) {
-            return Err(EngineError::Load(
+            return Err(EngineError::from(BackendError::Unsupported(
                 "hidden and intermediate sizes must be multiples of 8".into(),
-            ));
+            )));
         }
-        let ctx = CudaContext::new(0).map_err(|e| {
-            EngineError::Unavailable(format!(
-                "no usable CUDA device (driver or GPU missing?): {e}"
-            ))
-        })?;
+        let ctx = CudaContext::new(0).map_err(|e| EngineError::from(BackendError::NoDevice(e)))?;
         // SAFETY: one stream does all the work, so cudarc's cross-stream events are not needed
         // (and would get in the way of graph capture).
         unsafe { ctx.disable_event_tracking() };
         // A created stream: the legacy default stream cannot be captured into a graph.
         let stream = ctx.new_stream().map_err(cuda_err)?;
         let device_name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
-        let kernels = Kernels::load(&ctx).map_err(|e| EngineError::Load(e.to_string()))?;
-        let gemm = Gemm::new(stream.clone()).map_err(|e| EngineError::Load(e.to_string()))?;
-        let gemv_ws = kernels
-            .gemv_workspace(&stream)
-            .map_err(|e| EngineError::Load(e.to_string()))?;
+        let kernels = Kernels::load(&ctx).map_err(cuda_err)?;
+        let gemm = Gemm::new(stream.clone()).map_err(cuda_err)?;
+        let gemv_ws = kernels.gemv_workspace(&stream).map_err(cuda_err)?;
         let use_gemv = std::env::var("SGL_DISABLE_GEMV").as_deref() != Ok("1");
         let t0 = std::time::Instant::now();
-        let w = weights::load(model_dir, cfg, &stream)?;
+        let tensors = model.llama(opts.tensor_parallel);
+        let w = weights::load(&tensors, opts.quantization, &stream)?;
         tracing::info!(
             "loaded {:.2} GB of weights onto {device_name} in {:.1}s",
             w.bytes as f64 / 1e9,
@@ -180,12 +182,12 @@ impl CudaBackend {
             capacity = capacity.min(m);
         }
         if capacity < 16 {
-            return Err(EngineError::Load(format!(
+            return Err(EngineError::from(BackendError::OutOfMemory(format!(
                 "no room for the KV cache: {:.1} GB used of {:.1} GB with --mem-fraction-static {}",
                 used as f64 / 1e9,
                 total as f64 / 1e9,
                 opts.mem_fraction_static
-            )));
+            ))));
         }
         // SAFETY: every slot is written (rope_kv_store) before attention reads it.
         let kv =
@@ -421,31 +423,12 @@ impl Backend for CudaBackend {
         self.logits_to_host(n)
     }
 
-    fn samples_on_device(&self) -> bool {
-        true
+    fn device_sampler(&mut self) -> Option<&mut dyn DeviceSampler> {
+        Some(self)
     }
 
-    fn overlaps(&self) -> bool {
-        true
-    }
-
-    fn launch_sample(
-        &mut self,
-        batch: &[SeqInput<'_>],
-        sampling: DeviceSampling<'_>,
-    ) -> Result<()> {
-        self.launch_pass(batch, sampling)
-    }
-
-    fn collect(&mut self) -> Result<Vec<u32>> {
-        self.collect_pass()
-    }
-
-    fn discard_launched(&mut self) {
-        if let Err(e) = self.stream.synchronize() {
-            tracing::error!("CUDA: {e}");
-        }
-        self.discard_passes();
+    fn overlap(&mut self) -> Option<&mut dyn Overlap> {
+        Some(self)
     }
 
     fn vocab_size(&self) -> usize {
@@ -475,6 +458,38 @@ impl Backend for CudaBackend {
                 format!("up to batch {}", self.opts.cuda_graph_max_bs)
             }
         )
+    }
+}
+
+impl DeviceSampler for CudaBackend {
+    fn forward_sample(
+        &mut self,
+        batch: &[SeqInput<'_>],
+        sampling: DeviceSampling<'_>,
+    ) -> Result<Vec<u32>> {
+        self.launch_pass(batch, sampling)?;
+        self.collect_pass()
+    }
+}
+
+impl Overlap for CudaBackend {
+    fn launch_sample(
+        &mut self,
+        batch: &[SeqInput<'_>],
+        sampling: DeviceSampling<'_>,
+    ) -> Result<()> {
+        self.launch_pass(batch, sampling)
+    }
+
+    fn collect(&mut self) -> Result<Vec<u32>> {
+        self.collect_pass()
+    }
+
+    fn discard_launched(&mut self) {
+        if let Err(e) = self.stream.synchronize() {
+            tracing::error!("CUDA: {e}");
+        }
+        self.discard_passes();
     }
 }
 

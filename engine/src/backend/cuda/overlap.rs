@@ -301,7 +301,7 @@ impl CudaBackend {
         unsafe { self.copy_tokens(out, sampled, &pairs) }
     }
 
-    /// Launch a pass that samples on the device; see [`crate::backend::Backend::launch_sample`].
+    /// Launch a pass that samples on the device; see [`crate::backend::Overlap::launch_sample`].
     pub(super) fn launch_pass(
         &mut self,
         batch: &[SeqInput<'_>],

@@ -1,0 +1,78 @@
+//! The one entry that builds a device's backend from an opened [`Model`].
+
+use super::{Backend, BackendError, HostSampling};
+use crate::config::DeviceKind;
+use crate::error::Result;
+use crate::model::Model;
+use crate::model::llama::TensorParallel;
+use crate::model::tensors::Quantization;
+
+/// What a backend is built with (SGLang's flags of the same names where there are).
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// KV cache size in tokens (`--max-total-tokens`); each backend sizes it when `None`.
+    pub max_total_tokens: Option<usize>,
+    /// Most tokens (prompt + output) of one sequence.
+    pub context_length: usize,
+    /// The form weights are stored in (`--quantization`).
+    pub quantization: Quantization,
+    /// This process's share of the weights (`--tp-size`).
+    pub tensor_parallel: TensorParallel,
+    /// CPU: sample on the host with passes handed out one step late, so that the scheduler's
+    /// overlap schedule runs as on a GPU (`--enable-overlap-schedule`).
+    pub host_overlap: bool,
+    /// Share of device memory for weights and the KV cache (`--mem-fraction-static`).
+    pub mem_fraction_static: f32,
+    /// Largest decode batch served by a CUDA graph (`--cuda-graph-max-bs`).
+    pub cuda_graph_max_bs: usize,
+    pub disable_cuda_graph: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            max_total_tokens: None,
+            context_length: 4096,
+            quantization: Quantization::AsStored,
+            tensor_parallel: TensorParallel::default(),
+            host_overlap: false,
+            mem_fraction_static: 0.88,
+            cuda_graph_max_bs: 160,
+            disable_cuda_graph: false,
+        }
+    }
+}
+
+/// The backend of `device` with `model`'s weights on it.
+pub fn load(device: DeviceKind, model: &Model, opts: &LoadOptions) -> Result<Box<dyn Backend>> {
+    if opts.tensor_parallel.size > 1 {
+        return Err(BackendError::Unsupported(format!(
+            "tensor parallelism ({} ranks) is not supported yet",
+            opts.tensor_parallel.size
+        ))
+        .into());
+    }
+    match device {
+        DeviceKind::Cpu => {
+            let cpu = Box::new(super::cpu::CpuBackend::load(model, opts)?);
+            if opts.host_overlap {
+                return Ok(Box::new(HostSampling::new(cpu, true)));
+            }
+            Ok(cpu)
+        }
+        DeviceKind::Cuda => cuda(model, opts),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda(model: &Model, opts: &LoadOptions) -> Result<Box<dyn Backend>> {
+    Ok(Box::new(super::cuda::CudaBackend::load(
+        model,
+        &opts.into(),
+    )?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda(_: &Model, _: &LoadOptions) -> Result<Box<dyn Backend>> {
+    Err(BackendError::NotCompiled.into())
+}
