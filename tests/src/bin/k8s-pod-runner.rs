@@ -33,6 +33,7 @@ async fn main() -> Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,kube=warn".into()),
         )
+        .with_ansi(false)
         .init();
     let args = Args::parse();
     let kubeconfig = Kubeconfig::read_from(&args.kubeconfig)
@@ -46,8 +47,9 @@ async fn main() -> Result<()> {
     let ca_file = PathBuf::from(cluster.certificate_authority.clone().unwrap_or_default());
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
     let client = Client::try_from(config)?;
+    // Absolute: each process starts in its pod's own folder.
     let bin_dir = match args.bin_dir {
-        Some(d) => d,
+        Some(d) => std::path::absolute(&d)?,
         None => std::env::current_exe()?
             .parent()
             .map(PathBuf::from)
@@ -58,13 +60,14 @@ async fn main() -> Result<()> {
         let (prefix, dir) = m
             .split_once('=')
             .ok_or_else(|| anyhow!("--map-path {m}: expected PREFIX=DIR"))?;
-        path_map.push((prefix.to_string(), PathBuf::from(dir)));
+        path_map.push((prefix.to_string(), std::path::absolute(dir)?));
     }
     std::fs::create_dir_all(&args.work_dir)?;
+    let work_dir = std::path::absolute(&args.work_dir)?;
     let config = RunnerConfig {
         binaries: default_binaries(&bin_dir),
         path_map,
-        work_dir: args.work_dir,
+        work_dir,
         server,
         ca_file,
     };

@@ -293,7 +293,7 @@ impl PodWorker {
             let child = match self.prepare_and_spawn().await {
                 Ok(child) => child,
                 Err(e) => {
-                    tracing::warn!(pod = %self.name, error = %e, "container not started");
+                    tracing::warn!(pod = %self.name, error = format!("{e:#}"), "container not started");
                     self.state = State::Waiting {
                         reason: "CreateContainerConfigError".into(),
                         message: format!("{e:#}"),
