@@ -14,11 +14,17 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
+/// Deepest nesting of groups and repetitions in one rule. The parser and the emitter recurse
+/// once per level, and llguidance's Lark parser refuses expressions nested about 30 deep
+/// anyway, so deeper grammars are refused here with the position where the limit was passed.
+pub const MAX_NESTING: usize = 24;
+
 /// Converts a GBNF grammar with a `root` rule into llguidance's Lark dialect. Errors name the
 /// line and column.
 pub fn gbnf_to_lark(text: &str) -> Result<String, String> {
-    let rules = Parser::new(text).parse_grammar()?;
-    emit(&rules)
+    let mut parser = Parser::new(text);
+    let rules = parser.parse_grammar()?;
+    emit(&rules, &parser.chars)
 }
 
 /// Whether `text` is already Lark rather than GBNF: it has a `start:` rule or begins with an
@@ -45,8 +51,8 @@ enum Node {
     Any,
     Ref {
         name: String,
-        line: usize,
-        column: usize,
+        /// Character offset of the name, for messages.
+        pos: usize,
     },
     Special(String),
     Seq(Vec<Node>),
@@ -66,6 +72,8 @@ struct Rule {
 struct Parser<'a> {
     chars: Vec<char>,
     pos: usize,
+    /// Groups open around the current position.
+    depth: usize,
     _text: &'a str,
 }
 
@@ -78,6 +86,7 @@ impl<'a> Parser<'a> {
         Parser {
             chars: text.chars().collect(),
             pos: 0,
+            depth: 0,
             _text: text,
         }
     }
@@ -91,17 +100,7 @@ impl<'a> Parser<'a> {
     }
 
     fn location(&self) -> (usize, usize) {
-        let mut line = 1;
-        let mut column = 1;
-        for &c in &self.chars[..self.pos.min(self.chars.len())] {
-            if c == '\n' {
-                line += 1;
-                column = 1;
-            } else {
-                column += 1;
-            }
-        }
-        (line, column)
+        location(&self.chars, self.pos)
     }
 
     fn error(&self, message: impl std::fmt::Display) -> String {
@@ -197,8 +196,16 @@ impl<'a> Parser<'a> {
         })
     }
 
+    fn too_deep(&self) -> String {
+        self.error(format!(
+            "groups and repetitions are nested more than {MAX_NESTING} deep (the limit)"
+        ))
+    }
+
     fn parse_sequence(&mut self, nested: bool) -> Result<Node, String> {
         let mut items: Vec<Node> = Vec::new();
+        // Repetition operators applied to the last item so far (`"a"*?` nests two).
+        let mut repeats = 0;
         loop {
             self.skip_space(nested);
             let Some(c) = self.peek() else { break };
@@ -206,9 +213,15 @@ impl<'a> Parser<'a> {
                 '"' => self.parse_literal()?,
                 '[' => self.parse_class()?,
                 '(' => {
+                    if self.depth >= MAX_NESTING {
+                        return Err(self.too_deep());
+                    }
                     self.pos += 1;
                     self.skip_space(true);
-                    let inner = self.parse_alternatives(true)?;
+                    self.depth += 1;
+                    let inner = self.parse_alternatives(true);
+                    self.depth -= 1;
+                    let inner = inner?;
                     self.skip_space(true);
                     if self.peek() != Some(')') {
                         return Err(self.error("expected ')'"));
@@ -225,17 +238,24 @@ impl<'a> Parser<'a> {
                     let Some(last) = items.pop() else {
                         return Err(self.error(format!("'{c}' has nothing to repeat")));
                     };
+                    repeats += 1;
+                    if self.depth + repeats > MAX_NESTING {
+                        return Err(self.too_deep());
+                    }
                     let repeated = self.parse_repetition(last)?;
                     items.push(repeated);
                     continue;
                 }
                 c if is_word_char(c) => {
-                    let (line, column) = self.location();
+                    // Only the offset: a line and column cost a scan of the text, which is
+                    // only worth it for an error.
+                    let pos = self.pos;
                     let name = self.parse_name()?;
-                    Node::Ref { name, line, column }
+                    Node::Ref { name, pos }
                 }
                 _ => break,
             };
+            repeats = 0;
             items.push(item);
         }
         Ok(if items.len() == 1 {
@@ -413,9 +433,26 @@ impl<'a> Parser<'a> {
     }
 }
 
+/// Line and column (from 1) of character `pos` of `chars`.
+fn location(chars: &[char], pos: usize) -> (usize, usize) {
+    let mut line = 1;
+    let mut column = 1;
+    for &c in &chars[..pos.min(chars.len())] {
+        if c == '\n' {
+            line += 1;
+            column = 1;
+        } else {
+            column += 1;
+        }
+    }
+    (line, column)
+}
+
 /// Lark text for one GBNF rule body.
 struct Emitter<'a> {
     names: &'a HashMap<String, String>,
+    /// The grammar's text, for the positions in messages.
+    chars: &'a [char],
 }
 
 impl Emitter<'_> {
@@ -437,9 +474,10 @@ impl Emitter<'_> {
                 out.push_str("]/");
             }
             Node::Any => out.push_str("/(?s:.)/"),
-            Node::Ref { name, line, column } => match self.names.get(name) {
+            Node::Ref { name, pos } => match self.names.get(name) {
                 Some(mapped) => out.push_str(mapped),
                 None => {
+                    let (line, column) = location(self.chars, *pos);
                     return Err(format!(
                         "GBNF line {line} column {column}: undefined rule '{name}'"
                     ));
@@ -540,15 +578,53 @@ fn push_class_char(out: &mut String, c: char) {
     }
 }
 
-/// Whether `node` can be part of a terminal, given which rules are terminals already.
-fn is_terminal(node: &Node, terminal: &HashSet<String>) -> bool {
+/// Adds the rules `node` refers to into `refs`; false when `node` holds something a terminal
+/// cannot (a special token).
+fn terminal_refs<'a>(node: &'a Node, refs: &mut HashSet<&'a str>) -> bool {
     match node {
         Node::Literal(_) | Node::Class { .. } | Node::Any => true,
         Node::Special(_) => false,
-        Node::Ref { name, .. } => terminal.contains(name),
-        Node::Seq(items) | Node::Alt(items) => items.iter().all(|n| is_terminal(n, terminal)),
-        Node::Repeat { node, .. } => is_terminal(node, terminal),
+        Node::Ref { name, .. } => {
+            refs.insert(name);
+            true
+        }
+        Node::Seq(items) | Node::Alt(items) => items.iter().all(|n| terminal_refs(n, refs)),
+        Node::Repeat { node, .. } => terminal_refs(node, refs),
     }
+}
+
+/// The rules that can be terminals: not `root` (the start symbol), no special tokens, and
+/// every rule they refer to a terminal too (so recursive rules never qualify). Found by
+/// propagating from the rules that refer to none, in time linear in the grammar.
+fn terminal_rules(rules: &[Rule]) -> HashSet<String> {
+    let mut waiting_on: Vec<usize> = Vec::with_capacity(rules.len());
+    let mut dependents: HashMap<&str, Vec<usize>> = HashMap::new();
+    let mut ready: Vec<usize> = Vec::new();
+    for (i, r) in rules.iter().enumerate() {
+        let mut refs = HashSet::new();
+        let ok = terminal_refs(&r.body, &mut refs) && r.name != "root";
+        // A rule that cannot be a terminal waits forever.
+        waiting_on.push(if ok { refs.len() } else { usize::MAX });
+        for name in refs {
+            dependents.entry(name).or_default().push(i);
+        }
+        if ok && waiting_on[i] == 0 {
+            ready.push(i);
+        }
+    }
+    let mut terminal = HashSet::new();
+    while let Some(i) = ready.pop() {
+        terminal.insert(rules[i].name.clone());
+        for &j in dependents.get(rules[i].name.as_str()).into_iter().flatten() {
+            if waiting_on[j] != usize::MAX {
+                waiting_on[j] -= 1;
+                if waiting_on[j] == 0 {
+                    ready.push(j);
+                }
+            }
+        }
+    }
+    terminal
 }
 
 fn sanitize(name: &str) -> String {
@@ -557,26 +633,15 @@ fn sanitize(name: &str) -> String {
         .collect()
 }
 
-fn emit(rules: &[Rule]) -> Result<String, String> {
+fn emit(rules: &[Rule], chars: &[char]) -> Result<String, String> {
     if !rules.iter().any(|r| r.name == "root") {
         return Err("GBNF: the grammar has no 'root' rule".into());
     }
-    // Terminals: rules built from terminals only, found by a fixpoint (recursive rules never
-    // qualify). `root` stays a rule: it is the start symbol.
-    let mut terminal: HashSet<String> = HashSet::new();
-    loop {
-        let before = terminal.len();
-        for r in rules {
-            if r.name != "root" && !terminal.contains(&r.name) && is_terminal(&r.body, &terminal) {
-                terminal.insert(r.name.clone());
-            }
-        }
-        if terminal.len() == before {
-            break;
-        }
-    }
+    let terminal = terminal_rules(rules);
     let mut names: HashMap<String, String> = HashMap::new();
     let mut used: HashSet<String> = HashSet::from(["start".to_string()]);
+    // Next suffix to try per base name: names that sanitize alike take turns, not a scan.
+    let mut next_suffix: HashMap<String, usize> = HashMap::new();
     for r in rules {
         let mapped = if r.name == "root" {
             "start".to_string()
@@ -587,17 +652,20 @@ fn emit(rules: &[Rule]) -> Result<String, String> {
                 format!("r_{}", sanitize(&r.name).to_ascii_lowercase())
             };
             let mut candidate = base.clone();
-            let mut n = 2;
+            let n = next_suffix.entry(base.clone()).or_insert(2);
             while used.contains(&candidate) {
                 candidate = format!("{base}_{n}");
-                n += 1;
+                *n += 1;
             }
             candidate
         };
         used.insert(mapped.clone());
         names.insert(r.name.clone(), mapped);
     }
-    let emitter = Emitter { names: &names };
+    let emitter = Emitter {
+        names: &names,
+        chars,
+    };
     let mut out = String::from("%llguidance {}\n");
     for r in rules {
         out.push_str(&names[&r.name]);
@@ -661,6 +729,50 @@ mod unit {
         let err = gbnf_to_lark("root ::= \"a\"{3,1}").expect_err("bad repetition");
         assert!(err.contains("maximum"), "{err}");
         assert!(gbnf_to_lark("").is_err());
+    }
+
+    #[test]
+    fn nesting_is_bounded() {
+        let nested =
+            |depth: usize| format!("root ::= {}\"a\"{}", "(".repeat(depth), ")".repeat(depth));
+        // At the limit the grammar converts; one deeper, or thousands deeper, is an error that
+        // names the limit (this ran the parser off the stack before the limit existed).
+        assert!(gbnf_to_lark(&nested(MAX_NESTING)).is_ok());
+        for depth in [MAX_NESTING + 1, 3_000, 100_000] {
+            let err = gbnf_to_lark(&nested(depth)).expect_err("too deep");
+            assert!(err.contains("nested more than 24 deep"), "{err}");
+            assert!(err.contains("line 1 column"), "{err}");
+        }
+        // Stacked repetition operators nest too.
+        let stars = format!("root ::= \"a\"{}", "*".repeat(100_000));
+        let err = gbnf_to_lark(&stars).expect_err("too many repetitions");
+        assert!(err.contains("nested more than"), "{err}");
+        // Unbalanced deep input fails on the limit before it fails on the missing ')'.
+        let open = format!("root ::= {}", "(".repeat(50_000));
+        assert!(
+            gbnf_to_lark(&open)
+                .expect_err("too deep")
+                .contains("nested")
+        );
+    }
+
+    #[test]
+    fn long_rule_chains_and_alike_names_convert_in_linear_time() {
+        // 50,000 rules in a chain, listed from the root down: each is a terminal only once
+        // the next one is (a pass per rule took quadratic time here).
+        let n = 50_000;
+        let mut text = String::from("root ::= r0\n");
+        for i in 0..n {
+            text.push_str(&format!("r{i} ::= r{} \"x\"\n", i + 1));
+        }
+        text.push_str(&format!("r{n} ::= \"a\"\n"));
+        let lark = gbnf_to_lark(&text).expect("converts");
+        assert!(lark.contains("start: T_R0\n"), "{}", &lark[..200]);
+        // Names that sanitize alike get distinct suffixes.
+        let lark =
+            gbnf_to_lark("root ::= a-b a_b A-b\na-b ::= \"1\"\na_b ::= \"2\"\nA-b ::= \"3\"\n")
+                .expect("converts");
+        assert!(lark.contains("start: T_A_B T_A_B_2 T_A_B_3"), "{lark}");
     }
 
     #[test]

@@ -386,6 +386,46 @@ pub fn build_backend(
     Ok(backend)
 }
 
+/// Stack of the thread each grammar compiles on. Compilers recurse over what the spec nests
+/// (JSON schema `$ref` chains, Lark terminal chains, regex groups) and a request controls
+/// that: a stack overflow aborts the whole process, so compilation never runs on an async or
+/// blocking-pool worker (2 MiB stacks) but on its own thread with this much stack reserved
+/// (address space only: pages are touched as the recursion reaches them). Together with
+/// [`MAX_SPEC_BYTES`] this bounds every recursion a spec can cause, as the tests check.
+pub const COMPILE_STACK_BYTES: usize = 256 << 20;
+
+/// Runs `compile` on a thread of its own with [`COMPILE_STACK_BYTES`] of stack. Compilers are
+/// third-party code fed user input: a panic becomes an error for this request, never a crash.
+fn compile_on_own_stack(
+    kind: &'static str,
+    compile: impl FnOnce() -> Result<Arc<dyn CompiledGrammar>, GrammarError> + Send,
+) -> Result<Arc<dyn CompiledGrammar>, GrammarError> {
+    let outcome = std::thread::scope(|scope| {
+        let handle = std::thread::Builder::new()
+            .name("grammar-compile".into())
+            .stack_size(COMPILE_STACK_BYTES)
+            .spawn_scoped(scope, compile)
+            .map_err(|e| {
+                GrammarError::Matcher(format!("cannot start a grammar compile thread: {e}"))
+            })?;
+        Ok::<_, GrammarError>(handle.join())
+    })?;
+    match outcome {
+        Ok(result) => result,
+        Err(panic) => {
+            let reason = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_string());
+            Err(GrammarError::invalid(
+                kind,
+                format!("the grammar compiler failed: {reason}"),
+            ))
+        }
+    }
+}
+
 /// Compiled grammars by spec, dropping the least recently used beyond the capacity.
 pub(crate) struct GrammarCache {
     capacity: usize,
@@ -413,7 +453,7 @@ impl GrammarCache {
     pub(crate) fn get_or_compile(
         &self,
         spec: &GrammarSpec,
-        compile: impl FnOnce() -> Result<Arc<dyn CompiledGrammar>, GrammarError>,
+        compile: impl FnOnce() -> Result<Arc<dyn CompiledGrammar>, GrammarError> + Send,
     ) -> Result<Arc<dyn CompiledGrammar>, GrammarError> {
         {
             let mut inner = self.inner.lock();
@@ -434,22 +474,7 @@ impl GrammarCache {
             ));
         }
         let start = std::time::Instant::now();
-        // Compilers are third-party code fed user input: a panic becomes an error for this
-        // request, never a crash of the thread that compiles.
-        let compiled = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(compile)) {
-            Ok(result) => result?,
-            Err(panic) => {
-                let reason = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".to_string());
-                return Err(GrammarError::invalid(
-                    spec.kind(),
-                    format!("the grammar compiler failed: {reason}"),
-                ));
-            }
-        };
+        let compiled = compile_on_own_stack(spec.kind(), compile)?;
         tracing::debug!(
             kind = spec.kind(),
             elapsed_ms = start.elapsed().as_secs_f64() * 1e3,

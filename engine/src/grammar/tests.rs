@@ -665,3 +665,168 @@ fn public_types_are_thread_safe() {
     send_sync::<GrammarError>();
     let _ = json!({});
 }
+
+/// Specs a request controls, nested or chained as deep as [`MAX_SPEC_BYTES`] allows. Each one
+/// compiles or is refused with a 400, on a test thread whose stack is no larger than an async
+/// worker's: before compilation moved to its own thread and the GBNF converter got its
+/// nesting limit, the first one aborted the process with a stack overflow.
+fn deep_specs() -> Vec<(&'static str, GrammarSpec)> {
+    let budget = MAX_SPEC_BYTES - 64;
+    let nested = |open: &str, inner: &str, close: &str| {
+        let depth = (budget - inner.len()) / (open.len() + close.len());
+        format!("{}{inner}{}", open.repeat(depth), close.repeat(depth))
+    };
+    let chain = |first: &str, line: &dyn Fn(usize) -> String, last: &str| {
+        let mut text = first.to_string();
+        let mut i = 0;
+        while text.len() < budget - 200 {
+            text.push_str(&line(i));
+            i += 1;
+        }
+        text.push_str(&last.replace("{i}", &i.to_string()));
+        text
+    };
+    vec![
+        (
+            "ebnf groups",
+            GrammarSpec::Ebnf(format!("root ::= {}", nested("(", "\"a\"", ")"))),
+        ),
+        (
+            "ebnf groups at 10,000",
+            GrammarSpec::Ebnf(format!(
+                "root ::= {}\"a\"{}",
+                "(".repeat(10_000),
+                ")".repeat(10_000)
+            )),
+        ),
+        (
+            "ebnf repetitions",
+            GrammarSpec::Ebnf(format!("root ::= \"a\"{}", "?".repeat(budget - 20))),
+        ),
+        (
+            "ebnf rule chain",
+            GrammarSpec::Ebnf(chain(
+                "root ::= r0\n",
+                &|i| format!("r{i} ::= r{}\n", i + 1),
+                "r{i} ::= \"a\"\n",
+            )),
+        ),
+        (
+            "ebnf recursive rule chain",
+            GrammarSpec::Ebnf(chain(
+                "root ::= r0\n",
+                &|i| format!("r{i} ::= \"(\" r{} \")\" | root\n", i + 1),
+                "r{i} ::= \"a\"\n",
+            )),
+        ),
+        (
+            "lark groups",
+            GrammarSpec::Lark(format!("start: {}", nested("(", "\"a\"", ")"))),
+        ),
+        (
+            "lark regex groups",
+            GrammarSpec::Lark(format!("start: /{}/", nested("(", "a", ")"))),
+        ),
+        (
+            "lark terminal chain",
+            GrammarSpec::Lark(chain(
+                "start: T0\n",
+                &|i| format!("T{i}: T{}\n", i + 1),
+                "T{i}: \"a\"\n",
+            )),
+        ),
+        (
+            "lark rule chain",
+            GrammarSpec::Lark(chain(
+                "start: r0\n",
+                &|i| format!("r{i}: r{}\n", i + 1),
+                "r{i}: \"a\"\n",
+            )),
+        ),
+        ("regex groups", GrammarSpec::Regex(nested("(", "a", ")"))),
+        ("regex classes", GrammarSpec::Regex(nested("[", "a", "]"))),
+        (
+            "json schema text nesting",
+            GrammarSpec::JsonSchema(nested("{\"items\":", "{}", "}")),
+        ),
+        (
+            "json schema nesting at the parser's limit",
+            GrammarSpec::JsonSchema(format!(
+                "{}{{}}{}",
+                "{\"type\":\"array\",\"items\":".repeat(126),
+                "}".repeat(126)
+            )),
+        ),
+        (
+            "json schema $ref chain",
+            GrammarSpec::JsonSchema(chain(
+                "{\"$ref\":\"#/$defs/d0\",\"$defs\":{",
+                &|i| format!("\"d{i}\":{{\"$ref\":\"#/$defs/d{}\"}},", i + 1),
+                "\"d{i}\":{\"type\":\"string\"}}}",
+            )),
+        ),
+        (
+            "json schema anyOf chain",
+            GrammarSpec::JsonSchema(chain(
+                "{\"$ref\":\"#/$defs/d0\",\"$defs\":{",
+                &|i| {
+                    format!(
+                        "\"d{i}\":{{\"anyOf\":[{{\"$ref\":\"#/$defs/d{}\"}},{{\"type\":\"null\"}}]}},",
+                        i + 1
+                    )
+                },
+                "\"d{i}\":{\"type\":\"string\"}}}",
+            )),
+        ),
+        (
+            "json schema deep pattern",
+            GrammarSpec::JsonSchema(format!(
+                "{{\"type\":\"string\",\"pattern\":\"{}\"}}",
+                nested("(", "a", ")")
+            )),
+        ),
+    ]
+}
+
+#[test]
+fn request_controlled_depth_never_overflows_the_stack() {
+    for name in ["llguidance", "outlines"] {
+        let Some(backend) = backend(name) else { return };
+        for (what, spec) in deep_specs() {
+            assert!(spec.text().len() <= MAX_SPEC_BYTES, "{what}");
+            let start = std::time::Instant::now();
+            // A thread with an async worker's stack, as the HTTP handlers have.
+            let b = backend.clone();
+            let s = spec.clone();
+            let result = std::thread::Builder::new()
+                .stack_size(2 << 20)
+                .spawn(move || b.compile(&s).map(|_| ()))
+                .expect("spawn")
+                .join()
+                .expect("compile returns");
+            eprintln!(
+                "{name} {what}: {} bytes, {:.0} ms: {}",
+                spec.text().len(),
+                start.elapsed().as_secs_f64() * 1e3,
+                match &result {
+                    Ok(()) => "compiled".to_string(),
+                    Err(e) => e.to_string().chars().take(120).collect(),
+                }
+            );
+            if let Err(e) = result {
+                assert!(e.is_user_error(), "{name} {what}: {e}");
+            }
+        }
+    }
+    // The nesting limit is named in the error.
+    let Some(llg) = backend("llguidance") else {
+        return;
+    };
+    let deep = GrammarSpec::Ebnf(format!(
+        "root ::= {}\"a\"{}",
+        "(".repeat(10_000),
+        ")".repeat(10_000)
+    ));
+    let err = llg.compile(&deep).err().expect("refused");
+    assert!(err.to_string().contains("nested more than"), "{err}");
+}
