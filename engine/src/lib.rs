@@ -17,5 +17,6 @@ pub mod model;
 pub mod request;
 pub mod sampling;
 pub mod scheduler;
+pub mod stop;
 pub mod tokenizer;
 pub mod tool_parser;

@@ -123,3 +123,174 @@ async fn other_deep_inputs_are_400s() {
         still_serves(s, case).await;
     }
 }
+
+#[tokio::test]
+async fn completions_without_max_tokens_get_openais_default_of_16() {
+    let s = server();
+    for max_tokens in [None, Some(Value::Null)] {
+        let mut body = json!({"model": "default", "prompt": "Once upon a time",
+                              "temperature": 0, "ignore_eos": true});
+        if let Some(m) = &max_tokens {
+            body["max_tokens"] = m.clone();
+        }
+        let (status, r) = s.post("/v1/completions", &body).await;
+        assert_eq!(status, 200, "{r}");
+        assert_eq!(
+            r["usage"]["completion_tokens"], 16,
+            "max_tokens {max_tokens:?}: {r}"
+        );
+        assert_eq!(r["choices"][0]["finish_reason"], "length", "{r}");
+    }
+}
+
+#[tokio::test]
+async fn every_error_has_a_json_body_405_included() {
+    let s = server();
+    let c = s.client();
+    for (method, path, want) in [
+        (reqwest::Method::GET, "/generate", 405),
+        (reqwest::Method::DELETE, "/v1/chat/completions", 405),
+        (reqwest::Method::POST, "/health", 405),
+        (reqwest::Method::GET, "/no/such/route", 404),
+    ] {
+        let resp = c.request(method.clone(), s.url(path)).send().await.unwrap();
+        let (status, body) = common::read(resp).await;
+        assert_eq!(status, want, "{method} {path}: {body}");
+        assert_eq!(body["error"]["code"], want, "{method} {path}: {body}");
+        let msg = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains(path), "{method} {path}: {body}");
+    }
+}
+
+#[tokio::test]
+async fn stop_strings_are_bounded_and_many_still_match() {
+    let s = server();
+    let base = json!({"model": "default", "prompt": "Once upon a time", "max_tokens": 32,
+                      "temperature": 0, "ignore_eos": true});
+    let with = |stop: Value| {
+        let mut b = base.clone();
+        b["stop"] = stop;
+        b
+    };
+    let too_many: Vec<String> = (0..65).map(|i| format!("never-{i}")).collect();
+    let (status, body) = s.post("/v1/completions", &with(json!(too_many))).await;
+    assert_400(status, &body, "at most 64", "65 stop strings");
+    let (status, body) = s
+        .post("/v1/completions", &with(json!(["x".repeat(300)])))
+        .await;
+    assert_400(status, &body, "at most 256", "a 300-byte stop string");
+    let ids: Vec<u32> = (0..1025).collect();
+    let mut b = base.clone();
+    b["stop_token_ids"] = json!(ids);
+    let (status, body) = s.post("/v1/completions", &b).await;
+    assert_400(status, &body, "at most 1024", "1025 stop token ids");
+
+    // 64 stop strings, the last two of which the output is bound to contain.
+    let mut stops: Vec<String> = (0..62).map(|i| format!("never-{i}")).collect();
+    stops.push(" ".into());
+    stops.push("\n".into());
+    let (status, r) = s.post("/v1/completions", &with(json!(stops))).await;
+    assert_eq!(status, 200, "{r}");
+    let choice = &r["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop", "{r}");
+    let matched = choice["matched_stop"].as_str().unwrap_or_default();
+    assert!(matched == " " || matched == "\n", "{r}");
+    let text = choice["text"].as_str().unwrap();
+    assert!(!text.contains(matched), "the stop string is trimmed: {r}");
+}
+
+mod connections {
+    //! The listener's limits, on a small app served by `serve_with_limits` over loopback.
+
+    use std::time::{Duration, Instant};
+
+    use axum::Router;
+    use axum::routing::get;
+    use sgl_engine::api::listen::{ConnLimits, serve_with_limits};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    async fn start(limits: ConnLimits) -> (String, tokio::sync::oneshot::Sender<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let app = Router::new().route("/", get(|| async { "ok" }));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve_with_limits(listener, app, limits, async {
+            let _ = stopped.await;
+        }));
+        (addr, stop)
+    }
+
+    /// Reads until the server closes the connection (or answers); false at the deadline.
+    async fn closed_within(stream: &mut TcpStream, limit: Duration) -> bool {
+        let mut buf = [0u8; 1024];
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            match tokio::time::timeout(limit - start.elapsed(), stream.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => continue,
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn half_sent_headers_and_idle_connections_are_closed() {
+        let (addr, _stop) = start(ConnLimits {
+            max_connections: 64,
+            header_read_timeout: Duration::from_secs(1),
+        })
+        .await;
+        let mut half = TcpStream::connect(&addr).await.unwrap();
+        half.write_all(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-")
+            .await
+            .unwrap();
+        assert!(
+            closed_within(&mut half, Duration::from_secs(20)).await,
+            "a half-sent request head is dropped"
+        );
+        let mut idle = TcpStream::connect(&addr).await.unwrap();
+        idle.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 256];
+        let n = idle.read(&mut buf).await.unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).contains("200 OK"));
+        assert!(
+            closed_within(&mut idle, Duration::from_secs(20)).await,
+            "an idle keep-alive connection is closed"
+        );
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_cap_wait_for_a_free_slot() {
+        let (addr, _stop) = start(ConnLimits {
+            max_connections: 2,
+            header_read_timeout: Duration::from_secs(3600),
+        })
+        .await;
+        // Two clients that hold their connections without finishing a request.
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut s = TcpStream::connect(&addr).await.unwrap();
+            s.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+            held.push(s);
+        }
+        let mut third = TcpStream::connect(&addr).await.unwrap();
+        third
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 256];
+        // While both slots are held the third connection is not served.
+        let early = tokio::time::timeout(Duration::from_secs(1), third.read(&mut buf)).await;
+        assert!(early.is_err(), "served beyond the connection cap");
+        drop(held.pop());
+        let n = tokio::time::timeout(Duration::from_secs(20), third.read(&mut buf))
+            .await
+            .expect("served once a slot is free")
+            .unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).contains("200 OK"));
+    }
+}

@@ -7,6 +7,7 @@
 //! aborts the request in the scheduler.
 
 mod generation;
+pub mod listen;
 mod native;
 mod openai;
 mod sse;
@@ -47,7 +48,11 @@ pub fn router(engine: EngineHandle) -> Router {
         )
         .route("/metrics", get(native::metrics))
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            panic_response,
+        ));
     if engine.args().api_key.is_some() {
         app = app.layer(middleware::from_fn_with_state(
             engine.clone(),
@@ -60,9 +65,13 @@ pub fn router(engine: EngineHandle) -> Router {
 /// Serve `router(engine)` on `listener` until SIGINT or SIGTERM, then finish the requests in
 /// flight and return.
 pub async fn serve(engine: EngineHandle, listener: tokio::net::TcpListener) -> std::io::Result<()> {
-    axum::serve(listener, router(engine))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
+    let limits = listen::ConnLimits::default();
+    tracing::info!(
+        max_connections = limits.max_connections,
+        header_read_timeout_s = limits.header_read_timeout.as_secs(),
+        "connection limits"
+    );
+    listen::serve_with_limits(listener, router(engine), limits, shutdown_signal()).await
 }
 
 async fn shutdown_signal() {
@@ -91,6 +100,32 @@ async fn shutdown_signal() {
         _ = terminate => {}
     }
     tracing::info!("shutting down: finishing requests in flight");
+}
+
+/// A handler that panicked (a bug, never the request's fault) answers 500 with the usual
+/// error body; the connection and the server carry on.
+fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let reason = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string());
+    tracing::error!(reason, "request handler panicked");
+    EngineError::Internal(format!("the request handler failed: {reason}")).into_response()
+}
+
+/// 405 with the same body shape as every other error.
+async fn method_not_allowed(req: Request) -> Response {
+    let status = StatusCode::METHOD_NOT_ALLOWED;
+    let err = EngineError::bad_request(format!(
+        "{} does not take {}",
+        req.uri().path(),
+        req.method()
+    ));
+    let mut body = err.body();
+    body["error"]["type"] = Value::from("method_not_allowed");
+    body["error"]["code"] = Value::from(status.as_u16());
+    (status, axum::Json(body)).into_response()
 }
 
 async fn not_found(req: Request) -> EngineError {
@@ -153,7 +188,17 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
         if announced.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
             return Err(payload_too_large());
         }
-        let bytes = match Bytes::from_request(req, state).await {
+        let read = tokio::time::timeout(listen::BODY_READ_TIMEOUT, Bytes::from_request(req, state));
+        let Ok(read) = read.await else {
+            let err = EngineError::bad_request(format!(
+                "the request body did not arrive within {} s",
+                listen::BODY_READ_TIMEOUT.as_secs()
+            ));
+            let mut body = err.body();
+            body["error"]["code"] = Value::from(StatusCode::REQUEST_TIMEOUT.as_u16());
+            return Err((StatusCode::REQUEST_TIMEOUT, axum::Json(body)).into_response());
+        };
+        let bytes = match read {
             Ok(b) => b,
             Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
                 return Err(payload_too_large());

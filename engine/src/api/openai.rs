@@ -2,8 +2,9 @@
 //!
 //! Response shapes follow SGLang 0.4.3's OpenAI adapter: OpenAI's fields plus `matched_stop`
 //! on each choice, and `usage.prompt_tokens_details.cached_tokens` with
-//! `--enable-cache-report`. Without `max_tokens` a request may use the rest of the context
-//! window, capped at [`OPENAI_DEFAULT_MAX_TOKENS_CAP`] tokens.
+//! `--enable-cache-report`. Without `max_tokens` (absent or null) a chat request may use the
+//! rest of the context window, capped at [`OPENAI_DEFAULT_MAX_TOKENS_CAP`] tokens, and a
+//! completion gets OpenAI's default of [`COMPLETIONS_DEFAULT_MAX_TOKENS`] tokens.
 //!
 //! Logprobs: chat takes `logprobs: true` and `top_logprobs` (0..=20) and answers with
 //! `choices[].logprobs.content[] = {token, logprob, bytes, top_logprobs}`; completions take
@@ -34,9 +35,9 @@ use serde_json::{Map, Value, json};
 
 use super::generation::{Output, Step, finish_all, merge, prefill_shared_prompts, submit_all};
 use super::validate::{
-    Dialect, GrammarInput, Limits, LogprobInput, MaxTokensDefault, OPENAI_DEFAULT_MAX_TOKENS_CAP,
-    Obj, SamplingInput, build_request, check_model, compile_grammar, describe, new_rid,
-    parse_sampling, token_id_list,
+    COMPLETIONS_DEFAULT_MAX_TOKENS, Dialect, GrammarInput, Limits, LogprobInput, MaxTokensDefault,
+    OPENAI_DEFAULT_MAX_TOKENS_CAP, Obj, SamplingInput, build_request, check_model, compile_grammar,
+    describe, new_rid, parse_sampling, token_id_list,
 };
 use super::{JsonObject, run_blocking, sse};
 use crate::engine::EngineHandle;
@@ -136,7 +137,10 @@ fn build(
     compile_grammar(engine, &mut sampling)?;
     let limits = Limits::of(engine);
     let base = new_rid();
-    let default = MaxTokensDefault::Fixed(OPENAI_DEFAULT_MAX_TOKENS_CAP);
+    let default = MaxTokensDefault::Fixed(match kind {
+        Kind::Chat => OPENAI_DEFAULT_MAX_TOKENS_CAP,
+        Kind::Completion => COMPLETIONS_DEFAULT_MAX_TOKENS,
+    });
     let mut reqs = Vec::with_capacity(total);
     for (i, ids) in prompts.into_iter().enumerate() {
         for j in 0..n {

@@ -465,7 +465,7 @@ impl Req {
 /// is held back until it is known not to be one.
 struct OutputText {
     decoder: Option<DecodeStream>,
-    stops: Vec<String>,
+    stops: crate::stop::StopMatcher,
     /// Keep the matched stop string (and anything after it in the same piece).
     no_stop_trim: bool,
     text: String,
@@ -475,7 +475,7 @@ struct OutputText {
 
 impl OutputText {
     fn new(decoder: Option<DecodeStream>, p: &SamplingParams) -> Self {
-        let stops = p.stop.iter().filter(|s| !s.is_empty()).cloned().collect();
+        let stops = crate::stop::StopMatcher::new(&p.stop);
         OutputText {
             decoder,
             stops,
@@ -495,51 +495,8 @@ impl OutputText {
     }
 
     fn append(&mut self, piece: &str) -> (String, Option<String>) {
-        self.text.push_str(piece);
-        if self.stops.is_empty() {
-            let out = self.text[self.sent..].to_string();
-            self.sent = self.text.len();
-            return (out, None);
-        }
-        // A match can only involve unsent text plus the tail held back before it.
-        let max_stop = self.stops.iter().map(|s| s.len()).max().unwrap_or(0);
-        let mut from = self.sent.saturating_sub(max_stop);
-        while !self.text.is_char_boundary(from) {
-            from -= 1;
-        }
-        let mut best: Option<(usize, &String)> = None;
-        for s in &self.stops {
-            if let Some(pos) = self.text[from..].find(s.as_str()) {
-                let pos = from + pos;
-                if best.is_none_or(|(b, _)| pos < b) {
-                    best = Some((pos, s));
-                }
-            }
-        }
-        if let Some((pos, s)) = best {
-            let out = if self.no_stop_trim {
-                self.text[self.sent..].to_string()
-            } else if pos > self.sent {
-                self.text[self.sent..pos].to_string()
-            } else {
-                String::new()
-            };
-            self.sent = self.text.len();
-            return (out, Some(s.clone()));
-        }
-        // Hold back the longest suffix that is a proper prefix of some stop string.
-        let mut hold = 0;
-        for s in &self.stops {
-            for (i, _) in s.char_indices().skip(1) {
-                if i > hold && self.text.ends_with(&s[..i]) {
-                    hold = i;
-                }
-            }
-        }
-        let end = (self.text.len() - hold).max(self.sent);
-        let out = self.text[self.sent..end].to_string();
-        self.sent = end;
-        (out, None)
+        let trim = self.no_stop_trim;
+        self.stops.append(&mut self.text, &mut self.sent, piece, trim)
     }
 
     fn flush(&mut self) -> String {

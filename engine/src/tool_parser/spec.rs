@@ -143,14 +143,18 @@ impl ToolSpec {
             }
         };
         let mut tools: Vec<ToolSpec> = Vec::with_capacity(items.len());
+        // Name -> index of its first definition: one look-up per tool, however many.
+        let mut seen: std::collections::HashMap<String, usize> =
+            std::collections::HashMap::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             let tool = ToolSpec::from_json(item, &format!("tools[{i}]"))?;
-            if let Some(first) = tools.iter().position(|t| t.name == tool.name) {
+            if let Some(&first) = seen.get(&tool.name) {
                 return Err(err(
                     &format!("tools[{i}].function.name"),
                     format!("`{}` is already defined by tools[{first}]", tool.name),
                 ));
             }
+            seen.insert(tool.name.clone(), i);
             tools.push(tool);
         }
         Ok(tools)

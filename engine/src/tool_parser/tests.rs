@@ -773,3 +773,24 @@ mod grammars {
         }
     }
 }
+
+#[test]
+fn duplicate_names_among_many_tools_are_found_in_one_pass() {
+    // 150,000 tools: the pairwise check took over a minute here; a set takes milliseconds.
+    let n = 150_000;
+    let mut tools: Vec<Value> = (0..n)
+        .map(|i| json!({"type": "function", "function": {"name": format!("tool_{i}")}}))
+        .collect();
+    assert_eq!(
+        ToolSpec::parse_list(&Value::Array(tools.clone()))
+            .map(|t| t.len())
+            .ok(),
+        Some(n)
+    );
+    tools.push(json!({"type": "function", "function": {"name": "tool_7"}}));
+    let e = ToolSpec::parse_list(&Value::Array(tools)).expect_err("duplicate");
+    assert_eq!(
+        e.to_string(),
+        format!("`tools[{n}].function.name` `tool_7` is already defined by tools[7]")
+    );
+}

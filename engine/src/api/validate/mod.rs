@@ -29,8 +29,17 @@ use crate::request::{GenerateRequest, LogprobRequest, RequestGrammar, SamplingPa
 
 /// `/generate` default for `max_new_tokens` (SGLang's).
 pub const NATIVE_DEFAULT_MAX_NEW_TOKENS: usize = 128;
-/// OpenAI routes without `max_tokens` get the rest of the context, but at most this many.
+/// `/v1/chat/completions` without `max_tokens` gets the rest of the context, but at most
+/// this many.
 pub const OPENAI_DEFAULT_MAX_TOKENS_CAP: usize = 4096;
+/// `/v1/completions` without `max_tokens` (absent or null): OpenAI's documented default.
+pub const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
+/// Most stop strings per request (`stop`); each is matched against every generated token.
+pub const MAX_STOP_STRINGS: usize = 64;
+/// Longest stop string, in bytes (output that could begin one is held back until it cannot).
+pub const MAX_STOP_STRING_BYTES: usize = 256;
+/// Most `stop_token_ids` per request.
+pub const MAX_STOP_TOKEN_IDS: usize = 1024;
 /// Most generations one HTTP request may start (prompts × `n`).
 pub const MAX_FAN_OUT: usize = 1024;
 /// Most samples per prompt (`n`).
@@ -377,7 +386,39 @@ pub fn parse_sampling(obj: &Obj<'_>, dialect: Dialect) -> Result<SamplingInput> 
         }
     }
     p.stop = obj.string_or_list("stop")?;
+    if p.stop.len() > MAX_STOP_STRINGS {
+        return Err(obj.err(
+            "stop",
+            format!(
+                "has {} stop strings; at most {MAX_STOP_STRINGS} are allowed",
+                p.stop.len()
+            ),
+        ));
+    }
+    if let Some((i, s)) = p
+        .stop
+        .iter()
+        .enumerate()
+        .find(|(_, s)| s.len() > MAX_STOP_STRING_BYTES)
+    {
+        return Err(obj.err(
+            "stop",
+            format!(
+                "string {i} is {} bytes long; a stop string may have at most {MAX_STOP_STRING_BYTES}",
+                s.len()
+            ),
+        ));
+    }
     p.stop_token_ids = obj.token_ids("stop_token_ids")?.unwrap_or_default();
+    if p.stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(obj.err(
+            "stop_token_ids",
+            format!(
+                "has {} token ids; at most {MAX_STOP_TOKEN_IDS} are allowed",
+                p.stop_token_ids.len()
+            ),
+        ));
+    }
     if let Some(b) = obj.bool("ignore_eos")? {
         p.ignore_eos = b;
     }
