@@ -44,10 +44,14 @@ impl LogLevel {
 /// `sgl-engine serve` flags. Names follow SGLang's `launch_server`.
 #[derive(Debug, Clone, Args)]
 pub struct ServerArgs {
-    /// Model to serve: a GGUF file, or a Hugging Face folder (config.json, *.safetensors,
-    /// tokenizer.json).
+    /// Model to serve: a GGUF file, a Hugging Face folder (config.json, *.safetensors,
+    /// tokenizer.json), or a Hugging Face Hub id: `org/name`, or `org/name/file.gguf` for one
+    /// GGUF file of a repository (fetched into the Hub cache first; see `--revision`).
     #[arg(long)]
     pub model_path: PathBuf,
+    /// Branch, tag or commit of a Hub model (default: main).
+    #[arg(long, env = "HF_REVISION")]
+    pub revision: Option<String>,
     /// Tokenizer file or folder (defaults to the model's own).
     #[arg(long)]
     pub tokenizer_path: Option<PathBuf>,
@@ -146,10 +150,19 @@ impl ServerArgs {
     /// Checks that do not need the model; model-dependent limits are checked at load.
     pub fn validate(&self) -> Result<(), EngineError> {
         let bad = |m: String| Err(EngineError::InvalidArgument(m));
-        if !self.model_path.exists() {
+        if !self.model_path.exists()
+            && crate::model::hub::RepoRef::from_model_path(&self.model_path).is_none()
+        {
             return bad(format!(
-                "--model-path {} does not exist (a GGUF file or a Hugging Face model folder)",
+                "--model-path {} does not exist (a GGUF file, a Hugging Face model folder, or a Hub id org/name)",
                 self.model_path.display()
+            ));
+        }
+        if let Some(r) = &self.revision
+            && (r.is_empty() || r.split('/').any(|p| p.is_empty() || p == "." || p == ".."))
+        {
+            return bad(format!(
+                "--revision {r:?} is not a branch, tag or commit name"
             ));
         }
         if let Some(p) = &self.chat_template

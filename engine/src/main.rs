@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use sgl_engine::config::{DeviceKind, ServerArgs};
+use sgl_engine::model::hub;
 
 #[derive(Parser)]
 #[command(
@@ -21,6 +22,10 @@ struct Cli {
 enum Command {
     /// Serve a model (flags follow SGLang's launch_server).
     Serve(Box<ServerArgs>),
+    /// Fetch a model from the Hugging Face Hub into the Hub cache (HF_HUB_CACHE) without
+    /// serving it; prints the local path and the resolved commit. For init containers and
+    /// warming a volume.
+    Download(DownloadArgs),
     /// Static-batch latency benchmark on the GPU backend (SGLang's bench_one_batch):
     /// `--model DIR --batch-size N --input-len N --output-len N`.
     BenchOneBatch {
@@ -40,6 +45,70 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+}
+
+#[derive(clap::Args)]
+struct DownloadArgs {
+    /// Hub id: `org/name`, or `org/name/file.gguf` for one GGUF file.
+    model: String,
+    /// Branch, tag or commit (default: main).
+    #[arg(long, env = "HF_REVISION")]
+    revision: Option<String>,
+    #[arg(long, value_enum, default_value = "info")]
+    log_level: sgl_engine::config::LogLevel,
+}
+
+fn download(args: DownloadArgs) -> ExitCode {
+    init_logging(args.log_level.as_filter());
+    let result = hub::RepoRef::parse(&args.model).and_then(|repo| {
+        let rt = tokio::runtime::Runtime::new()
+            .map_err(|e| hub::HubError::BadResponse(e.to_string()))?;
+        rt.block_on(hub::fetch(
+            &repo,
+            args.revision.as_deref(),
+            &hub::HubSettings::from_env(),
+        ))
+    });
+    match result {
+        Ok(snap) => {
+            println!("path {}", snap.path.display());
+            println!("commit {}", snap.commit);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--model-path org/name`: fetch the model (or find it in the cache) and serve the local
+/// copy; the served name stays the id, as in SGLang.
+async fn resolve_hub_model(args: &mut ServerArgs) -> Result<(), String> {
+    let Some(repo) = hub::RepoRef::from_model_path(&args.model_path) else {
+        if let Some(r) = &args.revision {
+            tracing::info!("--revision {r} ignored: --model-path is a local path");
+        }
+        return Ok(());
+    };
+    let snap = hub::fetch(
+        &repo,
+        args.revision.as_deref(),
+        &hub::HubSettings::from_env(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    tracing::info!(
+        "{repo}@{} is commit {} at {}",
+        args.revision.as_deref().unwrap_or("main"),
+        snap.commit,
+        snap.path.display()
+    );
+    if args.served_model_name.is_none() {
+        args.served_model_name = Some(repo.to_string());
+    }
+    args.model_path = snap.path;
+    Ok(())
 }
 
 #[cfg(feature = "cuda")]
@@ -75,13 +144,16 @@ fn init_logging(level: &str) {
         .init();
 }
 
-async fn serve(args: ServerArgs) -> Result<(), String> {
+async fn serve(mut args: ServerArgs) -> Result<(), String> {
+    // Flags are checked before a download that may take minutes.
+    args.validate().map_err(|e| e.to_string())?;
     let addr = format!("{}:{}", args.host, args.port);
     // Bind first so a port clash fails fast, before the model load.
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
+    resolve_hub_model(&mut args).await?;
     let engine = tokio::task::spawn_blocking(move || sgl_engine::engine::launch(args))
         .await
         .map_err(|e| format!("start-up failed: {e}"))?
@@ -102,6 +174,7 @@ fn main() -> ExitCode {
         Command::BenchOneBatch { args } => run_gpu_bench("one-batch", args),
         Command::BenchOfflineThroughput { args } => run_gpu_bench("offline", args),
         Command::CheckReference { args } => run_gpu_bench("check", args),
+        Command::Download(args) => download(args),
         Command::Serve(args) => {
             init_logging(args.log_level.as_filter());
             let mut rt = tokio::runtime::Builder::new_multi_thread();

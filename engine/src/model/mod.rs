@@ -6,6 +6,7 @@
 pub mod config;
 pub mod error;
 pub mod files;
+pub mod hub;
 pub mod llama;
 pub mod tensors;
 
