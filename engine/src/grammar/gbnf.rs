@@ -593,9 +593,34 @@ fn terminal_refs<'a>(node: &'a Node, refs: &mut HashSet<&'a str>) -> bool {
     }
 }
 
-/// The rules that can be terminals: not `root` (the start symbol), no special tokens, and
-/// every rule they refer to a terminal too (so recursive rules never qualify). Found by
-/// propagating from the rules that refer to none, in time linear in the grammar.
+/// Largest terminal, in regex atoms with the terminals it refers to written out and counted
+/// repetitions multiplied. A terminal is compiled into one regular expression; a chain of
+/// rules that each add to the next (`a ::= b "x"`, `b ::= c "x"`, ...) would make one of
+/// unbounded size that takes llguidance minutes to build. Past this size a rule stays a
+/// rule, which matches the same text.
+pub const MAX_TERMINAL_SIZE: usize = 1024;
+
+/// Size of `node` as a terminal (see [`MAX_TERMINAL_SIZE`]), given the sizes of the
+/// terminals it refers to; saturates.
+fn terminal_size(node: &Node, sizes: &HashMap<&str, usize>) -> usize {
+    match node {
+        Node::Literal(s) => s.len().max(1),
+        Node::Class { .. } | Node::Any | Node::Special(_) => 1,
+        Node::Ref { name, .. } => sizes.get(name.as_str()).copied().unwrap_or(usize::MAX),
+        Node::Seq(items) | Node::Alt(items) => items
+            .iter()
+            .fold(1usize, |acc, n| acc.saturating_add(terminal_size(n, sizes))),
+        Node::Repeat { node, min, max } => {
+            let copies = max.unwrap_or(*min).max(*min).max(1) as usize;
+            terminal_size(node, sizes).saturating_mul(copies)
+        }
+    }
+}
+
+/// The rules that can be terminals: not `root` (the start symbol), no special tokens, every
+/// rule they refer to a terminal too (so recursive rules never qualify), and no larger than
+/// [`MAX_TERMINAL_SIZE`]. Found by propagating from the rules that refer to none, in time
+/// linear in the grammar.
 fn terminal_rules(rules: &[Rule]) -> HashSet<String> {
     let mut waiting_on: Vec<usize> = Vec::with_capacity(rules.len());
     let mut dependents: HashMap<&str, Vec<usize>> = HashMap::new();
@@ -613,7 +638,14 @@ fn terminal_rules(rules: &[Rule]) -> HashSet<String> {
         }
     }
     let mut terminal = HashSet::new();
+    let mut sizes: HashMap<&str, usize> = HashMap::new();
     while let Some(i) = ready.pop() {
+        let size = terminal_size(&rules[i].body, &sizes);
+        if size > MAX_TERMINAL_SIZE {
+            // Stays a rule; so do the rules built on it.
+            continue;
+        }
+        sizes.insert(rules[i].name.as_str(), size);
         terminal.insert(rules[i].name.clone());
         for &j in dependents.get(rules[i].name.as_str()).into_iter().flatten() {
             if waiting_on[j] != usize::MAX {
@@ -767,7 +799,20 @@ mod unit {
         }
         text.push_str(&format!("r{n} ::= \"a\"\n"));
         let lark = gbnf_to_lark(&text).expect("converts");
-        assert!(lark.contains("start: T_R0\n"), "{}", &lark[..200]);
+        // Terminals stop growing at the size limit: the rules above it stay rules.
+        assert!(lark.contains("start: r_r0\n"), "{}", &lark[..200]);
+        assert!(lark.contains("r_r0: r_r1 \"x\"\n"), "{}", &lark[..200]);
+        let last = format!("T_R{n}: \"a\"\n");
+        assert!(lark.contains(&last), "{last}");
+        let terminals = lark.lines().filter(|l| l.starts_with("T_")).count();
+        assert!(
+            terminals > 100 && terminals <= MAX_TERMINAL_SIZE,
+            "{terminals} terminals"
+        );
+        // A repetition counts its copies.
+        let lark = gbnf_to_lark("root ::= big small\nbig ::= [a-z]{2000}\nsmall ::= [a-z]{20}\n")
+            .expect("converts");
+        assert!(lark.contains("start: r_big T_SMALL"), "{lark}");
         // Names that sanitize alike get distinct suffixes.
         let lark =
             gbnf_to_lark("root ::= a-b a_b A-b\na-b ::= \"1\"\na_b ::= \"2\"\nA-b ::= \"3\"\n")

@@ -152,6 +152,9 @@ pub enum GrammarError {
     /// The tokenizer's vocabulary cannot be turned into token bytes.
     #[error("cannot build the grammar vocabulary: {0}")]
     Vocabulary(String),
+    /// Every compile slot stayed taken for the whole wait (see [`COMPILE_WAIT`]).
+    #[error("{0}")]
+    Busy(String),
 }
 
 impl GrammarError {
@@ -175,6 +178,7 @@ impl From<GrammarError> for EngineError {
     fn from(e: GrammarError) -> Self {
         match e {
             GrammarError::UnknownBackend(_) => EngineError::InvalidArgument(e.to_string()),
+            GrammarError::Busy(_) => EngineError::Unavailable(e.to_string()),
             e if e.is_user_error() => EngineError::bad_request(e.to_string()),
             e => EngineError::Internal(e.to_string()),
         }
@@ -394,8 +398,76 @@ pub fn build_backend(
 /// [`MAX_SPEC_BYTES`] this bounds every recursion a spec can cause, as the tests check.
 pub const COMPILE_STACK_BYTES: usize = 256 << 20;
 
-/// Runs `compile` on a thread of its own with [`COMPILE_STACK_BYTES`] of stack. Compilers are
-/// third-party code fed user input: a panic becomes an error for this request, never a crash.
+/// Longest wait for a compile slot. A grammar can be built to compile for minutes (llguidance
+/// has fuel limits for its lexer, not for every step of building it); such compiles hold at
+/// most [`CompileSlots`] cores, and other grammar requests wait this long for one, then get
+/// a 503. Requests without a grammar never wait.
+pub const COMPILE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Bounds how many grammars compile at once.
+pub(crate) struct CompileSlots {
+    free: Mutex<usize>,
+    freed: parking_lot::Condvar,
+}
+
+impl CompileSlots {
+    pub(crate) fn new(n: usize) -> Self {
+        CompileSlots {
+            free: Mutex::new(n.max(1)),
+            freed: parking_lot::Condvar::new(),
+        }
+    }
+
+    /// Half the cores (at least one), shared by every backend of the process.
+    fn global() -> &'static CompileSlots {
+        static SLOTS: std::sync::OnceLock<CompileSlots> = std::sync::OnceLock::new();
+        SLOTS.get_or_init(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            CompileSlots::new(cores / 2)
+        })
+    }
+
+    /// Takes a slot, waiting at most `wait`; the slot is given back when the guard drops.
+    pub(crate) fn take(&self, wait: std::time::Duration) -> Option<CompileSlot<'_>> {
+        let deadline = std::time::Instant::now() + wait;
+        let mut free = self.free.lock();
+        while *free == 0 {
+            if self.freed.wait_until(&mut free, deadline).timed_out() && *free == 0 {
+                return None;
+            }
+        }
+        *free -= 1;
+        Some(CompileSlot(self))
+    }
+}
+
+pub(crate) struct CompileSlot<'a>(&'a CompileSlots);
+
+impl Drop for CompileSlot<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock() += 1;
+        self.0.freed.notify_one();
+    }
+}
+
+/// Runs `compile` on a thread of its own with [`COMPILE_STACK_BYTES`] of stack, once one of
+/// `slots` is free. Compilers are third-party code fed user input: a panic becomes an error
+/// for this request, never a crash.
+pub(crate) fn compile_in_slot(
+    kind: &'static str,
+    slots: &CompileSlots,
+    wait: std::time::Duration,
+    compile: impl FnOnce() -> Result<Arc<dyn CompiledGrammar>, GrammarError> + Send,
+) -> Result<Arc<dyn CompiledGrammar>, GrammarError> {
+    let Some(_slot) = slots.take(wait) else {
+        return Err(GrammarError::Busy(format!(
+            "every grammar compile slot stayed busy for {} s; retry later",
+            wait.as_secs()
+        )));
+    };
+    compile_on_own_stack(kind, compile)
+}
+
 fn compile_on_own_stack(
     kind: &'static str,
     compile: impl FnOnce() -> Result<Arc<dyn CompiledGrammar>, GrammarError> + Send,
@@ -474,7 +546,7 @@ impl GrammarCache {
             ));
         }
         let start = std::time::Instant::now();
-        let compiled = compile_on_own_stack(spec.kind(), compile)?;
+        let compiled = compile_in_slot(spec.kind(), CompileSlots::global(), COMPILE_WAIT, compile)?;
         tracing::debug!(
             kind = spec.kind(),
             elapsed_ms = start.elapsed().as_secs_f64() * 1e3,

@@ -830,3 +830,44 @@ fn request_controlled_depth_never_overflows_the_stack() {
     let err = llg.compile(&deep).err().expect("refused");
     assert!(err.to_string().contains("nested more than"), "{err}");
 }
+
+#[test]
+fn a_stuck_compile_holds_its_slot_and_others_get_busy_not_a_hang() {
+    struct Dummy;
+    impl CompiledGrammar for Dummy {
+        fn matcher(&self) -> Box<dyn GrammarMatcher> {
+            unreachable!("not used")
+        }
+    }
+    let slots = Arc::new(CompileSlots::new(1));
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let s = slots.clone();
+    let stuck = std::thread::spawn(move || {
+        compile_in_slot("lark", &s, std::time::Duration::from_secs(60), move || {
+            let _ = started_tx.send(());
+            let _ = release_rx.recv();
+            Ok(Arc::new(Dummy) as Arc<dyn CompiledGrammar>)
+        })
+        .map(|_| ())
+    });
+    started_rx.recv().expect("the first compile runs");
+    let busy = compile_in_slot(
+        "regex",
+        &slots,
+        std::time::Duration::from_millis(50),
+        || Ok(Arc::new(Dummy) as Arc<dyn CompiledGrammar>),
+    );
+    let err = busy.err().expect("no slot while the first compile runs");
+    assert!(matches!(err, GrammarError::Busy(_)), "{err:?}");
+    assert_eq!(EngineError::from(err).status().as_u16(), 503);
+    release_tx.send(()).expect("release");
+    stuck.join().expect("joins").expect("compiles");
+    // The slot is free again.
+    assert!(
+        compile_in_slot("regex", &slots, std::time::Duration::from_secs(10), || {
+            Ok(Arc::new(Dummy) as Arc<dyn CompiledGrammar>)
+        })
+        .is_ok()
+    );
+}
