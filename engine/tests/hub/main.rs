@@ -616,3 +616,42 @@ fn each_failure_says_what_to_do() {
         "{err}"
     );
 }
+
+#[test]
+fn concurrent_downloads_into_one_cache_fetch_each_file_once() {
+    let hub = hub(false);
+    let cache = tempfile::tempdir().unwrap();
+    // Two downloaders at once (engine replicas sharing a volume): the blob lock makes the
+    // later one wait and reuse what the first fetched, whichever order they run in.
+    let children: Vec<Child> = (0..2)
+        .map(|_| {
+            engine(&hub.endpoint, cache.path(), &[])
+                .args(["download", TINY])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<Output> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let paths: Vec<PathBuf> = outs.iter().map(|o| downloaded(o).0).collect();
+    assert_eq!(paths[0], paths[1]);
+    let c = hub.counters();
+    let lfs_bytes: u64 = hub
+        .repo(TINY)
+        .files
+        .iter()
+        .filter(|(n, f)| f.lfs && TINY_NEEDED.contains(&n.as_str()))
+        .map(|(_, f)| f.size)
+        .sum();
+    assert_eq!((c.cdn_get, c.cdn_bytes), (2, lfs_bytes), "{c:?}");
+    for name in TINY_NEEDED {
+        assert_eq!(
+            sha256_file(&paths[0].join(name)),
+            hub.repo(TINY).files[name].sha256
+        );
+    }
+}

@@ -210,3 +210,22 @@ pub async fn fetch(
 ) -> Result<Snapshot, HubError> {
     fetch::fetch_model(repo, revision.unwrap_or("main"), settings).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::HubError;
+
+    #[test]
+    fn a_full_disk_says_so_and_how_to_resume() {
+        let e = HubError::Disk {
+            path: "/cache/models--org--name/blobs".into(),
+            source: std::io::Error::from(std::io::ErrorKind::StorageFull),
+            needed: Some(16_100_000_000),
+        };
+        let m = e.to_string();
+        assert!(
+            m.contains("no space left") && m.contains("16.1 GB") && m.contains("HF_HUB_CACHE"),
+            "{m}"
+        );
+    }
+}
