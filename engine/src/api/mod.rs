@@ -136,12 +136,16 @@ async fn not_found(req: Request) -> EngineError {
     ))
 }
 
-/// `Authorization: Bearer <key>` on every route but `/health`.
+/// Routes open without the API key: probes (`/health`) and Prometheus scrapes (`/metrics`),
+/// which carry no prompts or outputs, as in vLLM, which checks the key on `/v1` routes only.
+const OPEN_ROUTES: [&str; 2] = ["/health", "/metrics"];
+
+/// `Authorization: Bearer <key>` on every route but [`OPEN_ROUTES`].
 async fn require_api_key(State(engine): State<EngineHandle>, req: Request, next: Next) -> Response {
     let Some(key) = engine.args().api_key.as_deref() else {
         return next.run(req).await;
     };
-    if req.uri().path() == "/health" {
+    if OPEN_ROUTES.contains(&req.uri().path()) {
         return next.run(req).await;
     }
     let given = req

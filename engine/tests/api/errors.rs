@@ -8,17 +8,21 @@ use crate::common::{self, API_KEY, Server};
 use crate::{assert_error, context_length, greedy_chat, server};
 
 #[tokio::test]
-async fn auth_required_except_health() {
+async fn auth_required_except_health_and_metrics() {
     let s = server();
     let anon = reqwest::Client::new();
     let health = anon.get(s.url("/health")).send().await.unwrap();
     assert_eq!(health.status().as_u16(), 200);
+    // Prometheus scrapes a keyed engine without the key.
+    let metrics = anon.get(s.url("/metrics")).send().await.unwrap();
+    assert_eq!(metrics.status().as_u16(), 200);
+    let text = metrics.text().await.unwrap();
+    assert!(text.contains("sglang:num_running_reqs"), "{text}");
     for (method, path) in [
         ("GET", "/v1/models"),
         ("POST", "/generate"),
         ("POST", "/v1/chat/completions"),
         ("GET", "/get_server_info"),
-        ("GET", "/metrics"),
     ] {
         let req = match method {
             "GET" => anon.get(s.url(path)),
