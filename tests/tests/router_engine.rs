@@ -153,31 +153,33 @@ async fn killing_an_engine_mid_load_loses_no_request() {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     engines[1].kill();
+    // Requests the killed engine held are answered 502 and not sent on to the other engine
+    // (a request that kills its engine must not walk through the fleet); every other one
+    // is served.
+    let mut cut = 0;
     for t in tasks {
         let (status, body) = t.await.unwrap();
+        if status == 502 {
+            let msg = body["error"]["message"].as_str().unwrap_or_default();
+            assert!(msg.contains("not retried"), "{body}");
+            cut += 1;
+            continue;
+        }
         assert_eq!(status, 200, "{body}\n{}", router.log_tail());
         assert!(
             body["text"].as_str().is_some_and(|t| !t.is_empty()),
             "{body}"
         );
     }
-    let metrics = c
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let retries: u64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("sgl_router_retries_total"))
-        .filter_map(|l| l.rsplit(" ").next()?.parse::<u64>().ok())
-        .sum();
     assert!(
-        retries > 0,
-        "requests on the killed engine were retried:\n{metrics}"
+        cut <= total / 2,
+        "only the killed engine's share failed: {cut}"
     );
+    // New requests go around the dead engine (its refused connections are retried).
+    for i in 0..4 {
+        let (status, body) = generate(&c, &url, &format!("After the kill {i}:"), 4).await;
+        assert_eq!(status, 200, "{body}\n{}", router.log_tail());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
