@@ -41,10 +41,14 @@ impl Part {
         }
         let (rank, parts) = (tp.rank, tp.size);
         match self {
-            Part::Q | Part::K | Part::V | Part::QBias | Part::KBias | Part::VBias => {
-                Shard::Rows { rank, parts }
-            }
-            Part::Gate | Part::Up => Shard::Rows { rank, parts },
+            Part::Q
+            | Part::K
+            | Part::V
+            | Part::QBias
+            | Part::KBias
+            | Part::VBias
+            | Part::Gate
+            | Part::Up => Shard::Rows { rank, parts },
             Part::O | Part::Down => Shard::Cols { rank, parts },
             Part::AttnNorm | Part::FfnNorm => Shard::Whole,
         }
