@@ -38,6 +38,9 @@ pub(crate) fn default_target_queue_length() -> f64 {
 pub(crate) fn default_scale_down_stabilization() -> i32 {
     300
 }
+pub(crate) fn default_termination_grace_period() -> i64 {
+    300
+}
 
 impl Default for super::RouterSpec {
     fn default() -> Self {
@@ -89,6 +92,9 @@ macro_rules! flag_enum {
             $($(#[$vmeta])* #[serde(rename = $wire)] $variant,)+
         }
         impl $name {
+            /// Every value of the enum.
+            pub const ALL: &[Self] = &[$(Self::$variant),+];
+
             /// The value as the engine's command line spells it.
             pub fn as_flag(self) -> &'static str {
                 match self { $(Self::$variant => $wire,)+ }

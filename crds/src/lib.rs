@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, EnvVar, ResourceRequirements, SecretKeySelector, Toleration,
+    Affinity, ConfigMapKeySelector, EnvVar, ResourceRequirements, SecretKeySelector, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
@@ -18,6 +18,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 mod defaults;
+pub mod served;
 pub use defaults::*;
 
 /// API group of every resource this crate defines.
@@ -54,11 +55,14 @@ pub enum CrdError {
     printcolumn(name = "Model", type_ = "string", json_path = ".spec.model.path"),
     printcolumn(name = "TP", type_ = "integer", json_path = ".spec.tpSize"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.ready"),
+    printcolumn(name = "Reason", type_ = "string", json_path = ".status.reason"),
     printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.endpoint"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(name = "Message", type_ = "string", json_path = ".status.message", priority = 1),
     validation = Rule::new("size(self.metadata.name) <= 40").message("metadata.name must be at most 40 characters (object names derive from it)")
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(served::GGUF_ON_CPU_RULE).message(served::GGUF_ON_CPU_MESSAGE))]
 pub struct SGLangServiceSpec {
     /// Which model to serve.
     pub model: ModelSpec,
@@ -71,19 +75,28 @@ pub struct SGLangServiceSpec {
     /// Where the engine runs: `cuda` requests `tpSize` NVIDIA GPUs per pod, `cpu` none.
     #[serde(default)]
     pub device: Device,
-    /// Tensor-parallel degree: GPUs per engine pod (`--tp-size`).
+    /// Tensor-parallel degree: GPUs per engine pod (`--tp-size`). This engine version serves
+    /// only 1; use `dpSize` for more replicas.
     #[serde(default = "one")]
-    #[x_kube(validation = Rule::new("self in [1, 2, 4, 8]").message("tpSize must be 1, 2, 4 or 8"))]
+    #[x_kube(
+        validation = Rule::new("self in [1, 2, 4, 8]").message("tpSize must be 1, 2, 4 or 8"),
+        validation = Rule::new(served::TP_SIZE_RULE).message(served::TP_SIZE_MESSAGE)
+    )]
     pub tp_size: i32,
-    /// Data-parallel degree: number of engine pods. Driven by the HPA when autoscaling is on.
+    /// Data-parallel degree: number of engine pods; the scale subresource (`kubectl scale
+    /// sgls`). With autoscaling the HPA sets it through that subresource: leave it out of the
+    /// manifests you apply then, or each apply resets the count the HPA chose.
     #[serde(default = "one")]
     #[schemars(range(min = 0, max = 1024))]
     pub dp_size: i32,
-    /// Weight quantization (`--quantization`).
+    /// Weight quantization (`--quantization`). Not served by this engine version yet: a GGUF
+    /// model carries its own quantized weights.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(served::QUANTIZATION_RULE).message(served::QUANTIZATION_MESSAGE))]
     pub quantization: Option<Quantization>,
-    /// KV cache data type (`--kv-cache-dtype`).
+    /// KV cache data type (`--kv-cache-dtype`). This engine version serves `auto` only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(served::KV_CACHE_DTYPE_RULE).message(served::KV_CACHE_DTYPE_MESSAGE))]
     pub kv_cache_dtype: Option<KvCacheDtype>,
     /// Grammar backend for structured outputs (`--grammar-backend`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -100,16 +113,17 @@ pub struct SGLangServiceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_running_requests: Option<i64>,
-    /// Maximum tokens in the KV pool (`--max-total-tokens`).
+    /// Maximum tokens in the KV pool (`--max-total-tokens`), at least 16.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 16))]
     pub max_total_tokens: Option<i64>,
     /// Chunked prefill size in tokens; -1 disables chunking (`--chunked-prefill-size`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self == -1 || self >= 1").message("chunkedPrefillSize must be -1 (off) or positive"))]
     pub chunked_prefill_size: Option<i64>,
-    /// Scheduling policy of the waiting queue (`--schedule-policy`).
+    /// Scheduling policy of the waiting queue (`--schedule-policy`): `lpm` or `fcfs`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(served::SCHEDULE_POLICY_RULE).message(served::SCHEDULE_POLICY_MESSAGE))]
     pub schedule_policy: Option<SchedulePolicy>,
     /// Engine log level (`--log-level`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -121,7 +135,8 @@ pub struct SGLangServiceSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
     /// Engine container resources. With `device: cuda` the operator sets `nvidia.com/gpu` to
-    /// `tpSize` in requests and limits.
+    /// `tpSize` in requests and limits. Without CPU or memory requests the engine requests
+    /// 1 CPU and 2Gi, so it is never BestEffort (a GPU request alone does not set a QoS class).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -130,11 +145,17 @@ pub struct SGLangServiceSpec {
     pub tolerations: Vec<Toleration>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<Affinity>,
+    /// Seconds an engine or router pod has to finish its in-flight requests (streams included)
+    /// after it is told to stop; it exits as soon as they are done.
+    #[serde(default = "default_termination_grace_period")]
+    #[schemars(range(min = 10, max = 86400))]
+    pub termination_grace_period_seconds: i64,
     /// A PersistentVolumeClaim that holds downloaded weights, mounted in every engine pod and
     /// used as the Hugging Face cache, so a restart does not download again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_cache: Option<ModelCacheSpec>,
-    /// Secret key holding the API key clients must send (`--api-key`).
+    /// Secret key holding the API key clients must send (`--api-key`, given to the engine as
+    /// `SGLANG_API_KEY` in its environment). `/health` and `/metrics` stay open.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_secret_ref: Option<SecretKeySelector>,
     /// The cache-aware router in front of the engines.
@@ -151,22 +172,34 @@ pub struct SGLangServiceSpec {
 /// The model to serve.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.chatTemplate) || !has(self.chatTemplateConfigMap)").message("set model.chatTemplate or model.chatTemplateConfigMap, not both"))]
 pub struct ModelSpec {
-    /// A path inside the image or a mounted volume, or a Hugging Face id (`--model-path`).
+    /// A path inside the image or a mounted volume, or a Hugging Face id `org/name`
+    /// (`--model-path`).
     #[schemars(length(min = 1))]
     pub path: String,
     /// Name clients use in the `model` field (`--served-model-name`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub served_model_name: Option<String>,
-    /// Hugging Face revision (branch, tag or commit) to download (`HF_REVISION` in the engine).
+    /// Hugging Face revision (branch, tag or commit) to download (`--revision`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<String>,
+    /// Secret key holding a Hugging Face token for gated or private models, given to the
+    /// engine as `HF_TOKEN` in its environment (never on its command line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hf_token_secret_ref: Option<SecretKeySelector>,
     /// Tokenizer location when it differs from the model (`--tokenizer-path`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenizer_path: Option<String>,
-    /// Chat template name or file (`--chat-template`).
+    /// Absolute path of a Jinja chat template file in the image or a mounted volume
+    /// (`--chat-template`). Built-in template names are not served by this engine version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(served::CHAT_TEMPLATE_RULE).message(served::CHAT_TEMPLATE_MESSAGE))]
     pub chat_template: Option<String>,
+    /// A Jinja chat template from a ConfigMap key: mounted read-only in the engine pod and
+    /// passed as `--chat-template`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_config_map: Option<ConfigMapKeySelector>,
 }
 
 /// A PVC reused as the model cache.
@@ -214,12 +247,13 @@ pub struct RouterSpec {
     #[serde(default = "default_balance_rel_threshold")]
     #[x_kube(validation = Rule::new("self >= 1.0").message("balanceRelThreshold must be at least 1.0"))]
     pub balance_rel_threshold: f64,
+    /// Router container resources; without CPU or memory requests it requests 100m and 128Mi.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
 }
 
-/// A HorizontalPodAutoscaler on the engine StatefulSet, fed by the engines' own metrics through
-/// the custom metrics API (the chart's prometheus-adapter rules).
+/// A HorizontalPodAutoscaler on this service's scale subresource (`spec.dpSize`), fed by the
+/// engines' own metrics through the custom metrics API (the chart's prometheus-adapter rules).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.minReplicas <= self.maxReplicas").message("minReplicas must not exceed maxReplicas"))]
@@ -277,6 +311,14 @@ pub struct SGLangServiceStatus {
     /// `readyReplicas/replicas`, for `kubectl get`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<String>,
+    /// What is wrong (the `Degraded` reason, e.g. `CrashLoopBackOff` or `Unschedulable`), else
+    /// why the service is not ready yet; absent when all is well.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The message that goes with `reason`: for an engine that exits, the pod's name and the
+    /// engine's own last error line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
     /// URL clients send requests to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,

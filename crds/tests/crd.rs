@@ -44,7 +44,12 @@ fn crd_declares_scale_status_and_short_name() {
         .iter()
         .map(|c| c.name.to_uppercase())
         .collect();
-    assert_eq!(columns, ["MODEL", "TP", "READY", "ENDPOINT", "AGE"]);
+    assert_eq!(
+        columns,
+        [
+            "MODEL", "TP", "READY", "REASON", "ENDPOINT", "AGE", "MESSAGE"
+        ]
+    );
 }
 
 fn parse(yaml: &str) -> SGLangService {
@@ -57,7 +62,7 @@ kind: SGLangService
 metadata: {name: llama, namespace: ml}
 spec:
   model: {path: meta-llama/Llama-3.1-8B-Instruct}
-  tpSize: 2
+  tpSize: 1
   dpSize: 2
   memFractionStatic: 0.85
   autoscaling: {minReplicas: 1, maxReplicas: 4}
@@ -82,7 +87,7 @@ fn rejected(from: &str, to: &str, expect: &str) {
 
 #[test]
 fn cel_rules_refuse_bad_specs() {
-    rejected("tpSize: 2", "tpSize: 3", "tpSize must be 1, 2, 4 or 8");
+    rejected("tpSize: 1", "tpSize: 3", "tpSize must be 1, 2, 4 or 8");
     rejected(
         "memFractionStatic: 0.85",
         "memFractionStatic: 1.5",
@@ -129,10 +134,10 @@ fn cel_rules_refuse_bad_specs() {
 #[test]
 fn enums_refuse_unknown_values() {
     for (from, to) in [
-        ("tpSize: 2", "tpSize: 2\n  grammarBackend: regexes"),
-        ("tpSize: 2", "tpSize: 2\n  quantization: int3"),
-        ("tpSize: 2", "tpSize: 2\n  device: tpu"),
-        ("tpSize: 2", "tpSize: 2\n  router: {policy: fastest}"),
+        ("tpSize: 1", "tpSize: 1\n  grammarBackend: regexes"),
+        ("tpSize: 1", "tpSize: 1\n  quantization: int3"),
+        ("tpSize: 1", "tpSize: 1\n  device: tpu"),
+        ("tpSize: 1", "tpSize: 1\n  router: {policy: fastest}"),
     ] {
         let yaml = GOOD.replace(from, to);
         assert!(
@@ -140,4 +145,120 @@ fn enums_refuse_unknown_values() {
             "{to}"
         );
     }
+}
+
+/// The spec with one more top-level field (replacing `tpSize: 1` when `field` is tpSize).
+fn with(line: &str) -> SGLangService {
+    let yaml = if line.starts_with("tpSize:") {
+        GOOD.replace("tpSize: 1", line)
+    } else {
+        GOOD.replace("tpSize: 1", &format!("tpSize: 1\n  {line}"))
+    };
+    parse(&yaml)
+}
+
+/// Asserts that `line` passes the CEL rules when `served`, and is refused with `message`
+/// otherwise.
+fn served_or_refused(line: &str, served: bool, message: &str) {
+    match (with(line).validate(), served) {
+        (Ok(()), true) => {}
+        (Err(e), false) => assert!(e.to_string().contains(message), "{line}: {e}"),
+        (Ok(()), false) => panic!("{line}: accepted, but the engine does not serve it"),
+        (Err(e), true) => panic!("{line}: refused, but the engine serves it: {e}"),
+    }
+}
+
+#[test]
+fn cel_rules_refuse_exactly_what_the_engine_does_not_serve() {
+    use sgl_crds::{GrammarBackend, KvCacheDtype, Quantization, SchedulePolicy, served};
+    for tp in [1, 2, 4, 8] {
+        served_or_refused(
+            &format!("tpSize: {tp}"),
+            served::TP_SIZES.contains(&tp),
+            "tpSize > 1 needs tensor parallelism, which this engine version does not serve yet; use tpSize: 1 and dpSize",
+        );
+    }
+    for q in Quantization::ALL {
+        served_or_refused(
+            &format!("quantization: {}", q.as_flag()),
+            served::QUANTIZATIONS.contains(q),
+            "quantization is not served by this engine version yet",
+        );
+    }
+    for d in KvCacheDtype::ALL {
+        served_or_refused(
+            &format!("kvCacheDtype: {}", d.as_flag()),
+            served::KV_CACHE_DTYPES.contains(d),
+            "kvCacheDtype fp8_e5m2 and fp8_e4m3 are not served",
+        );
+    }
+    for p in SchedulePolicy::ALL {
+        served_or_refused(
+            &format!("schedulePolicy: {}", p.as_flag()),
+            served::SCHEDULE_POLICIES.contains(p),
+            "use lpm (longest cached prefix first, the default) or fcfs",
+        );
+    }
+    for g in GrammarBackend::ALL {
+        served_or_refused(
+            &format!("grammarBackend: {}", g.as_flag()),
+            served::GRAMMAR_BACKENDS.contains(g),
+            "grammarBackend",
+        );
+    }
+    // Something is refused, so the loops above are not vacuous.
+    assert!(with("tpSize: 4").validate().is_err());
+}
+
+#[test]
+fn chat_templates_are_files_not_names() {
+    let model = |extra: &str| {
+        let yaml = GOOD.replace(
+            "model: {path: meta-llama/Llama-3.1-8B-Instruct}",
+            &format!("model: {{path: meta-llama/Llama-3.1-8B-Instruct, {extra}}}"),
+        );
+        parse(&yaml).validate()
+    };
+    model("chatTemplate: /templates/chatml.jinja").unwrap();
+    model("chatTemplateConfigMap: {name: templates, key: chatml.jinja}").unwrap();
+    let name = model("chatTemplate: chatml").unwrap_err().to_string();
+    assert!(
+        name.contains("built-in template names such as chatml are not served"),
+        "{name}"
+    );
+    let both = model(
+        "chatTemplate: /t.jinja, chatTemplateConfigMap: {name: templates, key: chatml.jinja}",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(both.contains("not both"), "{both}");
+}
+
+#[test]
+fn gguf_models_run_on_the_cpu() {
+    let gguf = |device: &str| {
+        let yaml = GOOD
+            .replace(
+                "meta-llama/Llama-3.1-8B-Instruct",
+                "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+            )
+            .replace("tpSize: 1", &format!("tpSize: 1\n  device: {device}"));
+        parse(&yaml).validate()
+    };
+    gguf("cpu").unwrap();
+    let err = gguf("cuda").unwrap_err().to_string();
+    assert!(err.contains("runs on device: cpu"), "{err}");
+    // Without a device the default (cuda) applies.
+    let yaml = GOOD.replace(
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+    );
+    assert!(parse(&yaml).validate().is_err());
+}
+
+#[test]
+fn kv_pool_minimum_is_the_engines() {
+    let crd = serde_json::to_value(SGLangService::crd()).unwrap();
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    assert_eq!(spec["properties"]["maxTotalTokens"]["minimum"], 16.0);
 }

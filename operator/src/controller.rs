@@ -7,10 +7,12 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
@@ -18,8 +20,12 @@ use sgl_crds::{SGLangService, SGLangServiceStatus};
 
 use crate::Error;
 use crate::metrics::Metrics;
-use crate::objects::{self, Kind, MANAGER, Names, Plan};
+use crate::objects::{self, Kind, MANAGER, Names, Plan, engine_selector_string};
 use crate::status::{self, DEGRADED, Observed, Outcome, READY};
+
+/// Label selector of every engine pod the operator manages, whatever its service.
+const ENGINE_POD_SELECTOR: &str =
+    "app.kubernetes.io/name=sglang,app.kubernetes.io/component=engine";
 
 /// Requeue period of a ready service (drift check).
 const READY_RESYNC: Duration = Duration::from_secs(300);
@@ -191,7 +197,27 @@ async fn apply(
             Err(e) => return Err(e.into()),
         }
     }
+    // Pods tell what the StatefulSet's counts do not: why an engine does not run.
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    observed.engine_pods = pods
+        .list(&ListParams::default().labels(&engine_selector_string(names)))
+        .await?
+        .items;
     Ok(observed)
+}
+
+/// The service an engine pod belongs to, from the labels the operator put on it.
+fn service_of_pod(pod: Pod) -> Option<ObjectRef<SGLangService>> {
+    let labels = pod.metadata.labels.as_ref()?;
+    if labels
+        .get("app.kubernetes.io/managed-by")
+        .map(String::as_str)
+        != Some(MANAGER)
+    {
+        return None;
+    }
+    let instance = labels.get("app.kubernetes.io/instance")?;
+    Some(ObjectRef::new(instance).within(pod.metadata.namespace.as_deref()?))
 }
 
 async fn publish(svc: &SGLangService, ctx: &Context, type_: EventType, reason: &str, note: String) {
@@ -270,7 +296,17 @@ pub async fn run(ctx: Arc<Context>) -> Result<(), Error> {
             Api::<StatefulSet>::all(client.clone()),
             watcher::Config::default(),
         )
-        .owns(Api::<Deployment>::all(client), watcher::Config::default())
+        .owns(
+            Api::<Deployment>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        // Engine pods are the StatefulSet's, not the service's: map them back by label, so a
+        // crash loop or an unschedulable pod shows in status as soon as it happens.
+        .watches(
+            Api::<Pod>::all(client),
+            watcher::Config::default().labels(ENGINE_POD_SELECTOR),
+            service_of_pod,
+        )
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {

@@ -8,7 +8,7 @@ use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
 use super::{backoff, error_policy, reconcile};
-use crate::fixtures::{FakeApi, ready_statuses, service, timeout};
+use crate::fixtures::{FakeApi, engine_pod, pod_list, ready_statuses, service, timeout};
 
 fn no_override() -> crate::fixtures::Responder {
     Box::new(|_| None)
@@ -51,11 +51,25 @@ async fn create_applies_every_object_and_reports_progress() {
         "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/ml/rolebindings/llama-router",
         "PATCH /apis/apps/v1/namespaces/ml/deployments/llama-router",
         "PATCH /api/v1/namespaces/ml/services/llama-router",
+        "PATCH /apis/policy/v1/namespaces/ml/poddisruptionbudgets/llama-router",
         "DELETE /apis/autoscaling/v2/namespaces/ml/horizontalpodautoscalers/llama-engine",
         "DELETE /apis/monitoring.coreos.com/v1/namespaces/ml/servicemonitors/llama",
+        "GET /api/v1/namespaces/ml/pods",
         "PATCH /apis/serving.sgl-rs.io/v1alpha1/namespaces/ml/sglangservices/llama/status",
     ];
     assert_eq!(&summary[..expected.len()], expected);
+    let pods = api
+        .calls()
+        .into_iter()
+        .find(|c| c.is("GET", "/pods"))
+        .unwrap();
+    assert!(
+        pods.query.contains(
+            "labelSelector=app.kubernetes.io/component=engine,app.kubernetes.io/instance=llama,app.kubernetes.io/name=sglang"
+        ),
+        "{}",
+        pods.query
+    );
     // One event per new condition.
     let events: Vec<_> = summary[expected.len()..].to_vec();
     assert_eq!(events.len(), 3, "{events:?}");
@@ -126,15 +140,15 @@ async fn unchanged_status_is_not_written_again_and_emits_no_event() {
 #[tokio::test]
 async fn spec_updates_reach_the_applied_statefulset() {
     let svc = service(
-        json!({"tpSize": 4, "quantization": "fp8", "contextLength": 8192, "extraArgs": ["--enable-cache-report"]}),
+        json!({"schedulePolicy": "fcfs", "grammarBackend": "outlines", "contextLength": 8192, "extraArgs": ["--enable-cache-report"]}),
     );
     let (ctx, api) = FakeApi::start(&svc, not_ready(), no_override());
     timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
     let sts = api.body("PATCH", "/statefulsets/");
     let args = args(&sts);
     for pair in [
-        ["--tp-size", "4"],
-        ["--quantization", "fp8"],
+        ["--schedule-policy", "fcfs"],
+        ["--grammar-backend", "outlines"],
         ["--context-length", "8192"],
     ] {
         assert!(
@@ -146,12 +160,10 @@ async fn spec_updates_reach_the_applied_statefulset() {
         args.last().map(String::as_str),
         Some("--enable-cache-report")
     );
-    let limits = &sts["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"];
-    assert_eq!(limits["nvidia.com/gpu"], "4");
 }
 
 #[tokio::test]
-async fn scale_sets_replicas_unless_the_hpa_owns_them() {
+async fn dp_size_sets_the_replicas_with_or_without_the_hpa() {
     let svc = service(json!({"dpSize": 5}));
     let (ctx, api) = FakeApi::start(&svc, not_ready(), no_override());
     timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
@@ -162,13 +174,11 @@ async fn scale_sets_replicas_unless_the_hpa_owns_them() {
     );
     let (ctx, api) = FakeApi::start(&svc, not_ready(), no_override());
     timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
-    assert!(
-        api.body("PATCH", "/statefulsets/")["spec"]
-            .get("replicas")
-            .is_none()
-    );
+    assert_eq!(api.body("PATCH", "/statefulsets/")["spec"]["replicas"], 2);
     let hpa = api.body("PATCH", "/horizontalpodautoscalers/");
     assert_eq!(hpa["spec"]["maxReplicas"], 6);
+    assert_eq!(hpa["spec"]["scaleTargetRef"]["kind"], "SGLangService");
+    assert_eq!(hpa["spec"]["scaleTargetRef"]["name"], "llama");
     assert_eq!(
         hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"],
         "8"
@@ -177,6 +187,36 @@ async fn scale_sets_replicas_unless_the_hpa_owns_them() {
         !api.calls()
             .iter()
             .any(|c| c.is("DELETE", "/horizontalpodautoscalers/"))
+    );
+}
+
+/// The replicas each reconcile applies to the StatefulSet, for a service at `dp_size`.
+async fn applied_replicas(spec: Value) -> Value {
+    let svc = service(spec);
+    let (ctx, api) = FakeApi::start(&svc, ready_statuses(), no_override());
+    timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
+    api.body("PATCH", "/statefulsets/")["spec"]["replicas"].clone()
+}
+
+#[tokio::test]
+async fn turning_autoscaling_on_or_off_keeps_the_running_replicas() {
+    let autoscaling =
+        |enabled: bool| json!({"enabled": enabled, "minReplicas": 1, "maxReplicas": 8});
+    // A dp=4 service: before, as autoscaling turns on (before the HPA acts), and after.
+    assert_eq!(applied_replicas(json!({"dpSize": 4})).await, 4);
+    assert_eq!(
+        applied_replicas(json!({"dpSize": 4, "autoscaling": autoscaling(true)})).await,
+        4
+    );
+    // The HPA scaled the service to 6 through its scale subresource; turning autoscaling off
+    // keeps 6.
+    assert_eq!(
+        applied_replicas(json!({"dpSize": 6, "autoscaling": autoscaling(true)})).await,
+        6
+    );
+    assert_eq!(
+        applied_replicas(json!({"dpSize": 6, "autoscaling": autoscaling(false)})).await,
+        6
     );
 }
 
@@ -191,6 +231,7 @@ async fn disabling_the_router_deletes_its_objects() {
         "/rolebindings/llama-router",
         "/deployments/llama-router",
         "/services/llama-router",
+        "/poddisruptionbudgets/llama-router",
     ] {
         assert!(
             api.calls().iter().any(|c| c.is("DELETE", part)),
@@ -318,6 +359,25 @@ async fn a_bad_spec_is_degraded_and_applies_nothing() {
 }
 
 #[tokio::test]
+async fn a_spec_the_engine_would_refuse_applies_nothing_and_says_why() {
+    let svc = service(json!({"tpSize": 4, "quantization": "fp8"}));
+    let (ctx, api) = FakeApi::start(&svc, not_ready(), no_override());
+    timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
+    assert!(!api.calls().iter().any(|c| c.is("PATCH", "/statefulsets/")));
+    let status = api.body("PATCH", "/status");
+    let message = condition(&status, "Degraded")["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for expected in [
+        "tpSize > 1 needs tensor parallelism, which this engine version does not serve yet",
+        "quantization is not served by this engine version yet",
+    ] {
+        assert!(message.contains(expected), "{message}");
+    }
+}
+
+#[tokio::test]
 async fn missing_service_monitor_crd_is_a_warning_not_a_failure() {
     let svc = service(json!({"monitoring": {"serviceMonitor": true}}));
     let missing: crate::fixtures::Responder = Box::new(|c| {
@@ -344,4 +404,110 @@ fn backoff_doubles_and_caps() {
     assert_eq!(backoff(1), Duration::from_secs(5));
     assert_eq!(backoff(4), Duration::from_secs(40));
     assert_eq!(backoff(30), Duration::from_secs(300));
+}
+
+/// A reconcile that sees `pods`, with StatefulSet counts of a 2-replica service where one
+/// engine is ready.
+async fn reconcile_with_pods(pods: Vec<Value>) -> FakeApi {
+    let svc = service(json!({}));
+    let list = pod_list(pods);
+    let responder: crate::fixtures::Responder =
+        Box::new(move |c| c.is("GET", "/pods").then(|| (200, list.clone())));
+    let statuses = (
+        json!({"replicas": 2, "readyReplicas": 1, "updatedReplicas": 2, "observedGeneration": 1}),
+        json!({"replicas": 1, "readyReplicas": 1}),
+    );
+    let (ctx, api) = FakeApi::start(&svc, statuses, responder);
+    let action = timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(10)));
+    api
+}
+
+#[tokio::test]
+async fn a_crash_looping_engine_is_degraded_with_its_own_error() {
+    let crashing = engine_pod(
+        "llama-engine-1",
+        json!({"phase": "Running", "containerStatuses": [{
+            "name": "engine", "ready": false, "restartCount": 4, "image": "e", "imageID": "",
+            "state": {"waiting": {"reason": "CrashLoopBackOff",
+                "message": "back-off 1m20s restarting failed container=engine pod=llama-engine-1"}},
+            "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
+                "message": "2026-11-26T04:00:00Z  INFO loading model\nerror: --model-path meta-llama/Llama-3.1-8B-Instruct does not exist (a GGUF file or a Hugging Face model folder)\n"}},
+        }]}),
+    );
+    let healthy = engine_pod(
+        "llama-engine-0",
+        json!({"phase": "Running", "containerStatuses": [{
+            "name": "engine", "ready": true, "restartCount": 0, "image": "e", "imageID": "",
+            "state": {"running": {}}}]}),
+    );
+    let api = reconcile_with_pods(vec![healthy, crashing]).await;
+    let status = api.body("PATCH", "/status");
+    let degraded = condition(&status, "Degraded");
+    assert_eq!(degraded["status"], "True");
+    assert_eq!(degraded["reason"], "CrashLoopBackOff");
+    assert_eq!(
+        degraded["message"],
+        "pod llama-engine-1: container engine crash-loops, exit code 1: error: --model-path meta-llama/Llama-3.1-8B-Instruct does not exist (a GGUF file or a Hugging Face model folder)"
+    );
+    assert_eq!(condition(&status, "Ready")["status"], "False");
+    assert_eq!(condition(&status, "Ready")["reason"], "CrashLoopBackOff");
+    assert_eq!(condition(&status, "Progressing")["status"], "False");
+    assert_eq!(status["status"]["reason"], "CrashLoopBackOff");
+    assert_eq!(status["status"]["message"], degraded["message"]);
+    assert_eq!(status["status"]["ready"], "1/2");
+    let warning = api
+        .calls()
+        .into_iter()
+        .find(|c| {
+            c.path.contains("/events")
+                && c.body["reason"] == "CrashLoopBackOff"
+                && c.body["note"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("Degraded=True"))
+        })
+        .unwrap();
+    assert_eq!(warning.body["type"], "Warning");
+    assert!(
+        warning.body["note"]
+            .as_str()
+            .unwrap()
+            .contains("does not exist")
+    );
+}
+
+#[tokio::test]
+async fn an_unschedulable_engine_says_why() {
+    let pending = engine_pod(
+        "llama-engine-0",
+        json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+            "reason": "Unschedulable",
+            "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}),
+    );
+    let api = reconcile_with_pods(vec![pending]).await;
+    let status = api.body("PATCH", "/status");
+    let degraded = condition(&status, "Degraded");
+    assert_eq!(degraded["reason"], "Unschedulable");
+    assert_eq!(
+        degraded["message"],
+        "pod llama-engine-0 cannot be scheduled: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    );
+    assert_eq!(status["status"]["reason"], "Unschedulable");
+}
+
+#[tokio::test]
+async fn pods_that_run_leave_the_service_progressing_not_degraded() {
+    // Starting, and running again after an earlier crash: nothing is stuck.
+    let starting = engine_pod(
+        "llama-engine-0",
+        json!({"phase": "Running", "containerStatuses": [{
+            "name": "engine", "ready": false, "restartCount": 1, "image": "e", "imageID": "",
+            "state": {"running": {}},
+            "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}),
+    );
+    let api = reconcile_with_pods(vec![starting]).await;
+    let status = api.body("PATCH", "/status");
+    assert_eq!(condition(&status, "Degraded")["status"], "False");
+    assert_eq!(condition(&status, "Progressing")["status"], "True");
+    assert_eq!(status["status"]["reason"], "EnginesNotReady");
 }

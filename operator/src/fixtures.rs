@@ -32,6 +32,8 @@ pub fn service(extra_spec: Value) -> SGLangService {
 pub struct Call {
     pub method: String,
     pub path: String,
+    /// The query string, decoded (`labelSelector=a=b,c=d`).
+    pub query: String,
     pub body: Value,
 }
 
@@ -75,9 +77,27 @@ fn default_response(
             (200, obj)
         }
         "POST" => (201, call.body.clone()),
+        "GET" if call.path.ends_with("/pods") => (200, pod_list(vec![])),
         "DELETE" | "GET" => (404, status_error(404, "NotFound")),
         _ => (405, status_error(405, "MethodNotAllowed")),
     }
+}
+
+/// A PodList as the API server answers a list.
+pub fn pod_list(items: Vec<Value>) -> Value {
+    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": items})
+}
+
+/// An engine pod of the `llama` service with the given `status`.
+pub fn engine_pod(name: &str, status: Value) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml", "labels": {
+            "app.kubernetes.io/name": "sglang", "app.kubernetes.io/instance": "llama",
+            "app.kubernetes.io/component": "engine", "app.kubernetes.io/managed-by": "sgl-operator"}},
+        "status": status,
+    })
 }
 
 /// Engine and router status that make a 2-replica service ready.
@@ -104,9 +124,23 @@ impl FakeApi {
             while let Some((request, send)) = handle.next_request().await {
                 let method = request.method().to_string();
                 let path = request.uri().path().to_string();
+                let query = request
+                    .uri()
+                    .query()
+                    .map(|q| {
+                        q.replace("%3D", "=")
+                            .replace("%2C", ",")
+                            .replace("%2F", "/")
+                    })
+                    .unwrap_or_default();
                 let bytes = request.into_body().collect_bytes().await.unwrap();
                 let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-                let call = Call { method, path, body };
+                let call = Call {
+                    method,
+                    path,
+                    query,
+                    body,
+                };
                 let (code, reply) = responder(&call).unwrap_or_else(|| {
                     default_response(&call, &svc_json, &statuses.0, &statuses.1)
                 });

@@ -1,6 +1,7 @@
 //! Status computed from what exists: replica counts, endpoint and the three conditions.
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use sgl_crds::{SGLangService, SGLangServiceStatus};
 
@@ -26,6 +27,129 @@ pub enum Outcome {
 pub struct Observed {
     pub engine: Option<StatefulSet>,
     pub router: Option<Deployment>,
+    /// The service's engine pods.
+    pub engine_pods: Vec<Pod>,
+}
+
+/// Why an engine pod does not run: a reason for the conditions and a message with the pod's
+/// name and, for an engine that exited, its own last error line.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodProblem {
+    pub reason: String,
+    pub message: String,
+}
+
+/// Waiting reasons that mean the container will not start without a change.
+const STUCK_WAITING: [&str; 7] = [
+    "CrashLoopBackOff",
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
+/// Longest engine message quoted in status.
+const MAX_ENGINE_MESSAGE: usize = 400;
+
+/// The last non-empty line of a termination message (with `FallbackToLogsOnError`, the tail of
+/// the engine's log, whose last line is its error), trimmed to a readable length.
+fn last_line(text: &str) -> Option<String> {
+    let line = text.lines().rev().map(str::trim).find(|l| !l.is_empty())?;
+    let mut end = line.len().min(MAX_ENGINE_MESSAGE);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    Some(line[..end].to_string())
+}
+
+fn exit_description(code: i32, message: Option<&str>) -> String {
+    match message.and_then(last_line) {
+        Some(m) => format!("exit code {code}: {m}"),
+        None => format!("exit code {code}"),
+    }
+}
+
+/// What keeps one pod from running, if anything.
+fn pod_problem(pod: &Pod) -> Option<PodProblem> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let name = pod.metadata.name.as_deref().unwrap_or("?");
+    let status = pod.status.as_ref()?;
+    for c in status.container_statuses.iter().flatten() {
+        let state = c.state.as_ref();
+        let last = c.last_state.as_ref().and_then(|s| s.terminated.as_ref());
+        if let Some(waiting) = state.and_then(|s| s.waiting.as_ref()) {
+            let reason = waiting.reason.as_deref().unwrap_or_default();
+            if reason == "CrashLoopBackOff" {
+                let why = last
+                    .map(|t| exit_description(t.exit_code, t.message.as_deref()))
+                    .unwrap_or_else(|| "it keeps exiting".into());
+                return Some(PodProblem {
+                    reason: reason.into(),
+                    message: format!("pod {name}: container {} crash-loops, {why}", c.name),
+                });
+            }
+            if STUCK_WAITING.contains(&reason) {
+                let detail = waiting.message.as_deref().unwrap_or(reason);
+                return Some(PodProblem {
+                    reason: reason.into(),
+                    message: format!("pod {name}: container {}: {detail}", c.name),
+                });
+            }
+        }
+        if let Some(t) = state.and_then(|s| s.terminated.as_ref())
+            && t.exit_code != 0
+        {
+            return Some(PodProblem {
+                reason: "EngineFailed".into(),
+                message: format!(
+                    "pod {name}: container {} exited, {}",
+                    c.name,
+                    exit_description(t.exit_code, t.message.as_deref())
+                ),
+            });
+        }
+    }
+    if status.phase.as_deref() == Some("Failed") {
+        return Some(PodProblem {
+            reason: "PodFailed".into(),
+            message: format!(
+                "pod {name}: {}",
+                status.message.as_deref().unwrap_or("the pod failed")
+            ),
+        });
+    }
+    let unschedulable = status.conditions.iter().flatten().find(|c| {
+        c.type_ == "PodScheduled"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("Unschedulable")
+    })?;
+    Some(PodProblem {
+        reason: "Unschedulable".into(),
+        message: format!(
+            "pod {name} cannot be scheduled: {}",
+            unschedulable.message.as_deref().unwrap_or("no node fits")
+        ),
+    })
+}
+
+/// The first problem among the pods (by name), with a count of the others.
+pub fn pod_problems(pods: &[Pod]) -> Option<PodProblem> {
+    let mut sorted: Vec<&Pod> = pods.iter().collect();
+    sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let mut problems = sorted.into_iter().filter_map(pod_problem);
+    let mut first = problems.next()?;
+    let more = problems.count();
+    if more > 0 {
+        first.message.push_str(&format!(
+            " (and {more} more engine pod{} failing)",
+            if more == 1 { "" } else { "s" }
+        ));
+    }
+    Some(first)
 }
 
 struct EngineCounts {
@@ -109,6 +233,10 @@ pub fn compute(
         .unwrap_or(0);
     let router_ok = !svc.spec.router.enabled || router_ready >= 1;
     let engines_ok = engines.desired > 0 && engines.ready >= engines.desired;
+    let problem = match outcome {
+        Outcome::Applied => pod_problems(&observed.engine_pods),
+        _ => None,
+    };
 
     let (ready, ready_reason, ready_msg) = match outcome {
         Outcome::InvalidSpec(_) => (
@@ -121,14 +249,16 @@ pub fn compute(
             "ScaledToZero",
             "no engine replicas requested".to_string(),
         ),
-        _ if !engines_ok => (
-            false,
-            "EnginesNotReady",
-            format!(
+        _ if !engines_ok => {
+            let counts = format!(
                 "{} of {} engine replicas ready",
                 engines.ready, engines.desired
-            ),
-        ),
+            );
+            match &problem {
+                Some(p) => (false, p.reason.as_str(), format!("{counts}; {}", p.message)),
+                None => (false, "EnginesNotReady", counts),
+            }
+        }
         _ if !router_ok => (
             false,
             "RouterNotReady",
@@ -141,6 +271,12 @@ pub fn compute(
         ),
     };
     let (progressing, prog_reason, prog_msg) = match outcome {
+        // Waiting would not help: a pod crash-loops or cannot be placed.
+        Outcome::Applied if problem.is_some() => (
+            false,
+            problem.as_ref().map_or("", |p| p.reason.as_str()),
+            "stalled: an engine pod cannot run; see Degraded".to_string(),
+        ),
         Outcome::Applied if !engines.rolled_out => (
             true,
             "RollingOut",
@@ -159,6 +295,14 @@ pub fn compute(
         ),
     };
     let (degraded, deg_reason, deg_msg) = match outcome {
+        Outcome::Applied if problem.is_some() => (
+            true,
+            problem.as_ref().map_or("", |p| p.reason.as_str()),
+            problem
+                .as_ref()
+                .map(|p| p.message.clone())
+                .unwrap_or_default(),
+        ),
         Outcome::Applied => (
             false,
             "ReconcileSucceeded",
@@ -168,7 +312,14 @@ pub fn compute(
         Outcome::ApplyFailed(m) => (true, "ApplyFailed", m.clone()),
     };
     let mut conditions = vec![
-        condition(READY, ready, ready_reason, ready_msg, generation, now),
+        condition(
+            READY,
+            ready,
+            ready_reason,
+            ready_msg.clone(),
+            generation,
+            now,
+        ),
         condition(
             PROGRESSING,
             progressing,
@@ -177,11 +328,29 @@ pub fn compute(
             generation,
             now,
         ),
-        condition(DEGRADED, degraded, deg_reason, deg_msg, generation, now),
+        condition(
+            DEGRADED,
+            degraded,
+            deg_reason,
+            deg_msg.clone(),
+            generation,
+            now,
+        ),
     ];
     carry_transition_times(&old.conditions, &mut conditions);
+    // One reason and message for `kubectl get`: what is wrong, else why it is not ready yet.
+    let summary = if degraded {
+        Some((deg_reason.to_string(), deg_msg))
+    } else if !ready {
+        Some((ready_reason.to_string(), ready_msg))
+    } else {
+        None
+    };
+    let (reason, message) = summary.unzip();
 
     SGLangServiceStatus {
+        reason,
+        message,
         conditions,
         observed_generation: generation,
         replicas: engines.replicas,
@@ -208,4 +377,94 @@ pub fn is_ready(status: &SGLangServiceStatus) -> bool {
         .conditions
         .iter()
         .any(|c| c.type_ == READY && c.status == "True")
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    fn pod(name: &str, status: Value) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": name}, "status": status})).unwrap()
+    }
+
+    fn container(state: Value) -> Value {
+        json!({"containerStatuses": [{"name": "engine", "ready": false, "restartCount": 0,
+            "image": "e", "imageID": "", "state": state}]})
+    }
+
+    #[test]
+    fn image_pull_and_config_errors_carry_the_kubelets_message() {
+        let p = pod(
+            "e-0",
+            container(
+                json!({"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"ghcr.io/x:1\""}}),
+            ),
+        );
+        assert_eq!(
+            pod_problem(&p),
+            Some(PodProblem {
+                reason: "ImagePullBackOff".into(),
+                message: "pod e-0: container engine: Back-off pulling image \"ghcr.io/x:1\"".into()
+            })
+        );
+        // A container still being created is not a problem.
+        let creating = pod(
+            "e-0",
+            container(json!({"waiting": {"reason": "ContainerCreating"}})),
+        );
+        assert_eq!(pod_problem(&creating), None);
+    }
+
+    #[test]
+    fn an_engine_that_exits_with_an_error_is_reported_before_the_back_off() {
+        let p = pod(
+            "e-0",
+            container(
+                json!({"terminated": {"exitCode": 2, "message": "error: --tp-size 2 is not supported\n\n"}}),
+            ),
+        );
+        let problem = pod_problem(&p).unwrap();
+        assert_eq!(problem.reason, "EngineFailed");
+        assert_eq!(
+            problem.message,
+            "pod e-0: container engine exited, exit code 2: error: --tp-size 2 is not supported"
+        );
+        // A clean exit is not a failure.
+        let done = pod("e-0", container(json!({"terminated": {"exitCode": 0}})));
+        assert_eq!(pod_problem(&done), None);
+    }
+
+    #[test]
+    fn the_first_failing_pod_is_named_and_the_others_counted() {
+        let crash = |name: &str| {
+            pod(
+                name,
+                container(json!({"waiting": {"reason": "CrashLoopBackOff"}})),
+            )
+        };
+        let mut deleted = crash("e-3");
+        deleted.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        let problem =
+            pod_problems(&[crash("e-2"), crash("e-1"), deleted, pod("e-0", json!({}))]).unwrap();
+        assert_eq!(
+            problem.message,
+            "pod e-1: container engine crash-loops, it keeps exiting (and 1 more engine pod failing)"
+        );
+        assert_eq!(
+            pod_problems(&[pod("e-0", json!({"phase": "Running"}))]),
+            None
+        );
+    }
+
+    #[test]
+    fn long_engine_messages_are_cut_on_a_character_boundary() {
+        let long = format!("error: {}", "é".repeat(400));
+        let line = last_line(&long).unwrap();
+        assert!(line.len() <= MAX_ENGINE_MESSAGE);
+        assert!(line.starts_with("error: é"));
+        assert_eq!(last_line("\n  \n"), None);
+    }
 }

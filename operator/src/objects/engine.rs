@@ -4,22 +4,39 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
-    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, Service, ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
+    ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, KeyToPath, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SecretKeySelector, Service, ServicePort, ServiceSpec, Toleration, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sgl_crds::{Device, SGLangService};
 
-use super::{ENGINE_LABEL, Names, common_labels, meta, selector_labels};
+use super::{
+    ENGINE_LABEL, Names, common_labels, meta, pre_stop, restricted_container, restricted_pod,
+    selector_labels, with_default_requests,
+};
 use crate::Error;
 
 /// Port of the engine's HTTP API (and of the router's).
 pub const ENGINE_PORT: i32 = 30000;
 const GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// The engine reads `--api-key` from this variable when the flag is absent.
 pub(crate) const API_KEY_ENV: &str = "SGLANG_API_KEY";
+/// Where a chat template from a ConfigMap is mounted in the engine container.
+pub const CHAT_TEMPLATE_DIR: &str = "/etc/sgl-engine/chat-template";
+const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
+
+/// The chat template file the engine reads, from the spec's path or its ConfigMap.
+fn chat_template_path(svc: &SGLangService) -> Option<String> {
+    let model = &svc.spec.model;
+    if model.chat_template_config_map.is_some() {
+        return Some(format!("{CHAT_TEMPLATE_DIR}/{CHAT_TEMPLATE_FILE}"));
+    }
+    model.chat_template.clone()
+}
 
 /// The engine's command line for this spec (after `sgl-engine serve`).
 pub fn engine_args(svc: &SGLangService) -> Vec<String> {
@@ -48,8 +65,9 @@ pub fn engine_args(svc: &SGLangService) -> Vec<String> {
         }
     };
     flag("--served-model-name", s.model.served_model_name.clone());
+    flag("--revision", s.model.revision.clone());
     flag("--tokenizer-path", s.model.tokenizer_path.clone());
-    flag("--chat-template", s.model.chat_template.clone());
+    flag("--chat-template", chat_template_path(svc));
     flag("--context-length", s.context_length.map(|v| v.to_string()));
     flag("--quantization", s.quantization.map(|v| v.as_flag().into()));
     flag(
@@ -81,13 +99,8 @@ pub fn engine_args(svc: &SGLangService) -> Vec<String> {
         s.schedule_policy.map(|v| v.as_flag().into()),
     );
     flag("--log-level", s.log_level.map(|v| v.as_flag().into()));
-    // Kubernetes expands $(VAR) in args, so the key never appears in the pod spec.
-    flag(
-        "--api-key",
-        s.api_key_secret_ref
-            .as_ref()
-            .map(|_| format!("$({API_KEY_ENV})")),
-    );
+    // The API key reaches the engine through SGLANG_API_KEY (see `env`), never through its
+    // command line, which any process on the node can read.
     args.extend(s.extra_args.iter().cloned());
     args
 }
@@ -106,8 +119,14 @@ fn http_probe(period: i32, timeout: i32, failures: i32) -> Probe {
     }
 }
 
-fn resources(svc: &SGLangService) -> Option<ResourceRequirements> {
-    let mut res = svc.spec.resources.clone().unwrap_or_default();
+/// The engine image's user (docker/engine.Dockerfile).
+const ENGINE_UID: i64 = 1000;
+/// Memory-backed `/dev/shm`: enough for the tokenizer and NCCL at one GPU per pod, and bounded
+/// (it counts against the pod's memory).
+const SHM_SIZE: &str = "1Gi";
+
+fn resources(svc: &SGLangService) -> ResourceRequirements {
+    let mut res = with_default_requests(svc.spec.resources.clone(), "1", "2Gi");
     if svc.spec.device == Device::Cuda {
         let gpus = Quantity(svc.spec.tp_size.to_string());
         for list in [&mut res.limits, &mut res.requests] {
@@ -115,18 +134,24 @@ fn resources(svc: &SGLangService) -> Option<ResourceRequirements> {
                 .insert(GPU_RESOURCE.into(), gpus.clone());
         }
     }
-    (res != ResourceRequirements::default()).then_some(res)
+    res
+}
+
+fn secret_env(name: &str, key: &SecretKeySelector) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(key.clone()),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
 }
 
 fn env(svc: &SGLangService) -> Vec<EnvVar> {
     let mut env = Vec::new();
-    if let Some(revision) = &svc.spec.model.revision {
-        // Read by the Hugging Face download when the model path is a hub id.
-        env.push(EnvVar {
-            name: "HF_REVISION".into(),
-            value: Some(revision.clone()),
-            ..EnvVar::default()
-        });
+    if let Some(token) = &svc.spec.model.hf_token_secret_ref {
+        env.push(secret_env("HF_TOKEN", token));
     }
     if let Some(cache) = &svc.spec.model_cache {
         env.push(EnvVar {
@@ -136,14 +161,7 @@ fn env(svc: &SGLangService) -> Vec<EnvVar> {
         });
     }
     if let Some(key) = &svc.spec.api_key_secret_ref {
-        env.push(EnvVar {
-            name: API_KEY_ENV.into(),
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(key.clone()),
-                ..EnvVarSource::default()
-            }),
-            ..EnvVar::default()
-        });
+        env.push(secret_env(API_KEY_ENV, key));
     }
     env.extend(svc.spec.env.iter().cloned());
     env
@@ -156,6 +174,7 @@ fn volumes(svc: &SGLangService) -> (Vec<Volume>, Vec<VolumeMount>) {
         name: "dshm".into(),
         empty_dir: Some(EmptyDirVolumeSource {
             medium: Some("Memory".into()),
+            size_limit: Some(Quantity(SHM_SIZE.into())),
             ..EmptyDirVolumeSource::default()
         }),
         ..Volume::default()
@@ -178,6 +197,28 @@ fn volumes(svc: &SGLangService) -> (Vec<Volume>, Vec<VolumeMount>) {
             name: "model-cache".into(),
             mount_path: cache.mount_path.clone(),
             read_only: Some(cache.read_only),
+            ..VolumeMount::default()
+        });
+    }
+    if let Some(template) = &svc.spec.model.chat_template_config_map {
+        volumes.push(Volume {
+            name: "chat-template".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: template.name.clone(),
+                items: Some(vec![KeyToPath {
+                    key: template.key.clone(),
+                    path: CHAT_TEMPLATE_FILE.into(),
+                    ..KeyToPath::default()
+                }]),
+                optional: template.optional,
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+        mounts.push(VolumeMount {
+            name: "chat-template".into(),
+            mount_path: CHAT_TEMPLATE_DIR.into(),
+            read_only: Some(true),
             ..VolumeMount::default()
         });
     }
@@ -215,13 +256,18 @@ fn pod_template(svc: &SGLangService, names: &Names) -> PodTemplateSpec {
             protocol: Some("TCP".into()),
             ..ContainerPort::default()
         }]),
-        resources: resources(svc),
+        resources: Some(resources(svc)),
         volume_mounts: Some(volume_mounts),
         // Loading and warming a large model takes minutes: allow up to 30 of them.
         startup_probe: Some(http_probe(10, 5, 180)),
         readiness_probe: Some(http_probe(10, 5, 3)),
         // A busy engine may answer slowly; restart only after three minutes of silence.
         liveness_probe: Some(http_probe(30, 10, 6)),
+        // An engine that exits on an error leaves its last log lines (its own error message)
+        // in the container status, where the operator reports them as Degraded.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        lifecycle: Some(pre_stop()),
+        security_context: Some(restricted_container(false)),
         ..Container::default()
     };
     PodTemplateSpec {
@@ -235,24 +281,25 @@ fn pod_template(svc: &SGLangService, names: &Names) -> PodTemplateSpec {
             node_selector: Some(s.node_selector.clone()).filter(|m| !m.is_empty()),
             tolerations: Some(tolerations).filter(|t| !t.is_empty()),
             affinity: s.affinity.clone(),
-            termination_grace_period_seconds: Some(60),
-            // The engine image runs as uid 1000: let it write to the model cache volume.
-            security_context: Some(PodSecurityContext {
-                fs_group: Some(1000),
-                ..PodSecurityContext::default()
-            }),
+            // In-flight streams finish within the grace period (after the preStop wait).
+            termination_grace_period_seconds: Some(
+                s.termination_grace_period_seconds + super::PRE_STOP_SECONDS,
+            ),
+            // fsGroup lets the engine's user write to the model cache volume.
+            security_context: Some(restricted_pod(ENGINE_UID, Some(ENGINE_UID))),
             ..PodSpec::default()
         }),
     }
 }
 
-/// One engine pod per data-parallel replica. Without autoscaling `dpSize` sets the replica
-/// count; with it the field is left out so the HPA alone owns it.
+/// One engine pod per data-parallel replica: `dpSize` always sets the count. With
+/// autoscaling the HPA writes `dpSize` through the service's scale subresource, so the count
+/// never leaves this apply (dropping it would reset the StatefulSet to one replica).
 pub fn stateful_set(svc: &SGLangService, names: &Names) -> Result<StatefulSet, Error> {
     Ok(StatefulSet {
         metadata: meta(svc, names, &names.engine, "engine")?,
         spec: StatefulSetSpec {
-            replicas: (!svc.autoscaled()).then_some(svc.spec.dp_size),
+            replicas: Some(svc.spec.dp_size),
             service_name: Some(names.engine.clone()),
             pod_management_policy: Some("Parallel".into()),
             selector: LabelSelector {

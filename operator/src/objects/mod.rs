@@ -9,6 +9,11 @@ mod scaling;
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::{
+    Capabilities, Lifecycle, LifecycleHandler, PodSecurityContext, ResourceRequirements,
+    SeccompProfile, SecurityContext, SleepAction,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Resource, ResourceExt};
@@ -125,6 +130,74 @@ impl Names {
     }
 }
 
+/// Seconds a stopping pod keeps serving before it gets SIGTERM, so that Services and the
+/// routers' pod discovery stop sending it new work first.
+pub const PRE_STOP_SECONDS: i64 = 5;
+
+/// Wait [`PRE_STOP_SECONDS`] before SIGTERM (the kubelet's own sleep: images need no shell).
+fn pre_stop() -> Lifecycle {
+    Lifecycle {
+        pre_stop: Some(LifecycleHandler {
+            sleep: Some(SleepAction {
+                seconds: PRE_STOP_SECONDS,
+            }),
+            ..LifecycleHandler::default()
+        }),
+        ..Lifecycle::default()
+    }
+}
+
+/// A pod security context the `restricted` Pod Security Standard admits: a non-root user and
+/// the runtime's default seccomp profile.
+fn restricted_pod(uid: i64, fs_group: Option<i64>) -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(uid),
+        run_as_group: Some(uid),
+        fs_group,
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..SeccompProfile::default()
+        }),
+        ..PodSecurityContext::default()
+    }
+}
+
+/// A container security context the `restricted` Pod Security Standard admits.
+fn restricted_container(read_only_root: bool) -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Capabilities::default()
+        }),
+        read_only_root_filesystem: read_only_root.then_some(true),
+        ..SecurityContext::default()
+    }
+}
+
+/// `res` with a CPU and a memory request added where it names neither a request nor a limit
+/// of that resource, so the pod is never BestEffort (a request above a limit the user set
+/// would be refused, and a limit alone already becomes the request).
+fn with_default_requests(
+    res: Option<ResourceRequirements>,
+    cpu: &str,
+    memory: &str,
+) -> ResourceRequirements {
+    let mut res = res.unwrap_or_default();
+    for (name, value) in [("cpu", cpu), ("memory", memory)] {
+        let named = |list: &Option<BTreeMap<String, Quantity>>| {
+            list.as_ref().is_some_and(|l| l.contains_key(name))
+        };
+        if !named(&res.requests) && !named(&res.limits) {
+            res.requests
+                .get_or_insert_with(BTreeMap::new)
+                .insert(name.into(), Quantity(value.into()));
+        }
+    }
+    res
+}
+
 /// Labels on every object of one service.
 fn common_labels(names: &Names, component: &str) -> BTreeMap<String, String> {
     let mut labels = selector_labels(names, component);
@@ -210,6 +283,7 @@ pub fn plan(svc: &SGLangService) -> Result<Plan, Error> {
         Kind::RoleBinding,
         Kind::Deployment,
         Kind::Service,
+        Kind::PodDisruptionBudget,
     ];
     if svc.spec.router.enabled {
         apply.push(manifest(
@@ -226,6 +300,10 @@ pub fn plan(svc: &SGLangService) -> Result<Plan, Error> {
             &router::deployment(svc, &names)?,
         )?);
         apply.push(manifest(Kind::Service, &router::service(svc, &names)?)?);
+        apply.push(manifest(
+            Kind::PodDisruptionBudget,
+            &scaling::router_pdb(svc, &names)?,
+        )?);
     } else {
         delete.extend(router_kinds.iter().map(|k| (*k, names.router.clone())));
     }

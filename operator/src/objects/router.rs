@@ -10,7 +10,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sgl_crds::SGLangService;
 
-use super::{ENGINE_LABEL, ENGINE_PORT, Names, common_labels, meta, selector_labels};
+use super::{
+    ENGINE_LABEL, ENGINE_PORT, Names, PRE_STOP_SECONDS, common_labels, meta, pre_stop,
+    restricted_container, restricted_pod, selector_labels, with_default_requests,
+};
+
+/// The router image's user (distroless `nonroot`).
+const ROUTER_UID: i64 = 65532;
 use crate::Error;
 
 /// The router's command line (after `sgl-router`).
@@ -90,7 +96,7 @@ pub fn deployment(svc: &SGLangService, names: &Names) -> Result<Deployment, Erro
             protocol: Some("TCP".into()),
             ..ContainerPort::default()
         }]),
-        resources: r.resources.clone(),
+        resources: Some(with_default_requests(r.resources.clone(), "100m", "128Mi")),
         // The router checks clients' keys and forwards the same key to the engines.
         env: svc.spec.api_key_secret_ref.as_ref().map(|key| {
             vec![EnvVar {
@@ -120,6 +126,9 @@ pub fn deployment(svc: &SGLangService, names: &Names) -> Result<Deployment, Erro
             failure_threshold: Some(3),
             ..Probe::default()
         }),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        lifecycle: Some(pre_stop()),
+        security_context: Some(restricted_container(true)),
         ..Container::default()
     };
     Ok(Deployment {
@@ -138,6 +147,11 @@ pub fn deployment(svc: &SGLangService, names: &Names) -> Result<Deployment, Erro
                 spec: Some(PodSpec {
                     service_account_name: Some(names.router.clone()),
                     containers: vec![container],
+                    // The router proxies the engines' streams: it waits as long as they do.
+                    termination_grace_period_seconds: Some(
+                        svc.spec.termination_grace_period_seconds + PRE_STOP_SECONDS,
+                    ),
+                    security_context: Some(restricted_pod(ROUTER_UID, None)),
                     ..PodSpec::default()
                 }),
             },

@@ -9,6 +9,7 @@ use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec}
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Resource;
 use serde_json::json;
 use sgl_crds::SGLangService;
 
@@ -49,7 +50,12 @@ fn pods_metric(name: &str, average: f64) -> MetricSpec {
     }
 }
 
-/// The HPA on the engine StatefulSet, or `None` when autoscaling is off.
+/// The HPA, or `None` when autoscaling is off.
+///
+/// It scales the `SGLangService` itself through its scale subresource (`spec.dpSize`), never
+/// the StatefulSet: the operator always applies the StatefulSet's replicas from `dpSize`, so
+/// there is one owner of the count. Turning autoscaling on starts the HPA from the replicas
+/// that run; turning it off keeps the last count the HPA set.
 pub fn hpa(svc: &SGLangService, names: &Names) -> Result<Option<HorizontalPodAutoscaler>, Error> {
     let Some(a) = svc.spec.autoscaling.as_ref().filter(|a| a.enabled) else {
         return Ok(None);
@@ -62,9 +68,9 @@ pub fn hpa(svc: &SGLangService, names: &Names) -> Result<Option<HorizontalPodAut
         metadata: meta(svc, names, &names.engine, "engine")?,
         spec: HorizontalPodAutoscalerSpec {
             scale_target_ref: CrossVersionObjectReference {
-                api_version: Some("apps/v1".into()),
-                kind: "StatefulSet".into(),
-                name: names.engine.clone(),
+                api_version: Some(SGLangService::api_version(&()).into_owned()),
+                kind: SGLangService::kind(&()).into_owned(),
+                name: names.instance.clone(),
             },
             min_replicas: Some(a.min_replicas),
             max_replicas: a.max_replicas,
@@ -89,6 +95,23 @@ pub fn pdb(svc: &SGLangService, names: &Names) -> Result<PodDisruptionBudget, Er
             max_unavailable: Some(IntOrString::Int(1)),
             selector: Some(LabelSelector {
                 match_labels: Some(selector_labels(names, "engine")),
+                ..LabelSelector::default()
+            }),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// At most one router down at a time for voluntary disruptions; with one replica a drain may
+/// still take it (a PDB that allows nothing would block node drains forever).
+pub fn router_pdb(svc: &SGLangService, names: &Names) -> Result<PodDisruptionBudget, Error> {
+    Ok(PodDisruptionBudget {
+        metadata: meta(svc, names, &names.router, "router")?,
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(selector_labels(names, "router")),
                 ..LabelSelector::default()
             }),
             ..PodDisruptionBudgetSpec::default()

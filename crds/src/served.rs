@@ -1,0 +1,47 @@
+//! What this engine version serves, for every spec field that maps to an engine flag with a
+//! fixed set of values.
+//!
+//! The CRD keeps SGLang's full vocabulary (so a field means what it means in SGLang), and its
+//! CEL rules refuse at apply time every value the engine would refuse at start, with a message
+//! saying what to use instead. These lists are the single statement of what is served: this
+//! crate's tests check that the CEL rules refuse exactly the values outside them, and the
+//! operator's tests check them against the engine's own argument parser and validation, so
+//! the CRD can neither promise what the engine refuses nor refuse what it has learned to serve.
+
+use crate::{GrammarBackend, KvCacheDtype, Quantization, SchedulePolicy};
+
+/// `tpSize` values the engine serves (`--tp-size`).
+pub const TP_SIZES: &[i32] = &[1];
+/// `quantization` values the engine serves (`--quantization`).
+pub const QUANTIZATIONS: &[Quantization] = &[];
+/// `kvCacheDtype` values the engine serves (`--kv-cache-dtype`).
+pub const KV_CACHE_DTYPES: &[KvCacheDtype] = &[KvCacheDtype::Auto];
+/// `schedulePolicy` values the engine serves (`--schedule-policy`).
+pub const SCHEDULE_POLICIES: &[SchedulePolicy] = &[SchedulePolicy::Lpm, SchedulePolicy::Fcfs];
+/// `grammarBackend` values the engine serves (`--grammar-backend`; `xgrammar` requests are
+/// compiled by llguidance).
+pub const GRAMMAR_BACKENDS: &[GrammarBackend] = &[
+    GrammarBackend::Llguidance,
+    GrammarBackend::Outlines,
+    GrammarBackend::Xgrammar,
+];
+
+pub const TP_SIZE_RULE: &str = "self == 1";
+pub const TP_SIZE_MESSAGE: &str = "tpSize > 1 needs tensor parallelism, which this engine version does not serve yet; use tpSize: 1 and dpSize for more replicas";
+
+// Always false when the field is set: no quantization method is served yet.
+pub const QUANTIZATION_RULE: &str = "size(self) == 0";
+pub const QUANTIZATION_MESSAGE: &str = "quantization is not served by this engine version yet; leave it unset (a GGUF model on device: cpu carries its own quantized weights)";
+
+pub const KV_CACHE_DTYPE_RULE: &str = "self == 'auto'";
+pub const KV_CACHE_DTYPE_MESSAGE: &str = "kvCacheDtype fp8_e5m2 and fp8_e4m3 are not served by this engine version yet; leave kvCacheDtype unset or auto";
+
+pub const SCHEDULE_POLICY_RULE: &str = "self in ['lpm', 'fcfs']";
+pub const SCHEDULE_POLICY_MESSAGE: &str = "schedulePolicy random, dfs-weight and lof are not served by this engine version; use lpm (longest cached prefix first, the default) or fcfs";
+
+pub const CHAT_TEMPLATE_RULE: &str = "self.startsWith('/')";
+pub const CHAT_TEMPLATE_MESSAGE: &str = "model.chatTemplate must be the absolute path of a Jinja template file in the image or a mounted volume (or use model.chatTemplateConfigMap); built-in template names such as chatml are not served by this engine version";
+
+pub const GGUF_ON_CPU_RULE: &str =
+    "!self.model.path.endsWith('.gguf') || (has(self.device) && self.device == 'cpu')";
+pub const GGUF_ON_CPU_MESSAGE: &str = "a GGUF model (model.path ending in .gguf) runs on device: cpu; device cuda serves Hugging Face safetensors models";
