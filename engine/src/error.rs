@@ -15,10 +15,10 @@ pub enum EngineError {
     Load(String),
     /// The checkpoint could not be found or read.
     #[error("failed to load model: {0}")]
-    Model(#[source] crate::model::LoadError),
+    Model(#[source] Box<crate::model::LoadError>),
     /// The backend could not be built or failed a pass.
     #[error("backend: {0}")]
-    Backend(#[source] crate::backend::BackendError),
+    Backend(#[source] Box<crate::backend::BackendError>),
     /// A request the user must fix (bad field, too long, ...). `param` names the field.
     #[error("{message}")]
     BadRequest {
@@ -108,7 +108,7 @@ impl EngineError {
 
 impl From<crate::model::LoadError> for EngineError {
     fn from(e: crate::model::LoadError) -> Self {
-        EngineError::Model(e)
+        EngineError::Model(Box::new(e))
     }
 }
 
@@ -116,8 +116,8 @@ impl From<crate::model::LoadError> for EngineError {
 impl From<crate::backend::BackendError> for EngineError {
     fn from(e: crate::backend::BackendError) -> Self {
         match e {
-            crate::backend::BackendError::Load(e) => EngineError::Model(e),
-            other => EngineError::Backend(other),
+            crate::backend::BackendError::Load(e) => EngineError::Model(Box::new(e)),
+            other => EngineError::Backend(Box::new(other)),
         }
     }
 }
