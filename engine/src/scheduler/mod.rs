@@ -21,6 +21,8 @@
 
 mod req;
 mod step;
+#[cfg(test)]
+mod tests;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -157,22 +159,28 @@ impl Scheduler {
                     }
                 }
             }
-            self.reap_disconnected();
-            if let Err(e) = self.step() {
-                tracing::error!("forward pass failed: {e}");
-                self.flight = None;
-                if let Some(overlap) = self.backend.overlap() {
-                    overlap.discard_launched();
-                }
-                let reqs: Vec<Req> = self.running.drain(..).collect();
-                for mut r in reqs {
-                    r.fail(format!("the engine failed to run this request: {e}"));
-                    self.release(&mut r);
-                }
-            }
-            self.publish_stats();
+            self.tick();
         }
         self.stats.alive.store(false, Ordering::Release);
+    }
+
+    /// One turn of the loop once the channel is drained: drop the requests whose client went
+    /// away, run one step, publish the stats. A failed pass fails every running request.
+    fn tick(&mut self) {
+        self.reap_disconnected();
+        if let Err(e) = self.step() {
+            tracing::error!("forward pass failed: {e}");
+            self.flight = None;
+            if let Some(overlap) = self.backend.overlap() {
+                overlap.discard_launched();
+            }
+            let reqs: Vec<Req> = self.running.drain(..).collect();
+            for mut r in reqs {
+                r.fail(format!("the engine failed to run this request: {e}"));
+                self.release(&mut r);
+            }
+        }
+        self.publish_stats();
     }
 
     fn handle(&mut self, msg: SchedulerMsg) {
