@@ -19,6 +19,7 @@
 //! the forward pass runs: their grammar states are taken out of the requests for the pass and
 //! put back before sampling (see [`req`]).
 
+mod lease;
 mod req;
 mod step;
 #[cfg(test)]
@@ -208,20 +209,10 @@ impl Scheduler {
     fn enqueue(&mut self, p: PendingRequest) {
         let seed: u64 = self.rng.random();
         let req = Req::new(
-            p.id,
-            p.req.rid,
-            p.req.input_ids,
-            p.req.sampling,
-            p.req.logprobs,
+            p,
             seed,
             &self.cfg.eos_token_ids,
-            p.events,
-            p.arrival,
-            if p.req.detokenize {
-                self.tokenizer.clone()
-            } else {
-                None
-            },
+            self.tokenizer.clone(),
             self.cache.root(),
         );
         if req.prompt.is_empty() {
@@ -304,19 +295,10 @@ impl Scheduler {
     /// flight) goes straight back to the pool: the pass writes it before any later pass that
     /// could be given it runs.
     fn release(&mut self, r: &mut Req) {
-        let n = r.known_len();
-        let tokens: Vec<u32> = (0..n).map(|i| r.token_at(i)).collect();
-        if let Err(e) =
-            self.cache
-                .cache_finished_request(&tokens, &r.slots[..n], r.last_node, &mut self.pool)
-        {
+        let tokens: Vec<u32> = (0..r.known_len()).map(|i| r.token_at(i)).collect();
+        if let Err(e) = r.kv.release(&tokens, &mut self.cache, &mut self.pool) {
             tracing::error!("releasing request {}: {e}", r.id);
         }
-        if let Err(e) = self.pool.free(&r.slots[n..]) {
-            tracing::error!("releasing request {}: {e}", r.id);
-        }
-        r.slots.clear();
-        r.last_node = self.cache.root();
         r.inflight = None;
     }
 
@@ -374,16 +356,13 @@ impl Scheduler {
         self.admissions += 1;
         r.admission = self.admissions;
         let toks = r.all_tokens();
-        let m = self.cache.match_prefix(&toks[..r.match_key_len()]);
-        self.cache.inc_lock_ref(m.last_node);
+        let matched = r.kv.admit(&mut self.cache, &toks[..r.match_key_len()]);
         if r.output.is_empty() {
-            r.cached_tokens = m.slots.len();
+            r.cached_tokens = matched;
             self.stats
                 .total_cached_tokens
-                .fetch_add(m.slots.len() as u64, Ordering::Relaxed);
+                .fetch_add(matched as u64, Ordering::Relaxed);
         }
-        r.slots = m.slots;
-        r.last_node = m.last_node;
         r
     }
 
@@ -464,9 +443,7 @@ impl Scheduler {
             let room = avail.saturating_sub(1);
             let n = r.pending().min(budget).min(room);
             if n == 0 {
-                self.cache.dec_lock_ref(r.last_node);
-                r.slots.clear();
-                r.last_node = self.cache.root();
+                r.kv.unlock(&mut self.cache);
                 self.waiting.push_front(r);
                 break;
             }

@@ -20,11 +20,13 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::lease::KvLease;
 use crate::backend::SampleInput;
 use crate::cache::NodeId;
+use crate::engine::PendingRequest;
 use crate::grammar::{GrammarMatcher, TokenMask};
 use crate::request::{
-    FinishReason, LogprobRequest, SamplingParams, StreamEvent, TokenLogprob, Usage,
+    FinishReason, GenerateRequest, LogprobRequest, SamplingParams, StreamEvent, TokenLogprob, Usage,
 };
 use crate::sampling::{LogitProcessor, Sampler, log_sum_exp, token_logprob, top_logprobs};
 use crate::tokenizer::{DecodeStream, Tokenizer};
@@ -35,19 +37,18 @@ pub struct Req {
     pub prompt: Vec<u32>,
     pub output: Vec<u32>,
     pub params: SamplingParams,
-    pub sampler: Sampler,
+    sampler: Sampler,
     /// Penalties, `logit_bias`, `min_new_tokens` (`None` when the request has none).
     logit_proc: Option<LogitProcessor>,
     pub logprobs: Option<LogprobRequest>,
     /// Prompt logprobs still being gathered (`None` when not asked for or already sent).
     prompt_lp: Option<PromptLogprobs>,
-    pub events: UnboundedSender<StreamEvent>,
+    events: UnboundedSender<StreamEvent>,
     pub arrival: Instant,
     pub first_token_at: Option<Instant>,
-    /// KV slots of `fill_ids()[..slots.len()]`: computed (or cached) tokens.
-    pub slots: Vec<u32>,
-    /// The radix node this request holds locked (its cached prefix ends there).
-    pub last_node: NodeId,
+    /// KV slots of the first tokens (computed, cached or being computed) and the radix node
+    /// this request holds locked.
+    pub kv: KvLease,
     /// Prompt tokens served from the radix cache at admission.
     pub cached_tokens: usize,
     /// The grammar state of a constrained request (`None`: unconstrained, or taken out by
@@ -119,20 +120,30 @@ fn row_logprob(row: &[f32], id: u32, top_k: usize) -> TokenLogprob {
 }
 
 impl Req {
-    #[allow(clippy::too_many_arguments)]
+    /// A request as it arrives: `seed` seeds its sampler unless it brings its own, `eos_ids`
+    /// end it (unless `ignore_eos`), `tokenizer` detokenizes its output when it asked for
+    /// text, and `root` is the radix cache's root (its KV lease holds nothing yet).
     pub fn new(
-        id: u64,
-        rid: String,
-        prompt: Vec<u32>,
-        params: SamplingParams,
-        logprobs: Option<LogprobRequest>,
+        p: PendingRequest,
         seed: u64,
         eos_ids: &[u32],
-        events: UnboundedSender<StreamEvent>,
-        arrival: Instant,
         tokenizer: Option<Arc<Tokenizer>>,
         root: NodeId,
     ) -> Self {
+        let PendingRequest {
+            id,
+            req,
+            events,
+            arrival,
+        } = p;
+        let GenerateRequest {
+            rid,
+            input_ids: prompt,
+            sampling: params,
+            detokenize,
+            logprobs,
+        } = req;
+        let tokenizer = tokenizer.filter(|_| detokenize);
         let out = OutputText::new(
             tokenizer.map(|t| DecodeStream::new(t, params.skip_special_tokens)),
             &params,
@@ -173,8 +184,7 @@ impl Req {
             events,
             arrival,
             first_token_at: None,
-            slots: Vec::new(),
-            last_node: root,
+            kv: KvLease::new(root),
             cached_tokens: 0,
             grammar,
             admission: 0,
@@ -191,13 +201,13 @@ impl Req {
     /// Tokens still without KV. After each sampled token this is 1 (the token itself, fed in
     /// the next decode step); more while a prompt (or a retracted request) is being prefilled.
     pub fn pending(&self) -> usize {
-        self.total_len().saturating_sub(self.slots.len())
+        self.total_len().saturating_sub(self.kv.len())
     }
 
     /// Tokens whose KV is computed, cached or being computed, and whose ids are known: the
     /// slots beyond these hold the KV of a token still being sampled (overlap).
     pub fn known_len(&self) -> usize {
-        self.total_len().min(self.slots.len())
+        self.total_len().min(self.kv.len())
     }
 
     /// Whether the next pass runs one decode token of this request: its last token is known
@@ -496,7 +506,8 @@ impl OutputText {
 
     fn append(&mut self, piece: &str) -> (String, Option<String>) {
         let trim = self.no_stop_trim;
-        self.stops.append(&mut self.text, &mut self.sent, piece, trim)
+        self.stops
+            .append(&mut self.text, &mut self.sent, piece, trim)
     }
 
     fn flush(&mut self) -> String {
@@ -543,20 +554,20 @@ mod tests {
     }
 
     fn req_with(prompt: Vec<u32>, params: SamplingParams, logprobs: Option<LogprobRequest>) -> Req {
-        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-        Req::new(
-            1,
-            "r".into(),
-            prompt,
-            params,
-            logprobs,
-            7,
-            &[],
-            tx,
-            Instant::now(),
-            None,
-            crate::cache::RadixCache::new(false).root(),
-        )
+        let (events, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let p = PendingRequest {
+            id: 1,
+            req: GenerateRequest {
+                rid: "r".into(),
+                input_ids: prompt,
+                sampling: params,
+                detokenize: false,
+                logprobs,
+            },
+            events,
+            arrival: Instant::now(),
+        };
+        Req::new(p, 7, &[], None, crate::cache::RadixCache::new(false).root())
     }
 
     #[test]

@@ -138,17 +138,16 @@ impl Scheduler {
                 tracing::error!("KV pool could not provide {} planned slots", p.n);
                 for e in &entries {
                     let e: &Entry = e;
-                    if let Some(r) = self.running.iter_mut().find(|r| r.id == e.id) {
-                        let extra = r.slots.split_off(e.start);
-                        if let Err(err) = self.pool.free(&extra) {
-                            tracing::error!("{err}");
-                        }
+                    if let Some(r) = self.running.iter_mut().find(|r| r.id == e.id)
+                        && let Err(err) = r.kv.shrink(e.start, &mut self.pool)
+                    {
+                        tracing::error!("{err}");
                     }
                 }
                 return None;
             };
             let r = &mut self.running[p.idx];
-            let start = r.slots.len();
+            let start = r.kv.len();
             match r.inflight {
                 // The token is being sampled by the pass in flight.
                 Some((_, j)) if !p.prefill => {
@@ -167,7 +166,7 @@ impl Scheduler {
                     stats.cached += r.cached_tokens;
                 }
             }
-            r.slots.extend_from_slice(&new);
+            r.kv.grow(&new);
             entries.push(Entry {
                 id: r.id,
                 admission: r.admission,
@@ -209,7 +208,7 @@ impl Scheduler {
                 Some(SeqInput {
                     tokens: t,
                     start_pos: e.start,
-                    kv_slots: &r.slots,
+                    kv_slots: r.kv.slots(),
                     num_logits: e.nrows,
                 })
             })
@@ -431,19 +430,8 @@ impl Scheduler {
                 // past this pass's tokens belong to a later pass and stay as they are.
                 let n = e.start + e.n;
                 let toks: Vec<u32> = (0..n).map(|i| r.token_at(i)).collect();
-                match self.cache.cache_unfinished_request(
-                    &toks,
-                    &r.slots[..n],
-                    r.last_node,
-                    &mut self.pool,
-                ) {
-                    Ok(m) => {
-                        let later = r.slots.split_off(n);
-                        r.slots = m.slots;
-                        r.slots.extend_from_slice(&later);
-                        r.last_node = m.last_node;
-                    }
-                    Err(err) => tracing::error!("caching request {}: {err}", r.id),
+                if let Err(err) = r.kv.cache_computed(&toks, &mut self.cache, &mut self.pool) {
+                    tracing::error!("caching request {}: {err}", r.id);
                 }
             }
             // This sequence's rows are those of positions `end - nrows .. end`; all but a

@@ -255,15 +255,15 @@ impl Harness {
         let mut owned = HashSet::new();
         let mut private = 0;
         for r in &s.running {
-            let held = s.cache.node_prefix_len(r.last_node).expect("locked node");
-            let tree = s.cache.node_slots(r.last_node).expect("locked node");
+            let held = s.cache.node_prefix_len(r.kv.node()).expect("locked node");
+            let tree = s.cache.node_slots(r.kv.node()).expect("locked node");
             assert_eq!(
-                &r.slots[..held],
+                &r.kv.slots()[..held],
                 &tree[..],
                 "request {}: slots differ from its radix node's",
                 r.id
             );
-            for &slot in &r.slots[held..] {
+            for &slot in &r.kv.slots()[held..] {
                 assert!(
                     !s.pool.is_free(slot),
                     "request {} holds free slot {slot}",
@@ -271,12 +271,12 @@ impl Harness {
                 );
                 assert!(owned.insert(slot), "slot {slot} held twice");
             }
-            private += r.slots.len() - held;
+            private += r.kv.len() - held;
         }
         for r in &s.waiting {
-            assert!(r.slots.is_empty(), "waiting request {} holds slots", r.id);
+            assert!(r.kv.is_empty(), "waiting request {} holds slots", r.id);
             assert_eq!(
-                r.last_node,
+                r.kv.node(),
                 s.cache.root(),
                 "waiting request {} holds a node",
                 r.id
