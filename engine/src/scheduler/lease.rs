@@ -32,17 +32,8 @@ impl KvLease {
         self.slots.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
-    }
-
     pub fn slots(&self) -> &[u32] {
         &self.slots
-    }
-
-    /// The radix node held locked.
-    pub fn node(&self) -> NodeId {
-        self.node
     }
 
     /// Lock the longest cached prefix of `key` and take its slots. Returns its length.
