@@ -36,6 +36,18 @@ impl KvLease {
         &self.slots
     }
 
+    /// Whether the lease holds no slot (the scheduler tests' bookkeeping checks).
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// The radix node held locked (the scheduler tests' bookkeeping checks).
+    #[cfg(test)]
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
     /// Lock the longest cached prefix of `key` and take its slots. Returns its length.
     pub fn admit(&mut self, cache: &mut RadixCache, key: &[u32]) -> usize {
         let m = cache.match_prefix(key);
