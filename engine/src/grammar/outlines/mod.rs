@@ -11,6 +11,8 @@ use regex_automata::Anchored;
 use regex_automata::dfa::Automaton;
 use regex_automata::dfa::dense;
 
+mod regex_size;
+
 use super::vocab::TokenVocab;
 use super::{
     CompiledGrammar, GRAMMAR_CACHE_CAPACITY, GrammarBackend, GrammarCache, GrammarError,
@@ -54,8 +56,19 @@ impl OutlinesBackend {
     fn build(&self, spec: &GrammarSpec) -> Result<Arc<dyn CompiledGrammar>, GrammarError> {
         let kind = spec.kind();
         let regex = match spec {
-            GrammarSpec::JsonSchema(text) => json_schema::regex_from_str(text, None, None)
-                .map_err(|e| GrammarError::invalid(kind, e))?,
+            GrammarSpec::JsonSchema(text) => {
+                let schema: serde_json::Value =
+                    serde_json::from_str(text).map_err(|e| GrammarError::invalid(kind, e))?;
+                regex_size::check(&schema).map_err(|e| GrammarError::invalid(kind, match e {
+                    regex_size::TooLarge::Regex => format!(
+                        "the schema's regex would exceed {} MiB (nested arrays, objects or optional properties repeat their parts); simplify it or use --grammar-backend llguidance",
+                        regex_size::MAX_SCHEMA_REGEX_BYTES >> 20
+                    ),
+                    regex_size::TooLarge::Depth => "the schema nests too deeply for the outlines backend; use --grammar-backend llguidance".to_string(),
+                }))?;
+                json_schema::regex_from_value(&schema, None, None)
+                    .map_err(|e| GrammarError::invalid(kind, e))?
+            }
             GrammarSpec::JsonObject => json_schema::regex_from_value(
                 &serde_json::json!({"type": "object", "depth": 1}),
                 None,
