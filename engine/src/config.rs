@@ -100,9 +100,10 @@ pub struct ServerArgs {
     /// Take and return token ids only (no tokenizer is loaded).
     #[arg(long)]
     pub skip_tokenizer_init: bool,
-    /// Device to run on.
-    #[arg(long, value_enum, default_value = "cpu")]
-    pub device: DeviceKind,
+    /// Device to run on. Without it: the GPU when this build has CUDA and a GPU is visible,
+    /// else the CPU (see [`ServerArgs::resolve_device`]).
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceKind>,
     /// CPU threads for the model (default: all cores).
     #[arg(long)]
     pub num_threads: Option<usize>,
@@ -144,6 +145,10 @@ pub struct ServerArgs {
     /// gains nothing there; it exercises the same scheduling as on a GPU.
     #[arg(long)]
     pub enable_overlap_schedule: bool,
+    /// Validate the flags, the model's config, tokenizer and chat template without loading
+    /// weights, print what would be served, and exit (0 when it would start).
+    #[arg(long)]
+    pub check: bool,
 }
 
 impl ServerArgs {
@@ -223,6 +228,29 @@ impl ServerArgs {
             ));
         }
         Ok(())
+    }
+
+    /// The device this server runs on: `--device`, or what [`ServerArgs::resolve_device`]
+    /// found. The CPU until resolved.
+    pub fn device(&self) -> DeviceKind {
+        self.device.unwrap_or(DeviceKind::Cpu)
+    }
+
+    /// Without `--device`: the GPU when this build has CUDA and the driver sees a GPU, else
+    /// the CPU, with a log line saying which and why (as SGLang picks its default device).
+    pub fn resolve_device(&mut self) {
+        if self.device.is_some() {
+            return;
+        }
+        let (device, why) = crate::backend::detect_device();
+        tracing::info!(
+            "device: {} ({why}; --device overrides)",
+            match device {
+                DeviceKind::Cpu => "cpu",
+                DeviceKind::Cuda => "cuda",
+            }
+        );
+        self.device = Some(device);
     }
 
     /// Name reported by /v1/models and in metrics labels.

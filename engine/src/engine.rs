@@ -4,7 +4,7 @@
 
 mod launch;
 
-pub use launch::launch;
+pub use launch::{check, launch};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

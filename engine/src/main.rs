@@ -111,6 +111,30 @@ async fn resolve_hub_model(args: &mut ServerArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// `serve --check`: validates without loading weights or binding the port. A Hub id is looked
+/// up in the local Hub cache only (nothing is downloaded); when it is not there, only the
+/// flags are checked, and the output says so.
+async fn check(mut args: ServerArgs) -> Result<(), String> {
+    if let Some(repo) = hub::RepoRef::from_model_path(&args.model_path) {
+        let offline = hub::HubSettings {
+            offline: true,
+            ..hub::HubSettings::from_env()
+        };
+        match hub::fetch(&repo, args.revision.as_deref(), &offline).await {
+            Ok(snap) => args.model_path = snap.path,
+            Err(e) => {
+                println!(
+                    "ok: flags valid; model files not checked ({repo} is not in the local Hub cache: {e})"
+                );
+                return Ok(());
+            }
+        }
+    }
+    let summary = sgl_engine::engine::check(args).map_err(|e| e.to_string())?;
+    println!("ok: {summary}");
+    Ok(())
+}
+
 #[cfg(feature = "cuda")]
 fn run_gpu_bench(kind: &str, args: Vec<String>) -> ExitCode {
     init_logging("info");
@@ -147,6 +171,9 @@ fn init_logging(level: &str) {
 async fn serve(mut args: ServerArgs) -> Result<(), String> {
     // Flags are checked before a download that may take minutes.
     args.validate().map_err(|e| e.to_string())?;
+    if args.check {
+        return check(args).await;
+    }
     let addr = format!("{}:{}", args.host, args.port);
     // Bind first so a port clash fails fast, before the model load.
     let listener = tokio::net::TcpListener::bind(&addr)
@@ -175,8 +202,9 @@ fn main() -> ExitCode {
         Command::BenchOfflineThroughput { args } => run_gpu_bench("offline", args),
         Command::CheckReference { args } => run_gpu_bench("check", args),
         Command::Download(args) => download(args),
-        Command::Serve(args) => {
+        Command::Serve(mut args) => {
             init_logging(args.log_level.as_filter());
+            args.resolve_device();
             let mut rt = tokio::runtime::Builder::new_multi_thread();
             rt.enable_all();
             if let Some(n) = http_worker_threads(&args) {
@@ -207,7 +235,7 @@ fn main() -> ExitCode {
 /// runtime gets those cores, at least one. `TOKIO_WORKER_THREADS` overrides this; on a GPU
 /// the runtime keeps tokio's default (one worker per core).
 fn http_worker_threads(args: &ServerArgs) -> Option<usize> {
-    if args.device != DeviceKind::Cpu || std::env::var_os("TOKIO_WORKER_THREADS").is_some() {
+    if args.device() != DeviceKind::Cpu || std::env::var_os("TOKIO_WORKER_THREADS").is_some() {
         return None;
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -599,7 +599,7 @@ fn server_args_json(args: &ServerArgs) -> Map<String, Value> {
         "log_level": args.log_level.as_filter(),
         "log_requests": args.log_requests,
         "skip_tokenizer_init": args.skip_tokenizer_init,
-        "device": enum_name(&args.device),
+        "device": enum_name(&args.device()),
         "num_threads": args.num_threads,
         "max_queued_requests": args.max_queued_requests,
         // Through its decimal text, so 0.88 stays 0.88 and does not widen to 0.8799999952.

@@ -64,6 +64,33 @@ pub fn load(device: DeviceKind, model: &Model, opts: &LoadOptions) -> Result<Box
     }
 }
 
+/// The device to serve on when `--device` is not given, and why.
+pub fn detect_device() -> (DeviceKind, String) {
+    match gpu_count() {
+        Ok(0) => (DeviceKind::Cpu, "the CUDA driver sees no GPU".into()),
+        Ok(n) => (
+            DeviceKind::Cuda,
+            format!("this build has CUDA and the driver sees {n} GPU(s)"),
+        ),
+        Err(why) => (DeviceKind::Cpu, why),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_count() -> std::result::Result<usize, String> {
+    // The driver library is loaded at run time; cudarc panics when it is missing.
+    match std::panic::catch_unwind(cudarc::driver::CudaContext::device_count) {
+        Ok(Ok(n)) => Ok(usize::try_from(n).unwrap_or(0)),
+        Ok(Err(e)) => Err(format!("the CUDA driver reports no usable GPU: {e}")),
+        Err(_) => Err("no CUDA driver library (libcuda) on this machine".into()),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_count() -> std::result::Result<usize, String> {
+    Err("this build has no CUDA support (`--features cuda`)".into())
+}
+
 #[cfg(feature = "cuda")]
 fn cuda(model: &Model, opts: &LoadOptions) -> Result<Box<dyn Backend>> {
     Ok(Box::new(super::cuda::CudaBackend::load(

@@ -55,9 +55,51 @@ fn resolve_context_length(args: &ServerArgs, cfg: &ModelConfig) -> Result<usize>
     }
 }
 
-/// Load everything and start the scheduler thread.
-pub fn launch(args: ServerArgs) -> Result<EngineHandle> {
+/// `serve --check`: what [`launch`] checks before it touches a device (flags, the model's
+/// config and files, the tokenizer and chat template, the context length against the model,
+/// and whether this build and machine can run the chosen device), with no weight read.
+/// Returns one line describing what would be served.
+pub fn check(mut args: ServerArgs) -> Result<String> {
     args.validate()?;
+    args.resolve_device();
+    let model = model::load(&args.model_path)?;
+    let tokenizer = load_tokenizer(&args, &model)?;
+    let cfg = &model.config;
+    let context_length = resolve_context_length(&args, cfg)?;
+    let device = args.device();
+    if device == DeviceKind::Cuda {
+        if !cfg!(feature = "cuda") {
+            return Err(backend::BackendError::NotCompiled.into());
+        }
+        if let ModelFiles::Gguf(_) = model.files {
+            return Err(EngineError::InvalidArgument(
+                "--device cuda serves Hugging Face folders (safetensors); GGUF files run on --device cpu".into(),
+            ));
+        }
+    }
+    Ok(format!(
+        "{} ({} layers, hidden {}, {} attention / {} KV heads, vocab {}) on {}; context {context_length}; tokenizer: {}",
+        cfg.architecture,
+        cfg.num_layers,
+        cfg.hidden_size,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.vocab_size,
+        match device {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Cuda => "cuda",
+        },
+        match &tokenizer {
+            Some(t) => format!("{} tokens", t.vocab_size()),
+            None => "skipped (--skip-tokenizer-init)".into(),
+        }
+    ))
+}
+
+/// Load everything and start the scheduler thread.
+pub fn launch(mut args: ServerArgs) -> Result<EngineHandle> {
+    args.validate()?;
+    args.resolve_device();
     let started = Instant::now();
     if let Some(n) = args.num_threads {
         kernels::set_num_threads(n);
@@ -70,13 +112,13 @@ pub fn launch(args: ServerArgs) -> Result<EngineHandle> {
     let opts = LoadOptions {
         max_total_tokens: args.max_total_tokens,
         context_length,
-        host_overlap: args.device == DeviceKind::Cpu && args.enable_overlap_schedule,
+        host_overlap: args.device() == DeviceKind::Cpu && args.enable_overlap_schedule,
         mem_fraction_static: args.mem_fraction_static,
         cuda_graph_max_bs: args.cuda_graph_max_bs,
         disable_cuda_graph: args.disable_cuda_graph,
         ..LoadOptions::default()
     };
-    let backend = backend::load(args.device, &model, &opts)?;
+    let backend = backend::load(args.device(), &model, &opts)?;
     // The weights are on the device now; unmap the checkpoint.
     drop(model);
     let max_total_tokens = backend.kv_capacity();

@@ -47,6 +47,65 @@ async fn models_and_server_info() {
 
     let (status, _) = s.get("/health_generate").await;
     assert_eq!(status, 200);
+
+    // No --device was given: a build without CUDA serves on the CPU and says why.
+    if !cfg!(feature = "cuda") {
+        assert_eq!(info["device"], json!("cpu"), "{info}");
+        let log = s.log_text();
+        assert!(
+            log.contains("device: cpu (this build has no CUDA support"),
+            "no device line in the log:\n{}",
+            s.log_tail()
+        );
+    }
+}
+
+/// `serve --check` on the real model: reads the config, tokenizer and chat template, binds
+/// nothing, loads no weights; a flag the model cannot honour fails with the reason.
+#[test]
+fn serve_check_validates_without_serving() {
+    let model = crate::common::model_path();
+    let check = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sgl-engine"))
+            .arg("serve")
+            .arg("--model-path")
+            .arg(&model)
+            .args(["--check", "--port", "1"])
+            .args(extra)
+            .output()
+            .expect("run sgl-engine serve --check");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, stdout, stderr) = check(&[]);
+    assert!(ok, "{stdout}\n{stderr}");
+    // SmolLM2-135M: 30 layers, hidden 576, 9 query / 3 KV heads, 49,152 tokens.
+    assert!(
+        stdout.starts_with("ok: ")
+            && stdout.contains("30 layers, hidden 576, 9 attention / 3 KV heads"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("tokens"), "{stdout}");
+
+    let (ok, _, stderr) = check(&["--context-length", "100000000"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("--context-length 100000000 is longer than the model's"),
+        "{stderr}"
+    );
+
+    let (ok, _, stderr) = check(&["--tp-size", "3"]);
+    assert!(!ok);
+    assert!(stderr.contains("--tp-size"), "{stderr}");
+
+    if !cfg!(feature = "cuda") {
+        let (ok, _, stderr) = check(&["--device", "cuda"]);
+        assert!(!ok);
+        assert!(stderr.contains("CUDA"), "{stderr}");
+    }
 }
 
 /// Wait until nothing runs or waits, then flush the cache: every KV slot must be free again.
