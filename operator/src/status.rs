@@ -53,10 +53,22 @@ const STUCK_WAITING: [&str; 7] = [
 /// Longest engine message quoted in status.
 const MAX_ENGINE_MESSAGE: usize = 400;
 
-/// The last non-empty line of a termination message (with `FallbackToLogsOnError`, the tail of
-/// the engine's log, whose last line is its error), trimmed to a readable length.
-fn last_line(text: &str) -> Option<String> {
-    let line = text.lines().rev().map(str::trim).find(|l| !l.is_empty())?;
+/// clap's closing hint after a usage error: never the error itself.
+const CLAP_HELP_HINT: &str = "For more information, try";
+
+/// The engine's own error line in a termination message (with `FallbackToLogsOnError`, the
+/// tail of its log): the last line that starts with `error:` (how the engine and clap report
+/// a fatal error), else the last non-empty line that is not clap's `--help` hint; trimmed to a
+/// readable length.
+fn error_line(text: &str) -> Option<String> {
+    let lines = || text.lines().rev().map(str::trim).filter(|l| !l.is_empty());
+    let is_error = |l: &&str| {
+        l.get(..6)
+            .is_some_and(|head| head.eq_ignore_ascii_case("error:"))
+    };
+    let line = lines()
+        .find(is_error)
+        .or_else(|| lines().find(|l| !l.starts_with(CLAP_HELP_HINT)))?;
     let mut end = line.len().min(MAX_ENGINE_MESSAGE);
     while !line.is_char_boundary(end) {
         end -= 1;
@@ -65,7 +77,7 @@ fn last_line(text: &str) -> Option<String> {
 }
 
 fn exit_description(code: i32, message: Option<&str>) -> String {
-    match message.and_then(last_line) {
+    match message.and_then(error_line) {
         Some(m) => format!("exit code {code}: {m}"),
         None => format!("exit code {code}"),
     }
@@ -462,9 +474,39 @@ mod tests {
     #[test]
     fn long_engine_messages_are_cut_on_a_character_boundary() {
         let long = format!("error: {}", "é".repeat(400));
-        let line = last_line(&long).unwrap();
+        let line = error_line(&long).unwrap();
         assert!(line.len() <= MAX_ENGINE_MESSAGE);
         assert!(line.starts_with("error: é"));
-        assert_eq!(last_line("\n  \n"), None);
+        assert_eq!(error_line("\n  \n"), None);
+    }
+
+    #[test]
+    fn the_engines_error_line_is_picked_out_of_its_log_tail() {
+        // A refused flag: clap's usage error ends with a usage line and a hint.
+        let clap = "error: unexpected argument '--no-such-flag' found\n\n  tip: to pass \
+                    '--no-such-flag' as a value, use '-- --no-such-flag'\n\nUsage: \
+                    sgl-engine serve [OPTIONS]\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            error_line(clap).as_deref(),
+            Some("error: unexpected argument '--no-such-flag' found")
+        );
+        // A start-up failure: log lines, then the engine's own `error:` line, then nothing.
+        let start = "2026-11-26T07:00:00Z  INFO sgl_engine: loading\n\
+                     error: --model-path /m does not exist\n";
+        assert_eq!(
+            error_line(start).as_deref(),
+            Some("error: --model-path /m does not exist")
+        );
+        // The last of several errors wins; `Error:` (anyhow's) counts too.
+        assert_eq!(
+            error_line("error: first\nError: second\nshutting down").as_deref(),
+            Some("Error: second")
+        );
+        // No error line: the last line that is not the hint.
+        assert_eq!(
+            error_line("panicked at main.rs:1\nFor more information, try '--help'.").as_deref(),
+            Some("panicked at main.rs:1")
+        );
+        assert_eq!(error_line("For more information, try '--help'."), None);
     }
 }

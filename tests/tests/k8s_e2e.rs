@@ -748,7 +748,6 @@ async fn wait_observed(client: &Client, ns: &str, name: &str) {
 }
 
 #[tokio::test]
-#[ignore = "operator: the Degraded message keeps only the last line of the container's termination message (for a refused flag that is clap's \"For more information, try '--help'.\"), not the engine's error line"]
 async fn h1_engine_error_is_reported_as_degraded() {
     let (c, _turn) = cluster!();
     let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
