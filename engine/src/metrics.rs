@@ -1,4 +1,9 @@
 //! Prometheus metrics with SGLang's names (`sglang:*`), labelled with `model_name`.
+//!
+//! Counters are what dashboards and autoscalers should use: a windowed prefix-cache hit rate
+//! is `rate(sglang:cached_tokens_total[w]) / rate(sglang:prompt_tokens_total[w])`. The
+//! `sglang:cache_hit_rate` gauge stays for compatibility, but it is the average since the
+//! process started, so it says little about the traffic of the last minutes.
 
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
@@ -8,8 +13,14 @@ use prometheus::{
 pub struct Metrics {
     registry: Registry,
     model_name: String,
+    /// Prompt tokens of every request received (counted when it enters the waiting queue).
     pub prompt_tokens_total: IntCounterVec,
+    /// Prompt tokens found in the radix cache, counted at a request's first admission: the
+    /// `cached_tokens` its response reports.
+    pub cached_tokens_total: IntCounterVec,
     pub generation_tokens_total: IntCounterVec,
+    /// Requests that finished normally (stop, length, ...).
+    pub num_requests_total: IntCounterVec,
     pub time_to_first_token: HistogramVec,
     pub time_per_output_token: HistogramVec,
     pub e2e_request_latency: HistogramVec,
@@ -61,9 +72,17 @@ impl Metrics {
                 "sglang:prompt_tokens_total",
                 "Number of prefill tokens processed.",
             )?,
+            cached_tokens_total: counter(
+                "sglang:cached_tokens_total",
+                "Number of cached prompt tokens.",
+            )?,
             generation_tokens_total: counter(
                 "sglang:generation_tokens_total",
                 "Number of generation tokens processed.",
+            )?,
+            num_requests_total: counter(
+                "sglang:num_requests_total",
+                "Number of requests processed.",
             )?,
             time_to_first_token: histogram(
                 "sglang:time_to_first_token_seconds",
@@ -96,7 +115,12 @@ impl Metrics {
             model_name: model_name.to_string(),
         };
         // Touch every labelled series so that it is exported (with zero) from the start.
-        for c in [&m.prompt_tokens_total, &m.generation_tokens_total] {
+        for c in [
+            &m.prompt_tokens_total,
+            &m.cached_tokens_total,
+            &m.generation_tokens_total,
+            &m.num_requests_total,
+        ] {
             c.with_label_values(&[&m.model_name]).inc_by(0);
         }
         for g in [

@@ -353,10 +353,17 @@ impl Scheduler {
     /// Admit a waiting request: match its prefix in the radix cache and lock it. The match is
     /// cut short where the request needs logits rows of its prompt (prompt logprobs).
     fn admit(&mut self, mut r: Req) -> Req {
+        let first_admission = r.admission == 0;
         self.admissions += 1;
         r.admission = self.admissions;
         let toks = r.all_tokens();
         let matched = r.kv.admit(&mut self.cache, &toks[..r.match_key_len()]);
+        if first_admission {
+            self.metrics
+                .cached_tokens_total
+                .with_label_values(&self.metrics.label())
+                .inc_by(matched as u64);
+        }
         if r.output.is_empty() {
             r.cached_tokens = matched;
             self.stats
@@ -487,6 +494,10 @@ impl Scheduler {
     fn observe_finished(&self, r: &Req) {
         let now = Instant::now();
         let label = self.metrics.label();
+        self.metrics
+            .num_requests_total
+            .with_label_values(&label)
+            .inc();
         self.metrics
             .e2e_request_latency
             .with_label_values(&label)
