@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::RouterConfig;
-use crate::error::Result;
+use crate::error::{Result, RouterError};
 use crate::metrics::Metrics;
 use crate::policy::{self, Decision, LoadBalancingPolicy};
+use crate::queue::WaitQueue;
 use crate::retry::RetryConfig;
 use crate::worker::{HealthChange, Worker, WorkerRegistry};
 
@@ -23,6 +24,8 @@ pub struct Inner {
     pub metrics: Metrics,
     pub client: reqwest::Client,
     pub retry: RetryConfig,
+    /// Requests waiting for a worker to become available.
+    pub queue: WaitQueue,
 }
 
 impl Deref for AppState {
@@ -56,6 +59,7 @@ impl AppState {
         let policy = policy::build(config.policy, config.cache_aware());
         Ok(Self(Arc::new(Inner {
             retry: config.retry(),
+            queue: WaitQueue::new(config.queue_size, config.queue_timeout()),
             config,
             workers,
             policy,
@@ -91,6 +95,47 @@ impl AppState {
         None
     }
 
+    /// Like `select`, but when no worker is available the request waits in the queue for
+    /// one (see [`crate::queue`]); refused with `QueueFull` or `QueueTimeout`.
+    pub async fn select_or_wait(
+        &self,
+        text: Option<&str>,
+        excluded: &[Arc<str>],
+    ) -> Result<(Arc<Worker>, Decision)> {
+        if let Some(chosen) = self.select(text, excluded) {
+            return Ok(chosen);
+        }
+        if self.queue.capacity() == 0 {
+            return Err(RouterError::NoHealthyWorker);
+        }
+        let Some(_ticket) = self.queue.try_enter() else {
+            return Err(RouterError::QueueFull {
+                size: self.queue.capacity(),
+            });
+        };
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + self.queue.timeout();
+        loop {
+            let ready = self.queue.ready();
+            tokio::pin!(ready);
+            ready.as_mut().enable();
+            if let Some(chosen) = self.select(text, excluded) {
+                self.metrics
+                    .queue_wait
+                    .observe(started.elapsed().as_secs_f64());
+                return Ok(chosen);
+            }
+            if tokio::time::timeout_at(deadline, ready).await.is_err() {
+                self.metrics
+                    .queue_wait
+                    .observe(started.elapsed().as_secs_f64());
+                return Err(RouterError::QueueTimeout {
+                    secs: self.queue.timeout().as_secs(),
+                });
+            }
+        }
+    }
+
     /// Registers a worker and checks its health at once.
     pub async fn add_worker(&self, url: &str) -> Result<Arc<Worker>> {
         let worker = self.workers.add(url)?;
@@ -118,6 +163,7 @@ impl AppState {
         match change {
             Some(HealthChange::BecameHealthy) => {
                 tracing::info!(worker = worker.url(), "worker is healthy");
+                self.queue.notify_ready();
             }
             Some(HealthChange::BecameUnhealthy) => {
                 tracing::warn!(
@@ -147,6 +193,10 @@ impl AppState {
     pub async fn check_all(&self) {
         let workers = self.workers.all();
         futures::future::join_all(workers.iter().map(|w| self.check_worker(w))).await;
+        // An open breaker's timeout may have passed too: queued requests look again.
+        if self.queue.pending() > 0 {
+            self.queue.notify_ready();
+        }
     }
 
     async fn probe(&self, url: &str) -> bool {

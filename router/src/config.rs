@@ -138,6 +138,16 @@ pub struct RouterConfig {
     #[arg(long)]
     pub service_discovery_namespace: Option<String>,
 
+    /// Requests that may wait for a worker while none can take them (none registered or
+    /// healthy, e.g. a service scaled to zero while its first engine starts); 0 refuses them
+    /// at once. Beyond this, requests are answered 503 with `Retry-After`.
+    #[arg(long, default_value_t = 100)]
+    pub queue_size: usize,
+    /// Longest wait for a worker in that queue, after which the request is answered 503
+    /// with `Retry-After`.
+    #[arg(long, default_value_t = 60)]
+    pub queue_timeout_secs: u64,
+
     /// Log filter (error, warn, info, debug, trace or a tracing directive).
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -180,6 +190,9 @@ impl RouterConfig {
         }
         if self.request_timeout_secs == 0 || self.health_check_timeout_secs == 0 {
             return bad("timeouts must be positive".into());
+        }
+        if self.queue_size > 0 && self.queue_timeout_secs == 0 {
+            return bad("--queue-timeout-secs must be positive (or --queue-size 0)".into());
         }
         if self.health_check_interval_secs == 0 || self.eviction_interval_secs == 0 {
             return bad("intervals must be positive".into());
@@ -261,6 +274,10 @@ impl RouterConfig {
         Duration::from_secs(self.request_timeout_secs)
     }
 
+    pub fn queue_timeout(&self) -> Duration {
+        Duration::from_secs(self.queue_timeout_secs)
+    }
+
     pub fn eviction_interval(&self) -> Duration {
         Duration::from_secs(self.eviction_interval_secs)
     }
@@ -285,6 +302,7 @@ mod tests {
         assert_eq!(c.balance_rel_threshold, 1.0001);
         assert_eq!(c.eviction_interval_secs, 60);
         assert_eq!(c.max_tree_size, 16_777_216);
+        assert_eq!((c.queue_size, c.queue_timeout_secs), (100, 60));
         c.validate().unwrap();
     }
 
@@ -313,6 +331,10 @@ mod tests {
         assert!(c.validate().is_err(), "discovery without a selector");
         let c = parse(&["--selector", "novalue"]).unwrap();
         assert!(c.validate().is_err());
+        let c = parse(&["--queue-timeout-secs", "0"]).unwrap();
+        assert!(c.validate().is_err(), "a queue that never waits");
+        let c = parse(&["--queue-size", "0", "--queue-timeout-secs", "0"]).unwrap();
+        c.validate().unwrap();
         let c = parse(&["--worker-urls", "ftp://x"]).unwrap();
         assert!(c.validate().is_err());
         let c = parse(&["--disable-retries", "--disable-circuit-breaker"]).unwrap();

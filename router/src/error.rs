@@ -1,7 +1,7 @@
 //! The router's one error type and its one mapping to an HTTP status and JSON body.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
@@ -22,6 +22,12 @@ pub enum RouterError {
 
     #[error("no healthy worker is available to serve this request; check GET /list_workers")]
     NoHealthyWorker,
+
+    #[error("{size} requests are already waiting for a worker (--queue-size); retry later")]
+    QueueFull { size: usize },
+
+    #[error("no worker became available within {secs} s (--queue-timeout-secs); retry later")]
+    QueueTimeout { secs: u64 },
 
     #[error("worker {url} did not answer within {secs} s (--request-timeout-secs)")]
     Timeout { url: String, secs: u64 },
@@ -59,7 +65,9 @@ impl RouterError {
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::NoHealthyWorker => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NoHealthyWorker | Self::QueueFull { .. } | Self::QueueTimeout { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::RetriesExhausted { .. } | Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
             Self::WorkerExists(_) => StatusCode::CONFLICT,
@@ -76,6 +84,8 @@ impl RouterError {
             Self::BodyTimeout { .. } => "body_timeout",
             Self::Unauthorized => "unauthorized",
             Self::NoHealthyWorker => "no_healthy_worker",
+            Self::QueueFull { .. } => "queue_full",
+            Self::QueueTimeout { .. } => "queue_timeout",
             Self::Timeout { .. } => "timeout",
             Self::RetriesExhausted { .. } => "retries_exhausted",
             Self::Upstream { .. } => "upstream",
@@ -125,7 +135,16 @@ pub fn error_response(status: StatusCode, message: impl Into<String>) -> Respons
 
 impl IntoResponse for RouterError {
     fn into_response(self) -> Response {
-        error_response(self.status(), self.to_string())
+        let status = self.status();
+        let mut resp = error_response(status, self.to_string());
+        // Every 503 of the router's own says when to come back.
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            resp.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(crate::queue::RETRY_AFTER_SECS),
+            );
+        }
+        resp
     }
 }
 

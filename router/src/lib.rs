@@ -5,7 +5,9 @@
 //! most likely to hold its prefix in cache (see [`policy::CacheAwarePolicy`]), without
 //! overloading any. Workers come from `--worker-urls`, `POST /add_worker`, or Kubernetes
 //! Pods ([`discovery`]); dead ones are found by health checks and circuit breakers, and
-//! failed requests are retried elsewhere before any byte reaches the client.
+//! failed requests are retried elsewhere before any byte reaches the client. With no worker
+//! available, requests wait in a bounded queue ([`queue`]): the router is the activator of a
+//! service scaled to zero.
 //!
 //! The binary is a thin shell over [`launch::launch`], which tests and benchmarks use too.
 
@@ -20,6 +22,7 @@ pub mod listen;
 pub mod metrics;
 pub mod policy;
 pub mod proxy;
+pub mod queue;
 pub mod request_text;
 pub mod retry;
 pub mod server;

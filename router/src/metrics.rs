@@ -23,6 +23,9 @@ pub struct Metrics {
     pub load_balancing_events: IntCounter,
     pub routing_latency: Histogram,
     pub request_duration: HistogramVec,
+    /// Time requests spent waiting for a worker in the activator queue.
+    pub queue_wait: Histogram,
+    pending_requests: IntGauge,
     worker_load: IntGaugeVec,
     worker_healthy: IntGaugeVec,
     worker_breaker: IntGaugeVec,
@@ -97,6 +100,17 @@ impl Metrics {
         )
         .unwrap_or_else(|e| unreachable!("request duration histogram: {e}"));
         register(&r, Box::new(request_duration.clone()));
+        let queue_wait = Histogram::with_opts(
+            HistogramOpts::new(
+                "sgl_router_queue_wait_seconds",
+                "Time a request waited for an available worker (scale from zero, restarts)",
+            )
+            .buckets(vec![
+                0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+            ]),
+        )
+        .unwrap_or_else(|e| unreachable!("queue wait histogram: {e}"));
+        register(&r, Box::new(queue_wait.clone()));
         Self {
             requests: counter_vec(
                 &r,
@@ -139,6 +153,12 @@ impl Metrics {
             ),
             routing_latency,
             request_duration,
+            queue_wait,
+            pending_requests: gauge(
+                &r,
+                "sgl_router_pending_requests",
+                "Requests waiting for a worker to become available (the scale-from-zero signal)",
+            ),
             worker_load: gauge_vec(
                 &r,
                 "sgl_router_worker_load",
@@ -187,7 +207,9 @@ impl Metrics {
         &self,
         workers: &[std::sync::Arc<Worker>],
         policy: &dyn LoadBalancingPolicy,
+        pending_requests: usize,
     ) -> String {
+        self.pending_requests.set(pending_requests as i64);
         for g in [
             &self.worker_load,
             &self.worker_healthy,

@@ -127,8 +127,14 @@ pub async fn forward(state: &AppState, req: Outgoing<'_>) -> Result<Response> {
             let wait = state.retry.backoff(attempt - 1, &mut rand::rng());
             tokio::time::sleep(wait).await;
         }
-        let Some((worker, decision)) = state.select(req.text, &tried) else {
-            if attempt == 0 || attempt + 1 == attempts {
+        let chosen = if attempt == 0 {
+            // No worker yet (scaled to zero, all restarting): wait in the queue for one.
+            Some(state.select_or_wait(req.text, &tried).await?)
+        } else {
+            state.select(req.text, &tried)
+        };
+        let Some((worker, decision)) = chosen else {
+            if attempt + 1 == attempts {
                 return Err(RouterError::NoHealthyWorker);
             }
             continue;

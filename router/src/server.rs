@@ -1,4 +1,6 @@
-//! The router's HTTP API: the engine's routes, proxied, plus worker management and metrics.
+//! The router's HTTP API: the engine's routes, proxied, plus worker management, metrics and
+//! the router's own health (`/health`, `/liveness`, `/readiness`: answered here, never
+//! proxied, so that a router with no engine behind it stays ready).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -32,7 +34,9 @@ pub fn app(state: AppState) -> Router {
         .route("/function_call", post(passthrough_post))
         .route("/get_model_info", get(passthrough))
         .route("/get_server_info", get(passthrough))
-        .route("/health", get(passthrough))
+        .route("/health", get(health))
+        .route("/liveness", get(health))
+        .route("/readiness", get(health))
         .route("/health_generate", get(passthrough))
         .route("/flush_cache", post(flush_cache).get(flush_cache))
         .route("/add_worker", post(add_worker))
@@ -68,7 +72,7 @@ fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
 /// Paths open without the API key: probes and scraping. `/health_generate` is not among
 /// them: it makes an engine generate.
 fn is_public(path: &str) -> bool {
-    matches!(path, "/health" | "/metrics")
+    matches!(path, "/health" | "/liveness" | "/readiness" | "/metrics")
 }
 
 /// Compares in time independent of where the first difference is.
@@ -213,7 +217,6 @@ fn passthrough_label(path: &str) -> &'static str {
         "/v1/models" => "/v1/models",
         "/get_model_info" => "/get_model_info",
         "/get_server_info" => "/get_server_info",
-        "/health" => "/health",
         "/health_generate" => "/health_generate",
         "/parse_function_call" => "/parse_function_call",
         "/function_call" => "/function_call",
@@ -400,10 +403,25 @@ async fn list_workers(State(state): State<AppState>) -> Json<serde_json::Value> 
     }))
 }
 
+/// The router's own health: it answers as long as it runs, with or without workers, so
+/// that it stays ready (and keeps taking requests into its queue) while a service is scaled
+/// to zero. Whether an engine can generate is `/health_generate`, which goes to one.
+async fn health(State(state): State<AppState>) -> Json<serde_json::Value> {
+    let workers = state.workers.all();
+    Json(json!({
+        "status": "ok",
+        "workers": workers.len(),
+        "available_workers": workers.iter().filter(|w| w.is_available()).count(),
+        "pending_requests": state.queue.pending(),
+    }))
+}
+
 async fn metrics(State(state): State<AppState>) -> Response {
-    let text = state
-        .metrics
-        .render(&state.workers.all(), state.policy.as_ref());
+    let text = state.metrics.render(
+        &state.workers.all(),
+        state.policy.as_ref(),
+        state.queue.pending(),
+    );
     (
         [(
             header::CONTENT_TYPE,

@@ -22,7 +22,6 @@ async fn every_engine_route_is_proxied() {
         "/v1/models",
         "/get_model_info",
         "/get_server_info",
-        "/health",
         "/health_generate",
     ] {
         let resp = c.get(format!("{url}{path}")).send().await.unwrap();
@@ -234,6 +233,7 @@ async fn no_healthy_worker_is_a_clear_503() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 503);
+    assert_eq!(resp.headers()["retry-after"], "5");
     let body: Value = resp.json().await.unwrap();
     assert!(
         body["error"]["message"]
@@ -241,16 +241,18 @@ async fn no_healthy_worker_is_a_clear_503() {
             .unwrap()
             .contains("no healthy worker")
     );
-    let resp = c
-        .get(format!("{}/health", router.url()))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        resp.status(),
-        503,
-        "the router is not ready without workers"
-    );
+    // The router's own health does not depend on workers: it stays ready without any.
+    for path in ["/health", "/liveness", "/readiness"] {
+        let resp = c
+            .get(format!("{}{path}", router.url()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+        assert!(!resp.headers().contains_key("x-sim-worker"), "{path}");
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["workers"], 0, "{path}");
+    }
     router.shutdown().await.unwrap();
 
     let workers = spawn_workers(vec![sim("sick")]);

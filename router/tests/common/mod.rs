@@ -21,7 +21,8 @@ pub fn spawn_workers(configs: Vec<SimConfig>) -> Vec<SimWorker> {
         .collect()
 }
 
-/// Router settings for tests: fast retries, one-second health checks.
+/// Router settings for tests: fast retries, one-second health checks, and no queue (a
+/// request without an available worker is refused at once; `activator.rs` tests the queue).
 pub fn config(workers: &[SimWorker], policy: PolicyKind) -> RouterConfig {
     RouterConfig {
         port: 0,
@@ -31,6 +32,7 @@ pub fn config(workers: &[SimWorker], policy: PolicyKind) -> RouterConfig {
         retry_max_backoff_ms: 50,
         health_check_interval_secs: 1,
         health_check_timeout_secs: 1,
+        queue_size: 0,
         ..RouterConfig::default()
     }
 }

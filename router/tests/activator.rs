@@ -1,0 +1,214 @@
+//! The router as the activator of a service scaled to zero: with no engine it stays ready,
+//! holds requests in its bounded queue until a real engine (the `sgl-engine` release binary
+//! on the default model, run as a child process) is added, and refuses what does not fit
+//! with 503 and `Retry-After`.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{client, start};
+use serde_json::{Value, json};
+use sgl_router::{PolicyKind, RouterConfig};
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// A real engine process, killed when dropped.
+struct Engine {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Engine {
+    /// `target/release/sgl-engine serve` on the default model, on a free loopback port.
+    fn start() -> Engine {
+        let binary = workspace_root().join("target/release/sgl-engine");
+        assert!(
+            binary.is_file(),
+            "{} is missing: run `cargo build --release -p sgl-engine` first",
+            binary.display()
+        );
+        let model = Command::new("bash")
+            .arg(workspace_root().join("scripts/fetch-model.sh"))
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run scripts/fetch-model.sh");
+        assert!(model.status.success(), "scripts/fetch-model.sh failed");
+        let model = String::from_utf8_lossy(&model.stdout).trim().to_string();
+        let mut child = Command::new(&binary)
+            .args(["serve", "--model-path", &model, "--host", "127.0.0.1"])
+            .args(["--port", "0", "--num-threads", "1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn sgl-engine");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.trim().strip_prefix("listening on ")
+                    && let Some(t) = tx.take()
+                {
+                    let _ = t.send(rest.trim().trim_end_matches('/').to_string());
+                }
+            }
+        });
+        let url = rx
+            .recv_timeout(Duration::from_secs(300))
+            .expect("sgl-engine printed `listening on ...` within 300 s");
+        Engine { child, url }
+    }
+}
+
+fn config(queue_size: usize, queue_timeout_secs: u64) -> RouterConfig {
+    RouterConfig {
+        port: 0,
+        policy: PolicyKind::CacheAware,
+        health_check_interval_secs: 1,
+        health_check_timeout_secs: 5,
+        queue_size,
+        queue_timeout_secs,
+        ..RouterConfig::default()
+    }
+}
+
+/// The value of an unlabelled sample in the router's /metrics.
+async fn metric(c: &reqwest::Client, router: &str, name: &str) -> f64 {
+    let text = common::metrics_text(c, router).await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name} in:\n{text}"))
+}
+
+async fn generate(c: &reqwest::Client, router: &str, text: &str) -> reqwest::Response {
+    c.post(format!("{router}/generate"))
+        .json(&json!({
+            "text": text,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 4, "ignore_eos": true},
+        }))
+        .timeout(Duration::from_secs(600))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_sent_at_zero_engines_are_served_when_one_comes_and_the_overflow_gets_503() {
+    let router = start(config(2, 600)).await;
+    let c = client();
+    let url = router.url();
+
+    // No engine, and the router is ready.
+    let health: Value = c
+        .get(format!("{url}/readiness"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["workers"], 0);
+    assert_eq!(metric(&c, &url, "sgl_router_pending_requests").await, 0.0);
+
+    // Two requests wait in the queue.
+    let sent = Instant::now();
+    let waiting: Vec<_> = ["The capital of France is", "Once upon a time"]
+        .into_iter()
+        .map(|prompt| {
+            let (c, url) = (c.clone(), url.clone());
+            tokio::spawn(async move {
+                let resp = generate(&c, &url, prompt).await;
+                let status = resp.status().as_u16();
+                let body: Value = resp.json().await.unwrap_or(Value::Null);
+                (status, body, sent.elapsed())
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(&c, &url, "sgl_router_pending_requests").await < 2.0 {
+        assert!(Instant::now() < deadline, "the two requests never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The queue holds two: a third is refused at once, with a time to come back.
+    let refused_at = Instant::now();
+    let resp = generate(&c, &url, "A third request").await;
+    assert_eq!(resp.status().as_u16(), 503);
+    assert!(
+        refused_at.elapsed() < Duration::from_secs(10),
+        "refused at once"
+    );
+    assert_eq!(resp.headers()["retry-after"], "5");
+    let body: Value = resp.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("--queue-size"), "{message}");
+
+    // The first engine comes up and is added: both queued requests are served by it.
+    let engine = Engine::start();
+    let resp = c
+        .post(format!("{url}/add_worker?url={}", engine.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    for task in waiting {
+        let (status, body, latency) = task.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["meta_info"]["completion_tokens"], 4, "{body}");
+        println!("a request sent at zero engines was answered after {latency:?}");
+    }
+    assert_eq!(metric(&c, &url, "sgl_router_pending_requests").await, 0.0);
+    assert_eq!(
+        metric(&c, &url, "sgl_router_queue_wait_seconds_count").await,
+        2.0
+    );
+    let text = common::metrics_text(&c, &url).await;
+    assert!(
+        text.contains(r#"sgl_router_request_errors_total{kind="queue_full",route="/generate"} 1"#),
+        "{text}"
+    );
+    router.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_waits_past_the_deadline_gets_503_with_retry_after() {
+    let router = start(config(4, 1)).await;
+    let c = client();
+    let started = Instant::now();
+    let resp = generate(&c, &router.url(), "Nobody is serving").await;
+    let waited = started.elapsed();
+    assert_eq!(resp.status().as_u16(), 503);
+    assert_eq!(resp.headers()["retry-after"], "5");
+    assert!(
+        waited >= Duration::from_secs(1) && waited < Duration::from_secs(30),
+        "waited {waited:?}"
+    );
+    let body: Value = resp.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("--queue-timeout-secs"), "{message}");
+    assert_eq!(
+        metric(&c, &router.url(), "sgl_router_pending_requests").await,
+        0.0
+    );
+    router.shutdown().await.unwrap();
+}
