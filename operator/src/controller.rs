@@ -254,10 +254,11 @@ async fn write_status(
         return Ok(new);
     }
     let api: Api<SGLangService> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let patch = status::merge_patch(&serde_json::to_value(&old)?, &serde_json::to_value(&new)?);
     api.patch_status(
         &names.instance,
         &PatchParams::default(),
-        &Patch::Merge(json!({ "status": new })),
+        &Patch::Merge(json!({ "status": patch })),
     )
     .await?;
     for c in status::changed_conditions(&old.conditions, &new.conditions) {

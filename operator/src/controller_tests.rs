@@ -511,3 +511,49 @@ async fn pods_that_run_leave_the_service_progressing_not_degraded() {
     assert_eq!(condition(&status, "Progressing")["status"], "True");
     assert_eq!(status["status"]["reason"], "EnginesNotReady");
 }
+
+/// RFC 7386, as the API server applies a merge patch.
+fn apply_merge_patch(target: &mut Value, patch: &Value) {
+    let Some(fields) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let map = target.as_object_mut().unwrap();
+    for (key, value) in fields {
+        if value.is_null() {
+            map.remove(key);
+        } else {
+            apply_merge_patch(map.entry(key.clone()).or_insert(Value::Null), value);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_service_that_becomes_ready_clears_its_reason_and_message() {
+    // Scaled up: not ready yet, with a reason and a message for `kubectl get`.
+    let mut svc = service(json!({}));
+    let (ctx, api) = FakeApi::start(&svc, not_ready(), no_override());
+    timeout(reconcile(Arc::new(svc.clone()), ctx))
+        .await
+        .unwrap();
+    let mut stored = json!({});
+    apply_merge_patch(&mut stored, &api.body("PATCH", "/status")["status"]);
+    assert_eq!(stored["reason"], "EnginesNotReady");
+    assert!(stored["message"].is_string(), "{stored}");
+
+    // The replicas come up: the patch, applied as the API server does, leaves no stale field.
+    svc.status = Some(serde_json::from_value(stored.clone()).unwrap());
+    let (ctx, api) = FakeApi::start(&svc, ready_statuses(), no_override());
+    timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
+    apply_merge_patch(&mut stored, &api.body("PATCH", "/status")["status"]);
+    assert_eq!(
+        condition(&json!({ "status": stored }), "Ready")["status"],
+        "True"
+    );
+    assert!(stored.get("reason").is_none(), "{stored}");
+    assert!(stored.get("message").is_none(), "{stored}");
+    assert_eq!(stored["ready"], "2/2");
+}

@@ -383,6 +383,32 @@ pub fn changed_conditions<'a>(old: &[Condition], new: &'a [Condition]) -> Vec<&'
         .collect()
 }
 
+/// The JSON merge patch (RFC 7386) that turns `old` into `new`: changed values, and `null` for
+/// every key `new` no longer has. A plain `{"status": new}` would leave such keys in place,
+/// since the status types omit empty fields when serialized (a cleared `reason` stayed).
+pub fn merge_patch(old: &serde_json::Value, new: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    let (Value::Object(old), Value::Object(new)) = (old, new) else {
+        return new.clone();
+    };
+    let mut patch = serde_json::Map::new();
+    for key in old.keys().filter(|k| !new.contains_key(*k)) {
+        patch.insert(key.clone(), Value::Null);
+    }
+    for (key, value) in new {
+        match old.get(key) {
+            Some(before) if before == value => {}
+            Some(before) => {
+                patch.insert(key.clone(), merge_patch(before, value));
+            }
+            None => {
+                patch.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    Value::Object(patch)
+}
+
 /// Whether the resource is fully ready per `status`.
 pub fn is_ready(status: &SGLangServiceStatus) -> bool {
     status

@@ -423,6 +423,8 @@ async fn c1_cpu_example_serves_chat_through_the_router_and_scales_to_three() {
     // `kubectl scale` → three ready engines, and the router sends requests to each.
     c.kubectl(&["scale", "sgls", name, "-n", ns, "--replicas=3"]);
     let engines = wait_serving(c, &client, ns, name, 3).await;
+    // Ready again: the reason and message shown while scaling are gone, not left stale.
+    wait_ready_without_reason(&client, ns, name).await;
     let before = engine_request_counts(&http, &engines).await;
     wait_for(
         "the router to send requests to all three engines",
@@ -450,6 +452,34 @@ async fn c1_cpu_example_serves_chat_through_the_router_and_scales_to_three() {
     )
     .await;
     c.kubectl(&["scale", "sgls", name, "-n", ns, "--replicas=1"]);
+}
+
+/// Waits until the service is Ready and its top-level `reason` and `message` are cleared.
+async fn wait_ready_without_reason(client: &Client, ns: &str, name: &str) {
+    let api: Api<SGLangService> = Api::namespaced(client.clone(), ns);
+    wait_for(
+        "the service to be Ready with no reason or message",
+        WAIT,
+        || async {
+            let st = api
+                .get(name)
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .unwrap_or_default();
+            let ready = st
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            (ready && st.reason.is_none() && st.message.is_none())
+                .then_some(())
+                .ok_or(format!(
+                    "ready {ready}, reason {:?}, message {:?}",
+                    st.reason, st.message
+                ))
+        },
+    )
+    .await;
 }
 
 /// Each engine's prompt-token counter, read from its own /metrics on its pod IP.
