@@ -149,17 +149,23 @@ impl CudaBackend {
         // A created stream: the legacy default stream cannot be captured into a graph.
         let stream = ctx.new_stream().map_err(cuda_err)?;
         let device_name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
+        let t_kernels = std::time::Instant::now();
         let kernels = Kernels::load(&ctx).map_err(cuda_err)?;
+        tracing::info!(
+            "kernels ready in {:.1}s (NVRTC, or its PTX from the kernel cache, then the driver's JIT)",
+            t_kernels.elapsed().as_secs_f64()
+        );
         let gemm = Gemm::new(stream.clone()).map_err(cuda_err)?;
         let gemv_ws = kernels.gemv_workspace(&stream).map_err(cuda_err)?;
         let use_gemv = std::env::var("SGL_DISABLE_GEMV").as_deref() != Ok("1");
         let t0 = std::time::Instant::now();
         let tensors = model.llama(opts.tensor_parallel);
         let w = weights::load(&tensors, opts.quantization, &stream)?;
+        let secs = t0.elapsed().as_secs_f64();
         tracing::info!(
-            "loaded {:.2} GB of weights onto {device_name} in {:.1}s",
+            "loaded {:.2} GB of weights onto {device_name} in {secs:.1}s ({:.1} GB/s)",
             w.bytes as f64 / 1e9,
-            t0.elapsed().as_secs_f64()
+            w.bytes as f64 / 1e9 / secs.max(1e-9)
         );
         let inv = cfg.rope_inv_freq();
         let inv_freq = stream.clone_htod(&inv).map_err(cuda_err)?;

@@ -4,13 +4,13 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream};
-use half::bf16;
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, PinnedHostSlice};
+use half::{bf16, f16};
 use sgl_kernels::{Dptr, dptr};
 
 use crate::backend::BackendError;
 use crate::model::llama::{LlamaTensors, Part};
-use crate::model::{Quantization, Tensor};
+use crate::model::{DType, Quantization, Tensor};
 
 pub(crate) struct Layer {
     pub input_norm: CudaSlice<bf16>,
@@ -36,23 +36,166 @@ impl Weights {
     }
 }
 
-/// A tensor's values as bf16, the form every GEMM of this backend reads.
-fn to_device_form(t: Tensor<'_>, quant: Quantization) -> Result<Vec<bf16>, BackendError> {
-    match quant {
-        Quantization::AsStored => Ok(t.to_bf16()?),
+/// Bytes of one pinned staging buffer.
+const CHUNK_BYTES: usize = 64 << 20;
+/// Staging buffers: the host fills one while the copy engine drains the others.
+const STAGING_BUFFERS: usize = 3;
+/// Host threads that fill a staging buffer (reading the memory-mapped file in parallel is what
+/// makes the page cache deliver more than one core's copy bandwidth).
+const FILL_THREADS: usize = 8;
+
+/// Uploads weights to the device through pinned staging memory: each tensor's bf16 values are
+/// written into a page-locked buffer by several threads (copied out of the memory-mapped
+/// checkpoint, or converted from f16/f32) and copied to the device asynchronously, so reading
+/// the file overlaps the transfers and no intermediate vector is built.
+/// `SGL_LOAD_PAGEABLE=1` takes the plain path instead (a vector per tensor, a synchronous copy
+/// from pageable memory), for comparison.
+struct Uploader {
+    stream: Arc<CudaStream>,
+    bufs: Vec<(PinnedHostSlice<u8>, usize, Option<CudaEvent>)>,
+    next: usize,
+    pageable: bool,
+}
+
+impl Uploader {
+    fn new(stream: &Arc<CudaStream>) -> Result<Self, BackendError> {
+        let pageable = std::env::var("SGL_LOAD_PAGEABLE").as_deref() == Ok("1");
+        let mut bufs = Vec::new();
+        if !pageable {
+            let ctx = stream.context();
+            for _ in 0..STAGING_BUFFERS {
+                // SAFETY: a plain page-locked allocation, written by the host only after the
+                // copy that last read it has finished (its event, see `fill_and_send`).
+                let mut b = unsafe { ctx.alloc_pinned_with_flags::<u8>(CHUNK_BYTES, 0) }?;
+                let addr = b.as_mut_ptr()? as usize;
+                bufs.push((b, addr, None));
+            }
+        }
+        Ok(Uploader {
+            stream: stream.clone(),
+            bufs,
+            next: 0,
+            pageable,
+        })
+    }
+
+    /// One device allocation holding `parts` one after the other, as bf16.
+    fn upload(&mut self, parts: &[Tensor<'_>]) -> Result<CudaSlice<bf16>, BackendError> {
+        let n: usize = parts.iter().map(elements).sum();
+        if self.pageable {
+            let mut d = self.stream.alloc_zeros::<bf16>(n)?;
+            let mut off = 0;
+            for t in parts {
+                let host = t.to_bf16()?;
+                let mut view = d.slice_mut(off..off + host.len());
+                self.stream.memcpy_htod(&host, &mut view)?;
+                off += host.len();
+            }
+            return Ok(d);
+        }
+        for t in parts {
+            if !matches!(t.dtype, DType::BF16 | DType::F16 | DType::F32) {
+                return Err(crate::model::LoadError::Dtype {
+                    name: t.name.clone(),
+                    dtype: t.dtype.to_string(),
+                }
+                .into());
+            }
+        }
+        // SAFETY: every element is written by the copies below before any kernel reads it.
+        let d = unsafe { self.stream.alloc::<bf16>(n) }?;
+        let base = dptr(&d, &self.stream).addr();
+        let mut at = 0usize;
+        for t in parts {
+            let count = elements(t);
+            let per_chunk = CHUNK_BYTES / 2;
+            let mut first = 0;
+            while first < count {
+                let len = per_chunk.min(count - first);
+                self.fill_and_send(t, first, len, base + 2 * (at + first) as u64)?;
+                first += len;
+            }
+            at += count;
+        }
+        Ok(d)
+    }
+
+    /// Writes elements `first..first + len` of `t` as bf16 into the next staging buffer and
+    /// queues its copy to `dst`.
+    fn fill_and_send(
+        &mut self,
+        t: &Tensor<'_>,
+        first: usize,
+        len: usize,
+        dst: u64,
+    ) -> Result<(), BackendError> {
+        let slot = self.next;
+        self.next = (self.next + 1) % self.bufs.len();
+        let (_, addr, event) = &mut self.bufs[slot];
+        if let Some(e) = event.take() {
+            e.synchronize()?;
+        }
+        // SAFETY: the buffer holds CHUNK_BYTES >= 2 * len bytes, and no queued copy reads it
+        // (its last copy's event completed above).
+        let out = unsafe { std::slice::from_raw_parts_mut(*addr as *mut bf16, len) };
+        let threads = FILL_THREADS.min(len.div_ceil(1 << 20)).max(1);
+        let piece = len.div_ceil(threads);
+        std::thread::scope(|scope| {
+            for (i, dst) in out.chunks_mut(piece).enumerate() {
+                let from = first + i * piece;
+                scope.spawn(move || convert_into(t, from, dst));
+            }
+        });
+        // SAFETY: `dst` lies inside the allocation sized for every part; the staged bytes stay
+        // untouched until the event recorded after the copy completes.
+        unsafe {
+            cudarc::driver::sys::cuMemcpyHtoDAsync_v2(
+                dst,
+                *addr as *const std::ffi::c_void,
+                2 * len,
+                self.stream.cu_stream(),
+            )
+        }
+        .result()?;
+        *event = Some(self.stream.record_event(None)?);
+        Ok(())
+    }
+
+    /// Waits for the last copies, so the staging buffers can be freed.
+    fn finish(self) -> Result<(), BackendError> {
+        self.stream.synchronize()?;
+        Ok(())
     }
 }
 
-fn upload(s: &Arc<CudaStream>, parts: &[Vec<bf16>]) -> Result<CudaSlice<bf16>, BackendError> {
-    let n: usize = parts.iter().map(|p| p.len()).sum();
-    let mut d = s.alloc_zeros::<bf16>(n)?;
-    let mut off = 0;
-    for p in parts {
-        let mut view = d.slice_mut(off..off + p.len());
-        s.memcpy_htod(p, &mut view)?;
-        off += p.len();
+fn elements(t: &Tensor<'_>) -> usize {
+    t.shape.iter().product()
+}
+
+/// Elements `from..from + out.len()` of `t` (bf16, f16 or f32) as bf16.
+fn convert_into(t: &Tensor<'_>, from: usize, out: &mut [bf16]) {
+    let b = &t.bytes;
+    match t.dtype {
+        DType::BF16 => {
+            let src = &b[2 * from..2 * (from + out.len())];
+            for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
+                *o = bf16::from_le_bytes([c[0], c[1]]);
+            }
+        }
+        DType::F16 => {
+            let src = &b[2 * from..2 * (from + out.len())];
+            for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
+                *o = bf16::from_f32(f16::from_le_bytes([c[0], c[1]]).to_f32());
+            }
+        }
+        DType::F32 => {
+            let src = &b[4 * from..4 * (from + out.len())];
+            for (o, c) in out.iter_mut().zip(src.chunks_exact(4)) {
+                *o = bf16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            }
+        }
+        DType::Ggml(_) => {}
     }
-    Ok(d)
 }
 
 pub(super) fn load(
@@ -61,13 +204,15 @@ pub(super) fn load(
     s: &Arc<CudaStream>,
 ) -> Result<Weights, BackendError> {
     let cfg = src.config();
+    let mut uploader = Uploader::new(s)?;
     let mut bytes = 0usize;
-    let mut up = |parts: &[Vec<bf16>]| -> Result<CudaSlice<bf16>, BackendError> {
-        bytes += parts.iter().map(|p| p.len() * 2).sum::<usize>();
-        upload(s, parts)
+    // Every GEMM of this backend reads bf16: the stored form, converted from f16/f32.
+    let Quantization::AsStored = quant;
+    let mut up = |parts: &[Tensor<'_>]| -> Result<CudaSlice<bf16>, BackendError> {
+        bytes += parts.iter().map(|p| elements(p) * 2).sum::<usize>();
+        uploader.upload(parts)
     };
-    let get = |t: Result<Tensor<'_>, crate::model::LoadError>| to_device_form(t?, quant);
-    let embed = up(&[get(src.embed())?])?;
+    let embed = up(&[src.embed()?])?;
     let mut layers = Vec::with_capacity(cfg.num_layers);
     for l in 0..cfg.num_layers {
         if src.has(l, Part::QBias) {
@@ -76,7 +221,7 @@ pub(super) fn load(
                     .into(),
             ));
         }
-        let part = |p: Part| get(src.layer(l, p));
+        let part = |p: Part| src.layer(l, p);
         let qkv = up(&[part(Part::Q)?, part(Part::K)?, part(Part::V)?])?;
         let o = up(&[part(Part::O)?])?;
         let gate_up = up(&[part(Part::Gate)?, part(Part::Up)?])?;
@@ -92,12 +237,13 @@ pub(super) fn load(
             down,
         });
     }
-    let norm = up(&[get(src.final_norm())?])?;
+    let norm = up(&[src.final_norm()?])?;
     let lm_head = if src.has_lm_head() && !cfg.tie_word_embeddings {
-        Some(up(&[get(src.lm_head())?])?)
+        Some(up(&[src.lm_head()?])?)
     } else {
         None
     };
+    uploader.finish()?;
     Ok(Weights {
         embed,
         layers,
