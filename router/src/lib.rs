@@ -28,6 +28,7 @@ pub mod retry;
 pub mod server;
 pub mod sim;
 pub mod tree;
+pub mod usage;
 pub mod worker;
 
 pub use app::AppState;

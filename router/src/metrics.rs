@@ -19,6 +19,8 @@ pub struct Metrics {
     pub retries: IntCounterVec,
     pub worker_requests: IntCounterVec,
     pub cache_hits: IntCounter,
+    pub prompt_tokens: IntCounter,
+    pub cached_tokens: IntCounter,
     pub cache_misses: IntCounter,
     pub load_balancing_events: IntCounter,
     pub routing_latency: Histogram,
@@ -136,6 +138,16 @@ impl Metrics {
                 "Attempts sent to each worker",
                 &["worker"],
             ),
+            prompt_tokens: counter(
+                &r,
+                "sgl_router_prompt_tokens_total",
+                "Prompt tokens of the generation responses served, as the engines reported them",
+            ),
+            cached_tokens: counter(
+                &r,
+                "sgl_router_cached_tokens_total",
+                "Prompt tokens the engines found in their prefix cache, as their responses reported",
+            ),
             cache_hits: counter(
                 &r,
                 "sgl_router_cache_hits_total",
@@ -192,6 +204,11 @@ impl Metrics {
             workers: gauge(&r, "sgl_router_workers", "Registered workers"),
             registry: r,
         }
+    }
+
+    pub fn record_usage(&self, usage: crate::usage::Usage) {
+        self.prompt_tokens.inc_by(usage.prompt_tokens);
+        self.cached_tokens.inc_by(usage.cached_tokens);
     }
 
     pub fn record_cache_outcome(&self, outcome: CacheOutcome) {

@@ -11,7 +11,9 @@
 //! no answer) is taken back out of the cache-aware prefix tree. Once a worker's status line has been
 //! accepted, its body is streamed to the client chunk by chunk as it arrives, and is never
 //! retried: the client may already hold part of it. The worker's load counts the request
-//! until the last chunk has been sent or the client has gone away.
+//! until the last chunk has been sent or the client has gone away. A generation response's
+//! prompt and cached token counts are read as it passes ([`crate::usage`]) and counted when
+//! it ends.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -28,6 +30,7 @@ use http::{HeaderMap, HeaderName, Method, header};
 use crate::app::AppState;
 use crate::error::{Result, RouterError};
 use crate::retry::is_retryable_status;
+use crate::usage::UsageScan;
 use crate::worker::LoadGuard;
 
 /// A request to forward.
@@ -180,7 +183,15 @@ pub async fn forward(state: &AppState, req: Outgoing<'_>) -> Result<Response> {
                 } else {
                     guard.succeeded();
                 }
-                return Ok(stream_back(state, resp, guard, req.route, req.started));
+                let counts_tokens = req.text.is_some() && status.is_success();
+                return Ok(stream_back(
+                    state,
+                    resp,
+                    guard,
+                    req.route,
+                    req.started,
+                    counts_tokens,
+                ));
             }
             Err(e) if e.is_timeout() => {
                 guard.failed();
@@ -235,8 +246,17 @@ fn stream_back(
     guard: LoadGuard,
     route: &'static str,
     started: Instant,
+    counts_tokens: bool,
 ) -> Response {
     let status = resp.status();
+    let scan = if counts_tokens {
+        resp.headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(UsageScan::new)
+    } else {
+        None
+    };
     let mut headers = HeaderMap::with_capacity(resp.headers().len());
     for (name, value) in resp.headers() {
         if !is_hop_by_hop(name) {
@@ -249,6 +269,7 @@ fn stream_back(
         state: state.clone(),
         route,
         started,
+        scan,
     };
     let mut response = Response::new(Body::from_stream(body));
     *response.status_mut() = status;
@@ -264,6 +285,8 @@ struct GuardedBody {
     state: AppState,
     route: &'static str,
     started: Instant,
+    /// Generation responses: their prompt and cached token counts, read on the way.
+    scan: Option<UsageScan>,
 }
 
 impl Stream for GuardedBody {
@@ -272,6 +295,9 @@ impl Stream for GuardedBody {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
         let polled = this.inner.as_mut().poll_next(cx);
+        if let (Poll::Ready(Some(Ok(chunk))), Some(scan)) = (&polled, &mut this.scan) {
+            scan.feed(chunk);
+        }
         if let Poll::Ready(Some(Err(e))) = &polled {
             this.guard.failed();
             this.state
@@ -291,6 +317,12 @@ impl Stream for GuardedBody {
 
 impl Drop for GuardedBody {
     fn drop(&mut self) {
+        // At drop, not at the stream's end: a body of known length is dropped once its last
+        // byte is written, without being polled to its end. A body cut short counts what
+        // it carried (a JSON body cut short does not parse and counts nothing).
+        if let Some(usage) = self.scan.take().and_then(UsageScan::finish) {
+            self.state.metrics.record_usage(usage);
+        }
         self.state
             .metrics
             .request_duration

@@ -171,12 +171,48 @@ async fn requests_sent_at_zero_engines_are_served_when_one_comes_and_the_overflo
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
+    let mut bodies = Vec::new();
     for task in waiting {
         let (status, body, latency) = task.await.unwrap();
         assert_eq!(status, 200, "{body}");
         assert_eq!(body["meta_info"]["completion_tokens"], 4, "{body}");
         println!("a request sent at zero engines was answered after {latency:?}");
+        bodies.push(body);
     }
+    // The same prompt again finds its prefix in the engine's cache; the router counts the
+    // prompt and cached tokens each response reports (the service-wide hit rate's inputs).
+    let resp = generate(&c, &url, "The capital of France is").await;
+    assert_eq!(resp.status().as_u16(), 200);
+    let again: Value = resp.json().await.unwrap();
+    assert!(
+        again["meta_info"]["cached_tokens"].as_u64().unwrap() > 0,
+        "{again}"
+    );
+    bodies.push(again);
+    let sum = |key: &str| -> f64 {
+        bodies
+            .iter()
+            .map(|b| b["meta_info"][key].as_u64().unwrap() as f64)
+            .sum()
+    };
+    let (prompt, cached) = (sum("prompt_tokens"), sum("cached_tokens"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let counted = (
+            metric(&c, &url, "sgl_router_prompt_tokens_total").await,
+            metric(&c, &url, "sgl_router_cached_tokens_total").await,
+        );
+        if counted == (prompt, cached) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "router counted {counted:?}, responses reported {:?}",
+            (prompt, cached)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("router counted {prompt} prompt tokens, {cached} cached");
     assert_eq!(metric(&c, &url, "sgl_router_pending_requests").await, 0.0);
     assert_eq!(
         metric(&c, &url, "sgl_router_queue_wait_seconds_count").await,
