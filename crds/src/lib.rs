@@ -59,6 +59,7 @@ pub enum CrdError {
     printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.endpoint"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     printcolumn(name = "Message", type_ = "string", json_path = ".status.message", priority = 1),
+    printcolumn(name = "Commit", type_ = "string", json_path = ".status.modelCommit", priority = 1),
     validation = Rule::new("size(self.metadata.name) <= 40").message("metadata.name must be at most 40 characters (object names derive from it)")
 )]
 #[serde(rename_all = "camelCase")]
@@ -319,6 +320,11 @@ pub struct SGLangServiceStatus {
     /// engine's own last error line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The commit the model's revision resolved to, as the model download (the engine pods'
+    /// `model-download` init container, with `modelCache` and a Hub id in `model.path`)
+    /// reported it in its termination message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_commit: Option<String>,
     /// URL clients send requests to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,

@@ -47,7 +47,7 @@ fn crd_declares_scale_status_and_short_name() {
     assert_eq!(
         columns,
         [
-            "MODEL", "TP", "READY", "REASON", "ENDPOINT", "AGE", "MESSAGE"
+            "MODEL", "TP", "READY", "REASON", "ENDPOINT", "AGE", "MESSAGE", "COMMIT"
         ]
     );
 }

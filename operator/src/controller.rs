@@ -249,6 +249,7 @@ async fn write_status(
         new.replicas = old.replicas;
         new.ready_replicas = old.ready_replicas;
         new.ready = old.ready.clone().or(new.ready);
+        new.model_commit = old.model_commit.clone();
     }
     if new == old {
         return Ok(new);

@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use sgl_crds::{SGLangService, SGLangServiceStatus};
 
-use crate::objects::{Names, engine_selector_string};
+use crate::objects::{MODEL_DOWNLOAD, Names, engine_selector_string};
 
 pub const READY: &str = "Ready";
 pub const PROGRESSING: &str = "Progressing";
@@ -90,7 +90,14 @@ fn pod_problem(pod: &Pod) -> Option<PodProblem> {
     }
     let name = pod.metadata.name.as_deref().unwrap_or("?");
     let status = pod.status.as_ref()?;
-    for c in status.container_statuses.iter().flatten() {
+    // Init containers first: while one fails (a model download refused, say), the engine
+    // container only waits.
+    let containers = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten());
+    for c in containers {
         let state = c.state.as_ref();
         let last = c.last_state.as_ref().and_then(|s| s.terminated.as_ref());
         if let Some(waiting) = state.and_then(|s| s.waiting.as_ref()) {
@@ -162,6 +169,38 @@ pub fn pod_problems(pods: &[Pod]) -> Option<PodProblem> {
         ));
     }
     Some(first)
+}
+
+/// A 40-digit hexadecimal git commit id.
+fn is_commit(s: &str) -> bool {
+    s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The commit the model download resolved, from the termination message of the engine pods'
+/// `model-download` init container (`commit <sha>` among its lines); the most recent download
+/// wins when pods disagree (a branch that moved between two pod starts).
+pub fn downloaded_commit(pods: &[Pod]) -> Option<String> {
+    pods.iter()
+        .filter_map(|pod| {
+            let statuses = pod.status.as_ref()?.init_container_statuses.as_ref()?;
+            let done = statuses
+                .iter()
+                .find(|c| c.name == MODEL_DOWNLOAD)?
+                .state
+                .as_ref()?
+                .terminated
+                .as_ref()
+                .filter(|t| t.exit_code == 0)?;
+            let commit = done.message.as_deref()?.lines().find_map(|l| {
+                l.trim()
+                    .strip_prefix("commit ")
+                    .map(str::trim)
+                    .filter(|c| is_commit(c))
+            })?;
+            Some((done.finished_at.clone(), commit.to_string()))
+        })
+        .max_by(|a, b| a.0.as_ref().map(|t| t.0).cmp(&b.0.as_ref().map(|t| t.0)))
+        .map(|(_, commit)| commit)
 }
 
 struct EngineCounts {
@@ -368,6 +407,7 @@ pub fn compute(
         replicas: engines.replicas,
         ready_replicas: engines.ready,
         ready: Some(format!("{}/{}", engines.ready, engines.desired)),
+        model_commit: downloaded_commit(&observed.engine_pods),
         endpoint: Some(names.endpoint(svc)),
         selector: Some(engine_selector_string(names)),
     }
@@ -534,5 +574,60 @@ mod tests {
             Some("panicked at main.rs:1")
         );
         assert_eq!(error_line("For more information, try '--help'."), None);
+    }
+
+    fn downloaded(name: &str, finished: &str, code: i32, message: &str) -> Pod {
+        pod(
+            name,
+            json!({"initContainerStatuses": [{"name": "model-download", "ready": code == 0,
+                "restartCount": 0, "image": "e", "imageID": "",
+                "state": {"terminated": {"exitCode": code, "message": message,
+                    "finishedAt": finished}}}]}),
+        )
+    }
+
+    #[test]
+    fn the_downloaded_commit_comes_from_the_init_containers_termination_message() {
+        let a = "a".repeat(40);
+        let b = "b".repeat(40);
+        let message = |c: &str| format!("path /cache/hub/models--o--n/snapshots/{c}\ncommit {c}\n");
+        // The most recent download wins.
+        let pods = [
+            downloaded("e-0", "2026-11-26T07:00:00Z", 0, &message(&a)),
+            downloaded("e-1", "2026-11-26T08:00:00Z", 0, &message(&b)),
+        ];
+        assert_eq!(downloaded_commit(&pods), Some(b.clone()));
+        // A failed download, or a message without a commit id, says nothing.
+        assert_eq!(
+            downloaded_commit(&[downloaded("e-0", "2026-11-26T07:00:00Z", 1, &message(&a))]),
+            None
+        );
+        assert_eq!(
+            downloaded_commit(&[downloaded("e-0", "2026-11-26T07:00:00Z", 0, "commit main")]),
+            None
+        );
+        assert_eq!(downloaded_commit(&[pod("e-0", json!({}))]), None);
+    }
+
+    #[test]
+    fn a_failing_download_is_the_pods_problem() {
+        let p = pod(
+            "e-0",
+            json!({
+                "initContainerStatuses": [{"name": "model-download", "ready": false,
+                    "restartCount": 2, "image": "e", "imageID": "",
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {"terminated": {"exitCode": 1,
+                        "message": "error: org/name needs a token: 401 (set HF_TOKEN ...)"}}}],
+                "containerStatuses": [{"name": "engine", "ready": false, "restartCount": 0,
+                    "image": "e", "imageID": "", "state": {"waiting": {"reason": "PodInitializing"}}}],
+            }),
+        );
+        let problem = pod_problem(&p).unwrap();
+        assert_eq!(problem.reason, "CrashLoopBackOff");
+        assert_eq!(
+            problem.message,
+            "pod e-0: container model-download crash-loops, exit code 1: error: org/name needs a token: 401 (set HF_TOKEN ...)"
+        );
     }
 }

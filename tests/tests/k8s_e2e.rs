@@ -22,7 +22,10 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use sgl_crds::SGLangService;
 use sgl_e2e_tests::k8s::cluster::{Cluster, WAIT, wait_for};
-use sgl_e2e_tests::workspace_root;
+use sgl_e2e_tests::{default_model, workspace_root};
+
+#[path = "k8s/hub.rs"]
+mod hub;
 
 const RUNNER: &str = env!("CARGO_BIN_EXE_k8s-pod-runner");
 const CHART_NS: &str = "sgl-system";
@@ -1057,4 +1060,192 @@ async fn j1_gpu_examples_are_admitted_or_refused_and_say_why_they_do_not_serve()
         .await;
         delete_service(&client, "default", &name).await;
     }
+}
+
+/// A PersistentVolume on a host folder and a claim bound to it (what a cluster's RWX storage
+/// gives): the pod runner mounts that folder in every pod of the claim.
+async fn host_path_claim(c: &Cluster, client: &Client, ns: &str, name: &str, dir: &str) {
+    c.apply(&format!(
+        r#"apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: {ns}-{name}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteMany]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ""
+  hostPath: {{path: "{dir}", type: DirectoryOrCreate}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: {name}
+  namespace: {ns}
+spec:
+  accessModes: [ReadWriteMany]
+  storageClassName: ""
+  volumeName: {ns}-{name}
+  resources: {{requests: {{storage: 1Gi}}}}
+"#
+    ));
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), ns);
+    wait_for("the model cache claim to be bound", WAIT, || async {
+        let phase = claims
+            .get(name)
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .and_then(|s| s.phase);
+        (phase.as_deref() == Some("Bound"))
+            .then_some(())
+            .ok_or(format!("phase {phase:?}"))
+    })
+    .await;
+}
+
+/// The `model-download` init container's final state in an engine pod.
+fn download_state(p: &Pod) -> Option<k8s_openapi::api::core::v1::ContainerStateTerminated> {
+    p.status
+        .as_ref()?
+        .init_container_statuses
+        .as_ref()?
+        .iter()
+        .find(|s| s.name == "model-download")?
+        .state
+        .as_ref()?
+        .terminated
+        .clone()
+}
+
+#[tokio::test]
+async fn k1_a_hub_model_is_downloaded_once_into_the_cache_and_every_replica_starts_from_it() {
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    ensure_chart(c, &client).await;
+    let (ns, name) = ("cache-e2e", "hubmodel");
+    ensure_namespace(c, ns);
+    let model = default_model().unwrap_or_else(|e| panic!("{e}"));
+    let file = model
+        .file_name()
+        .and_then(|f| f.to_str())
+        .unwrap_or_else(|| panic!("{}: no file name", model.display()))
+        .to_string();
+    let size = std::fs::metadata(&model)
+        .unwrap_or_else(|e| panic!("{}: {e}", model.display()))
+        .len();
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let hub = hub::HubServer::start("test-org/smollm2", commit, std::slice::from_ref(&model))
+        .unwrap_or_else(|e| panic!("hub server: {e}"));
+    let cache = c.work.join(format!("pv-{ns}-hf-cache"));
+    let _ = std::fs::remove_dir_all(&cache);
+    host_path_claim(c, &client, ns, "hf-cache", &cache.display().to_string()).await;
+
+    // One replica first: its init container downloads the model into the claim.
+    c.apply(&format!(
+        r#"apiVersion: serving.sgl-rs.io/v1alpha1
+kind: SGLangService
+metadata:
+  name: {name}
+  namespace: {ns}
+spec:
+  model:
+    path: test-org/smollm2/{file}
+  device: cpu
+  dpSize: 1
+  modelCache:
+    claimName: hf-cache
+    mountPath: /hf-cache
+  env:
+    - name: HF_ENDPOINT
+      value: {endpoint}
+  router:
+    enabled: false
+"#,
+        endpoint = hub.endpoint
+    ));
+    let engines = format!("serving.sgl-rs.io/engine={name}");
+    let wait_engines = |n: usize| {
+        let engines = engines.clone();
+        let client = client.clone();
+        async move {
+            wait_for(&format!("{n} ready engine pods"), WAIT, || async {
+                let pods = ready_pods(&client, ns, &engines).await?;
+                (pods.len() == n).then_some(pods.clone()).ok_or_else(|| {
+                    format!(
+                        "{} ready; runner log:\n{}",
+                        pods.len(),
+                        c.log_tail("pod-runner", 15)
+                    )
+                })
+            })
+            .await
+        }
+    };
+    let first = wait_engines(1).await;
+    let done = download_state(&first[0])
+        .unwrap_or_else(|| panic!("no finished model-download in {:?}", first[0].status));
+    assert_eq!(done.exit_code, 0, "{done:?}");
+    let fetched = hub.counters();
+    assert_eq!(
+        (fetched.cdn_get, fetched.cdn_bytes),
+        (1, size),
+        "the model is fetched once, whole: {fetched:?}"
+    );
+    // The engine itself started from the cache, offline.
+    let snapshot = cache.join(format!(
+        "hub/models--test-org--smollm2/snapshots/{commit}/{file}"
+    ));
+    assert!(snapshot.is_file(), "{} is missing", snapshot.display());
+
+    // A second replica starts from the cache: not one file request reaches the Hub.
+    c.kubectl(&["scale", "sgls", name, "-n", ns, "--replicas=2"]);
+    let both = wait_engines(2).await;
+    for p in &both {
+        let done = download_state(p)
+            .unwrap_or_else(|| panic!("{}: no finished model-download", p.name_any()));
+        assert_eq!(done.exit_code, 0, "{done:?}");
+    }
+    let after = hub.counters();
+    assert_eq!(
+        after.file_requests(),
+        fetched.file_requests(),
+        "the second start fetched from the Hub: before {fetched:?}, after {after:?}"
+    );
+    assert_eq!(after.cdn_bytes, size, "{after:?}");
+
+    // Both engines serve the model from the cache.
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    for p in &both {
+        let ip = pod_ip(p);
+        let models: Value = http
+            .get(format!("http://{ip}:30000/v1/models"))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let id = models["data"][0]["id"].as_str().unwrap_or("").to_string();
+        let body = chat(&http, &ip, &id, "Say hello.")
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", p.name_any()));
+        assert!(
+            body["usage"]["completion_tokens"].as_u64().unwrap_or(0) > 0,
+            "{body}"
+        );
+    }
+    assert_eq!(
+        hub.counters().file_requests(),
+        fetched.file_requests(),
+        "serving reached the Hub"
+    );
+
+    delete_service(&client, ns, name).await;
+    c.kubectl(&["delete", "pvc", "hf-cache", "-n", ns, "--wait=false"]);
+    c.kubectl(&["delete", "pv", &format!("{ns}-hf-cache"), "--wait=false"]);
 }

@@ -29,6 +29,62 @@ pub(crate) const API_KEY_ENV: &str = "SGLANG_API_KEY";
 pub const CHAT_TEMPLATE_DIR: &str = "/etc/sgl-engine/chat-template";
 const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
 
+const MODEL_CACHE_VOLUME: &str = "model-cache";
+/// The init container that fills the model cache before the engine starts.
+pub const MODEL_DOWNLOAD: &str = "model-download";
+
+/// One part of a Hub repository id (`org` or `name`), by the Hub's rule: letters, digits,
+/// `-`, `_`, `.`, neither starting nor ending with `-` or `.`, without `--` or `..`.
+fn is_hub_id_part(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 96
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && !s.starts_with(['-', '.'])
+        && !s.ends_with(['-', '.'])
+        && !s.contains("--")
+        && !s.contains("..")
+}
+
+/// Whether `model.path` names a Hugging Face Hub repository, as the engine reads
+/// `--model-path`: `org/name`, or `org/name/file.gguf` for one GGUF file; an absolute path
+/// is always local.
+pub fn is_hub_id(path: &str) -> bool {
+    let parts: Vec<&str> = path.split('/').collect();
+    if path.starts_with('/') || parts.len() < 2 || !parts[..2].iter().all(|p| is_hub_id_part(p)) {
+        return false;
+    }
+    parts.len() == 2
+        || (parts[2..]
+            .iter()
+            .all(|p| !p.is_empty() && *p != "." && *p != "..")
+            && parts
+                .last()
+                .is_some_and(|f| f.to_ascii_lowercase().ends_with(".gguf")))
+}
+
+/// With a writable `modelCache` and a Hub id, the pod downloads the model once, before the
+/// engine starts, into the cache every replica shares (the engine's per-file lock makes a
+/// second downloader wait for the first instead of fetching the same bytes).
+fn downloads_model(svc: &SGLangService) -> bool {
+    svc.spec.model_cache.as_ref().is_some_and(|c| !c.read_only) && is_hub_id(&svc.spec.model.path)
+}
+
+/// The engine then never reaches the Hub: its weights come from the cache alone.
+fn serves_offline(svc: &SGLangService) -> bool {
+    svc.spec.model_cache.is_some() && is_hub_id(&svc.spec.model.path)
+}
+
+/// The download's command line (after `sgl-engine download`). It prints the local path and
+/// the resolved commit.
+pub fn download_args(svc: &SGLangService) -> Vec<String> {
+    let mut args = vec![svc.spec.model.path.clone()];
+    if let Some(rev) = &svc.spec.model.revision {
+        args.extend(["--revision".into(), rev.clone()]);
+    }
+    args
+}
+
 /// The chat template file the engine reads, from the spec's path or its ConfigMap.
 fn chat_template_path(svc: &SGLangService) -> Option<String> {
     let model = &svc.spec.model;
@@ -148,23 +204,68 @@ fn secret_env(name: &str, key: &SecretKeySelector) -> EnvVar {
     }
 }
 
-fn env(svc: &SGLangService) -> Vec<EnvVar> {
+fn plain_env(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..EnvVar::default()
+    }
+}
+
+/// What both the download and the engine read to reach the Hub and its cache.
+fn hub_env(svc: &SGLangService) -> Vec<EnvVar> {
     let mut env = Vec::new();
     if let Some(token) = &svc.spec.model.hf_token_secret_ref {
         env.push(secret_env("HF_TOKEN", token));
     }
     if let Some(cache) = &svc.spec.model_cache {
-        env.push(EnvVar {
-            name: "HF_HOME".into(),
-            value: Some(cache.mount_path.clone()),
-            ..EnvVar::default()
-        });
+        env.push(plain_env("HF_HOME", &cache.mount_path));
+    }
+    env
+}
+
+/// Appends the spec's own variables; one of the same name replaces ours (an env list may
+/// not name a variable twice under server-side apply).
+fn with_spec_env(mut env: Vec<EnvVar>, svc: &SGLangService) -> Vec<EnvVar> {
+    env.retain(|e| !svc.spec.env.iter().any(|s| s.name == e.name));
+    env.extend(svc.spec.env.iter().cloned());
+    env
+}
+
+fn env(svc: &SGLangService) -> Vec<EnvVar> {
+    let mut env = hub_env(svc);
+    if serves_offline(svc) {
+        env.push(plain_env("HF_HUB_OFFLINE", "1"));
     }
     if let Some(key) = &svc.spec.api_key_secret_ref {
         env.push(secret_env(API_KEY_ENV, key));
     }
-    env.extend(svc.spec.env.iter().cloned());
-    env
+    with_spec_env(env, svc)
+}
+
+/// The `model-download` init container: `sgl-engine download` into the model cache, with the
+/// engine's image and the Hub settings of the engine (token, cache, the spec's `env`, where
+/// `HF_ENDPOINT` names a mirror). A failure's last log lines become its termination message,
+/// which the operator reports as `Degraded`.
+fn download_container(svc: &SGLangService, cache_mount: VolumeMount) -> Container {
+    let s = &svc.spec;
+    let mut args = vec!["download".to_string()];
+    args.extend(download_args(svc));
+    Container {
+        name: MODEL_DOWNLOAD.into(),
+        image: Some(s.image.clone()),
+        image_pull_policy: s.image_pull_policy.map(|p| p.as_str().into()),
+        command: Some(vec!["sgl-engine".into()]),
+        args: Some(args),
+        env: Some(with_spec_env(hub_env(svc), svc)).filter(|e| !e.is_empty()),
+        // Network and disk bound: no accelerator, and less than the engine (a pod's request is
+        // the larger of its init containers' and the sum of its containers').
+        resources: Some(with_default_requests(None, "500m", "512Mi")),
+        volume_mounts: Some(vec![cache_mount]),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        security_context: Some(restricted_container(false)),
+        ..Container::default()
+    }
 }
 
 fn volumes(svc: &SGLangService) -> (Vec<Volume>, Vec<VolumeMount>) {
@@ -186,7 +287,7 @@ fn volumes(svc: &SGLangService) -> (Vec<Volume>, Vec<VolumeMount>) {
     }];
     if let Some(cache) = &svc.spec.model_cache {
         volumes.push(Volume {
-            name: "model-cache".into(),
+            name: MODEL_CACHE_VOLUME.into(),
             persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
                 claim_name: cache.claim_name.clone(),
                 read_only: Some(cache.read_only),
@@ -194,7 +295,7 @@ fn volumes(svc: &SGLangService) -> (Vec<Volume>, Vec<VolumeMount>) {
             ..Volume::default()
         });
         mounts.push(VolumeMount {
-            name: "model-cache".into(),
+            name: MODEL_CACHE_VOLUME.into(),
             mount_path: cache.mount_path.clone(),
             read_only: Some(cache.read_only),
             ..VolumeMount::default()
@@ -270,12 +371,23 @@ fn pod_template(svc: &SGLangService, names: &Names) -> PodTemplateSpec {
         security_context: Some(restricted_container(false)),
         ..Container::default()
     };
+    let init_containers = downloads_model(svc).then(|| {
+        let cache_mount = container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == MODEL_CACHE_VOLUME)
+            .cloned()
+            .unwrap_or_default();
+        vec![download_container(svc, cache_mount)]
+    });
     PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(labels),
             ..ObjectMeta::default()
         }),
         spec: Some(PodSpec {
+            init_containers,
             containers: vec![container],
             volumes: Some(volumes),
             node_selector: Some(s.node_selector.clone()).filter(|m| !m.is_empty()),

@@ -22,7 +22,7 @@ use sgl_crds::SGLangService;
 
 use crate::Error;
 
-pub use engine::{ENGINE_PORT, engine_args};
+pub use engine::{ENGINE_PORT, MODEL_DOWNLOAD, download_args, engine_args, is_hub_id};
 pub use router::router_args;
 pub use scaling::{CACHE_MISS_METRIC, QUEUE_METRIC};
 

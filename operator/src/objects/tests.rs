@@ -516,3 +516,141 @@ fn the_router_has_a_disruption_budget() {
             .any(|m| m.kind == Kind::PodDisruptionBudget && m.name == "llama-engine")
     );
 }
+
+fn env_value(c: &Value, name: &str) -> Option<Value> {
+    c["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+        .map(|e| {
+            e.get("value")
+                .cloned()
+                .unwrap_or_else(|| e["valueFrom"].clone())
+        })
+}
+
+#[test]
+fn a_hub_model_with_a_cache_is_downloaded_once_before_the_engine_starts() {
+    let p = planned(json!({
+        "model": {"path": "org/llama-7b", "revision": "v2", "hfTokenSecretRef": {"name": "hf", "key": "token"}},
+        "modelCache": {"claimName": "weights", "mountPath": "/cache"},
+        "env": [{"name": "HF_ENDPOINT", "value": "http://mirror.local"}],
+        "apiKeySecretRef": {"name": "api", "key": "key"},
+    }));
+    let pod = &object(&p, Kind::StatefulSet)["spec"]["template"]["spec"];
+    let init = pod["initContainers"].as_array().unwrap();
+    assert_eq!(init.len(), 1);
+    let d = &init[0];
+    assert_eq!(d["name"], "model-download");
+    assert_eq!(d["image"], engine(&p)["image"]);
+    assert_eq!(strings(&d["command"]), ["sgl-engine"]);
+    assert_eq!(
+        strings(&d["args"]),
+        ["download", "org/llama-7b", "--revision", "v2"]
+    );
+    assert_eq!(
+        d["volumeMounts"],
+        json!([{"name": "model-cache", "mountPath": "/cache", "readOnly": false}])
+    );
+    assert_eq!(d["terminationMessagePolicy"], "FallbackToLogsOnError");
+    assert!(d["resources"]["limits"].get("nvidia.com/gpu").is_none());
+    // The download reads the Hub settings; the API key is the engine's alone.
+    assert_eq!(env_value(d, "HF_HOME"), Some(json!("/cache")));
+    assert_eq!(
+        env_value(d, "HF_ENDPOINT"),
+        Some(json!("http://mirror.local"))
+    );
+    assert_eq!(
+        env_value(d, "HF_TOKEN"),
+        Some(json!({"secretKeyRef": {"name": "hf", "key": "token"}}))
+    );
+    assert_eq!(env_value(d, "SGLANG_API_KEY"), None);
+    assert_eq!(env_value(d, "HF_HUB_OFFLINE"), None);
+    // The engine starts from the cache and never reaches the Hub.
+    let c = engine(&p);
+    assert_eq!(env_value(c, "HF_HUB_OFFLINE"), Some(json!("1")));
+    assert_eq!(env_value(c, "HF_HOME"), Some(json!("/cache")));
+    assert!(has_pair(
+        &strings(&c["args"]),
+        "--model-path",
+        "org/llama-7b"
+    ));
+    assert!(has_pair(&strings(&c["args"]), "--revision", "v2"));
+
+    // A GGUF file of a repository is a Hub id too.
+    let gguf = planned(json!({"device": "cpu",
+        "model": {"path": "org/smol/smol.Q4.gguf"}, "modelCache": {"claimName": "w"}}));
+    let pod = &object(&gguf, Kind::StatefulSet)["spec"]["template"]["spec"];
+    assert_eq!(
+        strings(&pod["initContainers"][0]["args"]),
+        ["download", "org/smol/smol.Q4.gguf"]
+    );
+}
+
+#[test]
+fn no_download_without_a_writable_cache_or_a_hub_id() {
+    for (spec, offline) in [
+        // No cache: the engine fetches the model itself at start.
+        (json!({"model": {"path": "org/name"}}), None),
+        // A local path: nothing to fetch.
+        (
+            json!({"model": {"path": "/models/m"}, "modelCache": {"claimName": "w"}}),
+            None,
+        ),
+        // A read-only cache holds the weights already: the engine reads it offline.
+        (
+            json!({"model": {"path": "org/name"}, "modelCache": {"claimName": "w", "readOnly": true}}),
+            Some(json!("1")),
+        ),
+        // The spec's own value wins, once.
+        (
+            json!({"model": {"path": "org/name"}, "modelCache": {"claimName": "w"},
+                "env": [{"name": "HF_HUB_OFFLINE", "value": "0"}]}),
+            Some(json!("0")),
+        ),
+    ] {
+        let p = planned(spec.clone());
+        let c = engine(&p);
+        assert_eq!(env_value(c, "HF_HUB_OFFLINE"), offline, "{spec}");
+        let names: Vec<&Value> = c["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| &e["name"])
+            .collect();
+        let unique: std::collections::HashSet<String> =
+            names.iter().map(|n| n.to_string()).collect();
+        assert_eq!(unique.len(), names.len(), "{spec}: {names:?}");
+        let pod = &object(&p, Kind::StatefulSet)["spec"]["template"]["spec"];
+        let downloads = pod.get("initContainers").is_some();
+        assert_eq!(
+            downloads,
+            spec["modelCache"].is_object()
+                && spec["model"]["path"] == "org/name"
+                && offline != Some(json!("1")),
+            "{spec}"
+        );
+    }
+}
+
+#[test]
+fn hub_ids_are_told_from_local_paths() {
+    for id in [
+        "org/name",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "o/n/sub/f.GGUF",
+    ] {
+        assert!(super::is_hub_id(id), "{id}");
+    }
+    for path in [
+        "/models/m",
+        "m",
+        "./org/name",
+        "org/name/config.json",
+        "org--x/name",
+        "org/name/../f.gguf",
+        "",
+    ] {
+        assert!(!super::is_hub_id(path), "{path}");
+    }
+}

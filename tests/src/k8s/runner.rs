@@ -14,10 +14,18 @@
 //!   would hold, such as `/models`, is mapped with `--map-path`);
 //! - the pod's service account token (a bound TokenRequest) reaches the process through a
 //!   kubeconfig in `KUBECONFIG`, so the process acts with the pod's own RBAC;
+//! - PersistentVolumeClaims bound to a `hostPath` PersistentVolume mount that host folder, so
+//!   every pod of the claim shares it;
+//! - init containers run first, one after the other, each to completion (a failed one is
+//!   restarted with the back-off, `Init:CrashLoopBackOff`), reported in
+//!   `initContainerStatuses` while the pod is `Pending` and its containers `PodInitializing`;
 //! - readiness comes from the container's own readiness probe (httpGet or tcpSocket),
 //!   after its startup probe passed;
-//! - a process that exits is reported `terminated` with its exit code and the tail of its
-//!   output as the message, then restarted with the kubelet's back-off (restartPolicy Always);
+//! - a process that exits is reported `terminated` with its exit code and its termination
+//!   message as the kubelet writes it: what the process wrote to its `terminationMessagePath`
+//!   (a per-container file the path is mapped to), else, with `FallbackToLogsOnError` and a
+//!   failure, the tail of its output; then restarted with the kubelet's back-off
+//!   (restartPolicy Always);
 //! - on deletion: the preStop hook, SIGTERM, SIGKILL after the grace period, then the pod
 //!   object is removed.
 //!
@@ -36,7 +44,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use futures::StreamExt;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, EnvVar, HTTPGetAction, Node, Pod, Probe, Secret, ServiceAccount,
+    ConfigMap, Container, EnvVar, HTTPGetAction, Node, PersistentVolume, PersistentVolumeClaim,
+    Pod, Probe, Secret, ServiceAccount,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
@@ -47,6 +56,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::{Mutex, mpsc};
 
+mod init;
 mod setup;
 pub use setup::{expand, rewrite_paths};
 
@@ -221,6 +231,10 @@ struct PodWorker {
     restarts: i32,
     last_terminated: Option<Value>,
     state: State,
+    /// `initContainerStatuses`, in the pod's order, as reported.
+    init_statuses: Vec<Value>,
+    /// Every init container has completed.
+    initialized: bool,
     ready: bool,
     started_ok: bool,
     start_time: String,
@@ -249,6 +263,8 @@ impl PodWorker {
             ip: None,
             restarts: 0,
             last_terminated: None,
+            init_statuses: Vec::new(),
+            initialized: false,
             state: State::Waiting {
                 reason: "ContainerCreating".into(),
                 message: String::new(),
@@ -284,13 +300,20 @@ impl PodWorker {
                 return;
             }
         }
+        if !self.run_init_containers(&mut updates).await {
+            self.finish(None).await;
+            return;
+        }
         let mut backoff = Duration::from_secs(10);
         loop {
             if self.deleting() {
                 self.finish(None).await;
                 return;
             }
-            let child = match self.prepare_and_spawn().await {
+            let Some(main) = self.container().cloned() else {
+                return;
+            };
+            let child = match self.prepare_and_spawn(&main, MAIN_LOG).await {
                 Ok(child) => child,
                 Err(e) => {
                     tracing::warn!(pod = %self.name, error = format!("{e:#}"), "container not started");
@@ -316,10 +339,8 @@ impl PodWorker {
             match self.supervise(child, &mut updates).await {
                 Outcome::Stopped => return,
                 Outcome::Exited(status) => {
-                    let message = self.log_tail().await;
-                    let code = status
-                        .code()
-                        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+                    let code = exit_code(status);
+                    let message = self.termination_message(&main, MAIN_LOG, code).await;
                     tracing::warn!(pod = %self.name, code, "container exited");
                     let started = match &self.state {
                         State::Running { started } => started.clone(),
@@ -418,6 +439,7 @@ impl PodWorker {
         let ip = self.ip.map(|ip| ip.to_string());
         let ready = self.ready && matches!(self.state, State::Running { .. });
         let state = match &self.state {
+            _ if !self.initialized => json!({"waiting": {"reason": "PodInitializing"}}),
             State::Waiting { reason, message } => {
                 json!({"waiting": {"reason": reason, "message": message}})
             }
@@ -467,7 +489,7 @@ impl PodWorker {
         };
         for (t, value) in [
             ("PodReadyToStartContainers", true),
-            ("Initialized", true),
+            ("Initialized", self.initialized),
             ("ContainersReady", ready),
             ("Ready", ready),
         ] {
@@ -476,16 +498,26 @@ impl PodWorker {
                 _ => ts.clone(),
             };
             let mut c = json!({"type": t, "status": flag(value), "lastTransitionTime": since});
-            if !value {
+            if t == "Initialized" && !value {
+                let pending: Vec<&str> = self
+                    .init_statuses
+                    .iter()
+                    .filter(|s| s["state"].get("terminated").is_none())
+                    .filter_map(|s| s["name"].as_str())
+                    .collect();
+                c["reason"] = "ContainersNotInitialized".into();
+                c["message"] =
+                    format!("containers with incomplete status: [{}]", pending.join(" ")).into();
+            } else if !value {
                 c["reason"] = "ContainersNotReady".into();
                 c["message"] =
                     format!("containers with unready status: [{}]", container.name).into();
             }
             conditions.push(c);
         }
-        let patch = json!({
+        let mut patch = json!({
             "status": {
-                "phase": "Running",
+                "phase": if self.initialized { "Running" } else { "Pending" },
                 "hostIP": "127.0.0.1",
                 "hostIPs": [{"ip": "127.0.0.1"}],
                 "podIP": ip,
@@ -495,6 +527,9 @@ impl PodWorker {
                 "containerStatuses": [status_entry],
             }
         });
+        if !self.init_statuses.is_empty() {
+            patch["status"]["initContainerStatuses"] = json!(self.init_statuses);
+        }
         if let Err(e) = self
             .pods()
             .patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -504,16 +539,32 @@ impl PodWorker {
         }
     }
 
-    async fn prepare_and_spawn(&mut self) -> Result<tokio::process::Child> {
-        let container = self
-            .container()
-            .cloned()
-            .ok_or_else(|| anyhow!("no container of ours"))?;
+    /// Where the container's `terminationMessagePath` points on this machine.
+    fn termination_file(&self, container: &Container) -> PathBuf {
+        self.dir.join(format!("{}.termination-log", container.name))
+    }
+
+    async fn prepare_and_spawn(
+        &mut self,
+        container: &Container,
+        log_name: &str,
+    ) -> Result<tokio::process::Child> {
         let image = container.image.clone().unwrap_or_default();
         let ip = self.ip.ok_or_else(|| anyhow!("no pod IP"))?.to_string();
-        let mut paths = self.config.path_map.clone();
-        paths.extend(self.write_volumes(&container).await?);
-        let mut env = self.resolve_env(&container, &ip).await?;
+        // A fresh, empty termination message file for each start, as the kubelet makes.
+        let termination = self.termination_file(container);
+        tokio::fs::write(&termination, b"").await?;
+        let mut paths = vec![(
+            container
+                .termination_message_path
+                .clone()
+                .unwrap_or_else(|| "/dev/termination-log".into()),
+            termination,
+        )];
+        // Mounts shadow what the image holds at the same path.
+        paths.extend(self.write_volumes(container).await?);
+        paths.extend(self.config.path_map.clone());
+        let mut env = self.resolve_env(container, &ip).await?;
         if let Some(kubeconfig) = self.write_kubeconfig().await? {
             env.push(("KUBECONFIG".into(), kubeconfig.display().to_string()));
         }
@@ -540,7 +591,7 @@ impl PodWorker {
             self.config.binaries.get(base).cloned()
         }
         .ok_or_else(|| anyhow!("no local binary for {:?} of image {image}", argv[0]))?;
-        let log = std::fs::File::create(self.dir.join("container.log"))?;
+        let log = std::fs::File::create(self.dir.join(log_name))?;
         let mut cmd = tokio::process::Command::new(&program);
         cmd.args(&argv[1..])
             .env_clear()
@@ -560,16 +611,41 @@ impl PodWorker {
                 Ok(())
             });
         }
-        tracing::info!(pod = %self.name, program = %program.display(), args = ?&argv[1..], "starting container");
+        tracing::info!(pod = %self.name, container = %container.name, program = %program.display(), args = ?&argv[1..], "starting container");
         let child = cmd
             .spawn()
             .with_context(|| format!("cannot start {}", program.display()))?;
         Ok(child)
     }
 
-    async fn log_tail(&self) -> String {
+    /// The termination message as the kubelet makes it: the termination message file (at most
+    /// 4 KiB), else, with `FallbackToLogsOnError` and a failure, the tail of the output.
+    async fn termination_message(
+        &self,
+        container: &Container,
+        log_name: &str,
+        code: i32,
+    ) -> String {
+        const MAX_FILE: usize = 4096;
+        let written = tokio::fs::read(self.termination_file(container))
+            .await
+            .unwrap_or_default();
+        if !written.is_empty() {
+            let end = written.len().min(MAX_FILE);
+            return String::from_utf8_lossy(&written[..end]).into_owned();
+        }
+        let fallback =
+            container.termination_message_policy.as_deref() == Some("FallbackToLogsOnError");
+        if fallback && code != 0 {
+            self.log_tail(log_name).await
+        } else {
+            String::new()
+        }
+    }
+
+    async fn log_tail(&self, log_name: &str) -> String {
         const TAIL: u64 = 2048;
-        let Ok(mut f) = tokio::fs::File::open(self.dir.join("container.log")).await else {
+        let Ok(mut f) = tokio::fs::File::open(self.dir.join(log_name)).await else {
             return String::new();
         };
         let len = f.metadata().await.map(|m| m.len()).unwrap_or(0);
@@ -668,8 +744,9 @@ impl PodWorker {
         true
     }
 
-    /// preStop, SIGTERM, SIGKILL after the grace period; then the pod object goes.
-    async fn finish(&mut self, child: Option<tokio::process::Child>) {
+    /// When a stopping container is killed: the pod's grace period when it is being deleted,
+    /// 5 s when the runner stops.
+    fn stop_deadline(&self) -> tokio::time::Instant {
         let grace = self
             .pod
             .metadata
@@ -682,32 +759,38 @@ impl PodWorker {
             })
             .unwrap_or(30)
             .max(0) as u64;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(grace);
+        let wait = if self.deleting() { grace } else { 5 };
+        tokio::time::Instant::now() + Duration::from_secs(wait)
+    }
+
+    /// SIGTERM to the container's process group, SIGKILL at `deadline`.
+    async fn stop_child(&self, mut child: tokio::process::Child, deadline: tokio::time::Instant) {
+        if let Some(pid) = child.id() {
+            // SAFETY: signalling our own child's process group.
+            unsafe { libc::kill(-(pid as i32), libc::SIGTERM) };
+        }
+        if tokio::time::timeout_at(deadline, child.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(pod = %self.name, "grace period over: SIGKILL");
+            if let Some(pid) = child.id() {
+                // SAFETY: as above.
+                unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+            }
+            let _ = child.kill().await;
+        }
+    }
+
+    /// preStop, SIGTERM, SIGKILL after the grace period; then the pod object goes.
+    async fn finish(&mut self, child: Option<tokio::process::Child>) {
+        let deadline = self.stop_deadline();
         let deleting = self.deleting();
-        if let Some(mut child) = child {
+        if let Some(child) = child {
             if deleting {
                 self.pre_stop(deadline).await;
             }
-            if let Some(pid) = child.id() {
-                // SAFETY: signalling our own child's process group.
-                unsafe { libc::kill(-(pid as i32), libc::SIGTERM) };
-            }
-            let wait_until = if deleting {
-                deadline
-            } else {
-                tokio::time::Instant::now() + Duration::from_secs(5)
-            };
-            if tokio::time::timeout_at(wait_until, child.wait())
-                .await
-                .is_err()
-            {
-                tracing::warn!(pod = %self.name, "grace period over: SIGKILL");
-                if let Some(pid) = child.id() {
-                    // SAFETY: as above.
-                    unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
-                }
-                let _ = child.kill().await;
-            }
+            self.stop_child(child, deadline).await;
         }
         if let Some(ip) = self.ip.take() {
             self.ips.release(ip).await;
@@ -768,6 +851,16 @@ impl PodWorker {
 enum Outcome {
     Exited(std::process::ExitStatus),
     Stopped,
+}
+
+/// The main container's output file in the pod folder (init containers write `<name>.log`).
+const MAIN_LOG: &str = "container.log";
+
+/// The exit code the kubelet reports: the process's, or 128 + the signal that ended it.
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
 fn resolve_port(container: &Container, port: &IntOrString) -> Option<u16> {

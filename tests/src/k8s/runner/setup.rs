@@ -149,7 +149,7 @@ impl PodWorker {
     }
 
     /// Writes each mounted Secret, ConfigMap, downward API or emptyDir volume under the pod
-    /// folder; returns mount path → local folder.
+    /// folder, and finds the host folder of each claim; returns mount path → local folder.
     pub(super) async fn write_volumes(
         &self,
         container: &Container,
@@ -173,6 +173,15 @@ impl PodWorker {
                     mount.mount_path
                 );
             };
+            if let Some(claim) = &volume.persistent_volume_claim {
+                let host = self.claim_host_path(&claim.claim_name).await?;
+                let local = match &mount.sub_path {
+                    Some(sub) if !sub.is_empty() => host.join(sub),
+                    _ => host,
+                };
+                out.push((mount.mount_path.clone(), local));
+                continue;
+            }
             let dir = self.dir.join("volumes").join(&volume.name);
             tokio::fs::create_dir_all(&dir).await?;
             let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
@@ -196,7 +205,7 @@ impl PodWorker {
                     }
                 }
             } else if volume.empty_dir.is_none() {
-                // PVCs, host paths, projected tokens: nothing to provide locally.
+                // Host paths, projected tokens: nothing to provide locally.
                 continue;
             }
             for (key, bytes) in files {
@@ -213,6 +222,34 @@ impl PodWorker {
             out.push((mount.mount_path.clone(), local));
         }
         Ok(out)
+    }
+
+    /// The folder of a claim bound to a `hostPath` PersistentVolume (what the kubelet mounts
+    /// for it), created when missing.
+    async fn claim_host_path(&self, claim: &str) -> Result<PathBuf> {
+        let claims: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        let pvc = claims
+            .get_opt(claim)
+            .await?
+            .ok_or_else(|| anyhow!("persistentvolumeclaim \"{claim}\" not found"))?;
+        let volume = pvc
+            .spec
+            .and_then(|s| s.volume_name)
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| anyhow!("persistentvolumeclaim \"{claim}\" is not bound"))?;
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let path = pvs
+            .get(&volume)
+            .await?
+            .spec
+            .and_then(|s| s.host_path)
+            .map(|h| PathBuf::from(h.path))
+            .ok_or_else(|| {
+                anyhow!("persistentvolume {volume} of claim {claim} is not a hostPath volume")
+            })?;
+        tokio::fs::create_dir_all(&path).await?;
+        Ok(path)
     }
 
     /// A kubeconfig with a bound token of the pod's service account, unless the pod opts out.
