@@ -585,6 +585,46 @@ fn each_failure_says_what_to_do() {
         "{err}"
     );
 
+    // A model larger than the disk's free space is refused before a byte is written, with
+    // what is needed and how to go on (the Hub's metadata says 1 PiB for one shard).
+    let mut huge = hub.repo(TINY).clone();
+    if let Some(shard) = huge.files.get_mut("model-00002-of-00002.safetensors") {
+        shard.size = 1 << 50;
+    }
+    let big_hub = HubServer::start(HashMap::from([(TINY.to_string(), huge)]));
+    let fresh = tempfile::tempdir().unwrap();
+    let err = failure(&download(&big_hub.endpoint, fresh.path(), TINY, &[], &[]));
+    assert!(
+        err.contains("no space left on the device holding")
+            && err.contains("HF_HUB_CACHE")
+            && err.contains("run again to resume"),
+        "{err}"
+    );
+    // Nothing of the shard was written, and nothing is left looking complete.
+    let big_shard = hub.repo(TINY).files["model-00002-of-00002.safetensors"]
+        .sha256
+        .clone();
+    let blobs = fresh.path().join("models--test-org--tiny-llama/blobs");
+    let written = if blobs.exists() {
+        files_in(&blobs)
+    } else {
+        Vec::new()
+    };
+    assert!(
+        !written
+            .iter()
+            .any(|f| f.starts_with(big_shard.as_str()) || f.ends_with(".incomplete")),
+        "the shard that cannot fit was started: {written:?}"
+    );
+    let err = failure(&download(
+        &big_hub.endpoint,
+        fresh.path(),
+        TINY,
+        &[],
+        &[("HF_HUB_OFFLINE", "1")],
+    ));
+    assert!(err.contains("is not complete in the cache"), "{err}");
+
     // A corrupted transfer is caught and nothing of it is kept.
     let shard = hub.repo(TINY).files["model-00002-of-00002.safetensors"].clone();
     hub.set_faults(Faults {
