@@ -2,12 +2,12 @@
 # CI checks of the Kubernetes side: CRD drift, rendered objects against the official
 # Kubernetes schemas, example resources against the CRD schema, helm lint, and every PromQL
 # expression of the Grafana dashboard and the prometheus-adapter rules evaluated by a real
-# Prometheus scraping a real engine.
+# Prometheus scraping a real engine and a real router in front of it.
 #
 # Needs: cargo, python3 + pip, curl, and apt-get (or an installed `prometheus`). The engine
-# binary must already be built (`cargo build --release -p sgl-engine`).
-# Environment: SKIP_PROMQL=1 skips the Prometheus check; SGL_CI_ENGINE_PORT and
-# SGL_CI_PROM_PORT choose its ports (default 30055 and 9095).
+# and router binaries are built when missing (`cargo build --release -p sgl-engine -p sgl-router`).
+# Environment: SKIP_PROMQL=1 skips the Prometheus check; SGL_CI_ENGINE_PORT,
+# SGL_CI_ROUTER_PORT and SGL_CI_PROM_PORT choose its ports (default 30055, 30056 and 9095).
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -133,10 +133,13 @@ if [ "${SKIP_PROMQL:-0}" = 1 ]; then
   exit 0
 fi
 
-step "PromQL: start an engine and a Prometheus scraping it"
+step "PromQL: start an engine, a router in front of it, and a Prometheus scraping both"
 engine="target/release/sgl-engine"
+router="target/release/sgl-router"
 [ -x "$engine" ] || cargo build --release -p sgl-engine
+[ -x "$router" ] || cargo build --release -p sgl-router
 engine_port="${SGL_CI_ENGINE_PORT:-30055}"
+router_port="${SGL_CI_ROUTER_PORT:-30056}"
 prom_port="${SGL_CI_PROM_PORT:-9095}"
 model="$(scripts/fetch-model.sh)"
 "$engine" serve --model-path "$model" --port "$engine_port" --enable-metrics > "$work/engine.log" 2>&1 &
@@ -146,6 +149,14 @@ for _ in $(seq 1 120); do
   sleep 1
 done
 curl -sf "http://127.0.0.1:$engine_port/health" >/dev/null || { cat "$work/engine.log"; fail "engine did not become healthy"; }
+"$router" --port "$router_port" --worker-urls "http://127.0.0.1:$engine_port" > "$work/router.log" 2>&1 &
+pids+=("$!")
+for _ in $(seq 1 60); do
+  curl -sf "http://127.0.0.1:$router_port/health" | grep -q '"available_workers":1' && break
+  sleep 1
+done
+curl -sf "http://127.0.0.1:$router_port/health" | grep -q '"available_workers":1' ||
+  { cat "$work/router.log"; fail "the router did not take the engine"; }
 
 # The labels a ServiceMonitor would add, so the adapter rules' selectors match.
 cat > "$work/prometheus.yml" <<EOF
@@ -158,21 +169,29 @@ scrape_configs:
     static_configs:
       - targets: ["127.0.0.1:$engine_port"]
         labels: {namespace: ci, pod: ci-engine-0}
+  - job_name: sglang-router
+    metrics_path: /metrics
+    static_configs:
+      - targets: ["127.0.0.1:$router_port"]
+        labels: {namespace: ci, pod: ci-router-0}
 EOF
 prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
   --web.listen-address="127.0.0.1:$prom_port" > "$work/prometheus.log" 2>&1 &
 pids+=("$!")
 prom="http://127.0.0.1:$prom_port"
 for _ in $(seq 1 60); do
-  if curl -sf "$prom/api/v1/query" --data-urlencode 'query=up{job="sglang-engine"} == 1' | grep -q '"value"'; then break; fi
+  if curl -sf "$prom/api/v1/query" --data-urlencode 'query=count(up == 1) == 2' | grep -q '"value"'; then break; fi
   sleep 1
 done
-curl -sf "$prom/api/v1/query" --data-urlencode 'query=up{job="sglang-engine"} == 1' | grep -q '"value"' ||
-  { cat "$work/prometheus.log"; fail "Prometheus never scraped the engine"; }
+curl -sf "$prom/api/v1/query" --data-urlencode 'query=count(up == 1) == 2' | grep -q '"value"' ||
+  { cat "$work/prometheus.log"; fail "Prometheus never scraped the engine and the router"; }
 
-step "PromQL: send requests"
+step "PromQL: send requests through the router (shared prefixes, so some hit the cache)"
 for prompt in Hello Hello "Hello there" "Tell me a story" Hello "Hello there"; do
-  curl -sf "http://127.0.0.1:$engine_port/v1/completions" -H 'content-type: application/json' \
+  curl -sf "http://127.0.0.1:$router_port/generate" -H 'content-type: application/json' \
+    -d "{\"text\":\"$prompt\",\"sampling_params\":{\"max_new_tokens\":8}}" > /dev/null ||
+    fail "generate request failed"
+  curl -sf "http://127.0.0.1:$router_port/v1/completions" -H 'content-type: application/json' \
     -d "{\"model\":\"default\",\"prompt\":\"$prompt\",\"max_tokens\":8}" > /dev/null ||
     fail "completion request failed"
 done
@@ -212,6 +231,11 @@ for rule in rules:
          .replace("<<.LabelMatchers>>", 'namespace="ci",pod=~"ci-engine-0"')
          .replace("<<.GroupBy>>", "pod"))
     checks.append((f"adapter {rule['name']['as']}", "query", q))
+    # A rule that falls back to 0 (`... or 0 * x`) must return data without its fallback
+    # too, or the check would pass on the fallback alone.
+    if " or " in q:
+        checks.append((f"adapter {rule['name']['as']} without its fallback", "query",
+                       q.rsplit(" or ", 1)[0]))
 
 failed = 0
 for origin, kind, expr in checks:
