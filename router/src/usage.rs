@@ -8,7 +8,7 @@
 //! in every event, cumulative, per `index`); the OpenAI routes in `usage` (`prompt_tokens`,
 //! and `prompt_tokens_details.cached_tokens` when the engine runs with
 //! `--enable-cache-report`; a stream carries `usage` only when the client asks for it with
-//! `stream_options.include_usage`). A response without counts adds nothing.
+//! `stream_options.include_usage`). A response without both counts adds nothing.
 
 use std::collections::BTreeMap;
 
@@ -36,20 +36,22 @@ pub struct UsageScan {
     openai: Option<Usage>,
 }
 
+/// The counts of one output, only when it reports both: a response that does not say how
+/// many of its tokens were cached (OpenAI routes of an engine without
+/// `--enable-cache-report`) is left out of both counters, so that their ratio stays a hit rate.
 fn counts(v: &Value) -> Option<Usage> {
     if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
         return Some(Usage {
             prompt_tokens: u.get("prompt_tokens")?.as_u64()?,
             cached_tokens: u
-                .pointer("/prompt_tokens_details/cached_tokens")
-                .and_then(Value::as_u64)
-                .unwrap_or(0),
+                .pointer("/prompt_tokens_details/cached_tokens")?
+                .as_u64()?,
         });
     }
     let m = v.get("meta_info")?;
     Some(Usage {
         prompt_tokens: m.get("prompt_tokens")?.as_u64()?,
-        cached_tokens: m.get("cached_tokens").and_then(Value::as_u64).unwrap_or(0),
+        cached_tokens: m.get("cached_tokens")?.as_u64()?,
     })
 }
 
@@ -180,7 +182,11 @@ mod tests {
             u(30, 16)
         );
         let no_report = r#"{"usage":{"prompt_tokens":30,"completion_tokens":2}}"#;
-        assert_eq!(scan("application/json", &[no_report]), u(30, 0));
+        assert_eq!(
+            scan("application/json", &[no_report]),
+            None,
+            "no cache report"
+        );
         assert_eq!(scan("application/json", &[r#"{"error":{}}"#]), None);
         assert_eq!(scan("application/json", &["not json"]), None);
         assert!(UsageScan::new("text/plain").is_none());
