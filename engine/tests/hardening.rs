@@ -206,7 +206,7 @@ mod connections {
 
     use axum::Router;
     use axum::routing::get;
-    use sgl_engine::api::listen::{ConnLimits, serve_with_limits};
+    use sgl_http::listen::{ConnLimits, serve_with_limits};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
 

@@ -90,11 +90,14 @@ pub async fn launch(config: RouterConfig, listener: TcpListener) -> Result<Runni
     let addr = listener.local_addr()?;
     let app = server::app(state.clone());
     let c = cancel.clone();
-    let limits = crate::listen::ConnLimits::default();
-    let server = tokio::spawn(async move {
-        crate::listen::serve_with_limits(listener, app, limits, async move { c.cancelled().await })
+    let limits = sgl_http::listen::ConnLimits::default();
+    let server =
+        tokio::spawn(async move {
+            sgl_http::listen::serve_with_limits(listener, app, limits, async move {
+                c.cancelled().await
+            })
             .await
-    });
+        });
     tracing::info!(
         %addr,
         policy = state.policy.name(),

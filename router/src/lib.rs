@@ -18,7 +18,6 @@ pub mod config;
 pub mod discovery;
 pub mod error;
 pub mod launch;
-pub mod listen;
 pub mod metrics;
 pub mod policy;
 pub mod proxy;

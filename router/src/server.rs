@@ -119,10 +119,10 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
         }
         Ok(buf.freeze())
     };
-    tokio::time::timeout(crate::listen::BODY_READ_TIMEOUT, read)
+    tokio::time::timeout(sgl_http::listen::BODY_READ_TIMEOUT, read)
         .await
         .map_err(|_| RouterError::BodyTimeout {
-            secs: crate::listen::BODY_READ_TIMEOUT.as_secs(),
+            secs: sgl_http::listen::BODY_READ_TIMEOUT.as_secs(),
         })?
 }
 

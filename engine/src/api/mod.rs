@@ -7,7 +7,6 @@
 //! aborts the request in the scheduler.
 
 mod generation;
-pub mod listen;
 mod native;
 mod openai;
 mod sse;
@@ -65,13 +64,13 @@ pub fn router(engine: EngineHandle) -> Router {
 /// Serve `router(engine)` on `listener` until SIGINT or SIGTERM, then finish the requests in
 /// flight and return.
 pub async fn serve(engine: EngineHandle, listener: tokio::net::TcpListener) -> std::io::Result<()> {
-    let limits = listen::ConnLimits::default();
+    let limits = sgl_http::listen::ConnLimits::default();
     tracing::info!(
         max_connections = limits.max_connections,
         header_read_timeout_s = limits.header_read_timeout.as_secs(),
         "connection limits"
     );
-    listen::serve_with_limits(listener, router(engine), limits, shutdown_signal()).await
+    sgl_http::listen::serve_with_limits(listener, router(engine), limits, shutdown_signal()).await
 }
 
 async fn shutdown_signal() {
@@ -192,11 +191,14 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
         if announced.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
             return Err(payload_too_large());
         }
-        let read = tokio::time::timeout(listen::BODY_READ_TIMEOUT, Bytes::from_request(req, state));
+        let read = tokio::time::timeout(
+            sgl_http::listen::BODY_READ_TIMEOUT,
+            Bytes::from_request(req, state),
+        );
         let Ok(read) = read.await else {
             let err = EngineError::bad_request(format!(
                 "the request body did not arrive within {} s",
-                listen::BODY_READ_TIMEOUT.as_secs()
+                sgl_http::listen::BODY_READ_TIMEOUT.as_secs()
             ));
             let mut body = err.body();
             body["error"]["code"] = Value::from(StatusCode::REQUEST_TIMEOUT.as_u16());

@@ -8,7 +8,8 @@
 //! * A client must send a request's headers within [`ConnLimits::header_read_timeout`] of
 //!   starting it, and an idle keep-alive connection is closed after the same time (hyper
 //!   times the wait for the next request's head the same way).
-//! * Request bodies are read with a deadline (see [`BODY_READ_TIMEOUT`]).
+//! * Request bodies are read with a deadline by the handlers (see [`BODY_READ_TIMEOUT`]): the
+//!   connection layer cannot tell a slow body from a long-running response.
 //! * A failed `accept` (out of file handles, for one) pauses accepting briefly instead of
 //!   spinning.
 
@@ -28,8 +29,9 @@ pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default cap on open connections (lowered to fit the open-file limit).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 8192;
 
-/// Default deadline for a request's headers, and for an idle keep-alive connection (the
-/// engine's too).
+/// Default deadline for a request's headers, and for an idle keep-alive connection. Longer
+/// than the router's idle pool timeout towards the engines, so the router closes its idle
+/// connections first.
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// File handles kept free for everything but client connections.

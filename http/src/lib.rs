@@ -1,0 +1,3 @@
+//! HTTP serving shared by the engine and the router.
+
+pub mod listen;
