@@ -56,6 +56,10 @@ struct DownloadArgs {
     revision: Option<String>,
     #[arg(long, value_enum, default_value = "info")]
     log_level: sgl_engine::config::LogLevel,
+    /// Also write the result lines (`path ...`, `commit ...`) to this file, e.g. a Kubernetes
+    /// container's `/dev/termination-log`, where the kubelet reads it into the pod status.
+    #[arg(long)]
+    termination_message_path: Option<std::path::PathBuf>,
 }
 
 fn download(args: DownloadArgs) -> ExitCode {
@@ -71,8 +75,14 @@ fn download(args: DownloadArgs) -> ExitCode {
     });
     match result {
         Ok(snap) => {
-            println!("path {}", snap.path.display());
-            println!("commit {}", snap.commit);
+            let result = format!("path {}\ncommit {}\n", snap.path.display(), snap.commit);
+            print!("{result}");
+            if let Some(p) = &args.termination_message_path
+                && let Err(e) = std::fs::write(p, &result)
+            {
+                eprintln!("error: cannot write {}: {e}", p.display());
+                return ExitCode::FAILURE;
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {

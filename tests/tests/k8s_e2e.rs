@@ -1198,6 +1198,28 @@ spec:
         "hub/models--test-org--smollm2/snapshots/{commit}/{file}"
     ));
     assert!(snapshot.is_file(), "{} is missing", snapshot.display());
+    // The status names the commit the download resolved (from the init container's
+    // termination message).
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let shown = c.kubectl(&[
+            "get",
+            "sgls",
+            name,
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.status.modelCommit}",
+        ]);
+        if shown.trim() == commit {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "status.modelCommit is {shown:?}, not {commit}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 
     // A second replica starts from the cache: not one file request reaches the Hub.
     c.kubectl(&["scale", "sgls", name, "-n", ns, "--replicas=2"]);

@@ -76,9 +76,14 @@ fn serves_offline(svc: &SGLangService) -> bool {
 }
 
 /// The download's command line (after `sgl-engine download`). It prints the local path and
-/// the resolved commit.
+/// the resolved commit, and writes them to the container's termination message, where the
+/// operator reads the commit into `status.modelCommit`.
 pub fn download_args(svc: &SGLangService) -> Vec<String> {
-    let mut args = vec![svc.spec.model.path.clone()];
+    let mut args = vec![
+        svc.spec.model.path.clone(),
+        "--termination-message-path".into(),
+        "/dev/termination-log".into(),
+    ];
     if let Some(rev) = &svc.spec.model.revision {
         args.extend(["--revision".into(), rev.clone()]);
     }

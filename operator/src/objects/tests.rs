@@ -297,10 +297,26 @@ fn autoscaling_targets_the_engines_with_both_metrics() {
     );
     assert_eq!(
         hpa["spec"]["metrics"][1]["pods"]["metric"]["name"],
-        super::CACHE_MISS_METRIC
+        super::KV_USAGE_METRIC
     );
     assert_eq!(
         hpa["spec"]["metrics"][1]["pods"]["target"]["averageValue"],
+        "800m"
+    );
+    assert_eq!(
+        hpa["spec"]["metrics"][2]["pods"]["metric"]["name"],
+        super::SCALE_DOWN_BRAKE_METRIC
+    );
+    assert_eq!(
+        hpa["spec"]["metrics"][2]["pods"]["target"]["averageValue"],
+        "1"
+    );
+    assert_eq!(
+        hpa["spec"]["metrics"][3]["pods"]["metric"]["name"],
+        super::CACHE_MISS_METRIC
+    );
+    assert_eq!(
+        hpa["spec"]["metrics"][3]["pods"]["target"]["averageValue"],
         "200m"
     );
     assert_eq!(
@@ -546,7 +562,14 @@ fn a_hub_model_with_a_cache_is_downloaded_once_before_the_engine_starts() {
     assert_eq!(strings(&d["command"]), ["sgl-engine"]);
     assert_eq!(
         strings(&d["args"]),
-        ["download", "org/llama-7b", "--revision", "v2"]
+        [
+            "download",
+            "org/llama-7b",
+            "--termination-message-path",
+            "/dev/termination-log",
+            "--revision",
+            "v2"
+        ]
     );
     assert_eq!(
         d["volumeMounts"],
@@ -583,7 +606,12 @@ fn a_hub_model_with_a_cache_is_downloaded_once_before_the_engine_starts() {
     let pod = &object(&gguf, Kind::StatefulSet)["spec"]["template"]["spec"];
     assert_eq!(
         strings(&pod["initContainers"][0]["args"]),
-        ["download", "org/smol/smol.Q4.gguf"]
+        [
+            "download",
+            "org/smol/smol.Q4.gguf",
+            "--termination-message-path",
+            "/dev/termination-log"
+        ]
     );
 }
 
