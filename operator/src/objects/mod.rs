@@ -24,7 +24,9 @@ use crate::Error;
 
 pub use engine::{ENGINE_PORT, MODEL_DOWNLOAD, download_args, engine_args, is_hub_id};
 pub use router::router_args;
-pub use scaling::{CACHE_MISS_METRIC, QUEUE_METRIC};
+pub use scaling::{
+    CACHE_MISS_METRIC, KV_USAGE_METRIC, KV_USAGE_TARGET, QUEUE_METRIC, SCALE_DOWN_BRAKE_METRIC,
+};
 
 /// Field manager name for server-side apply.
 pub const MANAGER: &str = "sgl-operator";

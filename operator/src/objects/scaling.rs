@@ -19,8 +19,17 @@ use crate::Error;
 /// Custom metric (per pod) of waiting requests, exposed by the chart's adapter rules from
 /// `sglang:num_queue_reqs`.
 pub const QUEUE_METRIC: &str = "sglang_num_queue_reqs";
-/// Custom metric (per pod) `1 - sglang:cache_hit_rate`: rises with uncached work.
+/// Custom metric (per pod): the windowed miss rate weighted by KV utilisation, so that a cold,
+/// idle replica does not raise it (see the chart's adapter rules).
 pub const CACHE_MISS_METRIC: &str = "sglang_cache_miss_rate";
+/// Custom metric (per pod): KV cache utilisation, `sglang:token_usage` (0..1).
+pub const KV_USAGE_METRIC: &str = "sglang_token_usage";
+/// The KV utilisation each engine is scaled towards.
+pub const KV_USAGE_TARGET: f64 = 0.8;
+/// Custom metric (per pod): windowed hit rate times busy share, 0..1. With an average target
+/// of 1 the HPA's recommendation from it never exceeds the replicas that run: it can only hold
+/// replicas whose caches are warm and busy, never add one (the rule is in the chart's README).
+pub const SCALE_DOWN_BRAKE_METRIC: &str = "sglang_scale_down_brake";
 
 /// A decimal quantity in thousandths, exact for the targets a spec can hold.
 fn quantity(value: f64) -> Quantity {
@@ -60,7 +69,12 @@ pub fn hpa(svc: &SGLangService, names: &Names) -> Result<Option<HorizontalPodAut
     let Some(a) = svc.spec.autoscaling.as_ref().filter(|a| a.enabled) else {
         return Ok(None);
     };
-    let mut metrics = vec![pods_metric(QUEUE_METRIC, a.target_queue_length)];
+    // Replicas follow load (queue and KV utilisation); the cache only brakes scale-down.
+    let mut metrics = vec![
+        pods_metric(QUEUE_METRIC, a.target_queue_length),
+        pods_metric(KV_USAGE_METRIC, KV_USAGE_TARGET),
+        pods_metric(SCALE_DOWN_BRAKE_METRIC, 1.0),
+    ];
     if let Some(hit) = a.target_cache_hit_rate {
         metrics.push(pods_metric(CACHE_MISS_METRIC, 1.0 - hit));
     }
