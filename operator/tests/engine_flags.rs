@@ -218,3 +218,36 @@ fn every_example_passes_the_crd_and_the_engine_or_is_refused_as_documented() {
         );
     }
 }
+
+/// The operator decides that `model.path` is a Hub id (and renders a download for it) exactly
+/// when the engine would fetch it from the Hub: the two parsers cannot drift apart.
+#[test]
+fn hub_ids_are_read_as_the_engine_reads_them() {
+    for path in [
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "Qwen/Qwen2.5-7B-Instruct",
+        "org/name/file.Q4_K_M.gguf",
+        "org/name/sub/file.gguf",
+        "org/name/file.bin",
+        "org/name/",
+        "/models/llama",
+        "/models/smollm2.gguf",
+        "single",
+        "org--x/name",
+        "-org/name",
+        "org/name.",
+        "org/..",
+        "org/na..me",
+        "o_r.g/n-a_m.e",
+        "org/name/../../etc/passwd",
+        "org/name/.gguf",
+        "",
+    ] {
+        let engine = sgl_engine::model::hub::RepoRef::from_model_path(std::path::Path::new(path));
+        assert_eq!(
+            sgl_operator::objects::is_hub_id(path),
+            engine.is_some(),
+            "{path:?}: operator and engine disagree (engine reads {engine:?})"
+        );
+    }
+}
