@@ -22,6 +22,16 @@ pub enum DeviceKind {
     Cuda,
 }
 
+impl DeviceKind {
+    /// The `--device` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Cuda => "cuda",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogLevel {
     Error,
@@ -243,13 +253,7 @@ impl ServerArgs {
             return;
         }
         let (device, why) = crate::backend::detect_device();
-        tracing::info!(
-            "device: {} ({why}; --device overrides)",
-            match device {
-                DeviceKind::Cpu => "cpu",
-                DeviceKind::Cuda => "cuda",
-            }
-        );
+        tracing::info!("device: {} ({why}; --device overrides)", device.name());
         self.device = Some(device);
     }
 

@@ -23,6 +23,7 @@ fn sample(text: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("unparsable sample line {line:?}"))
 }
 
+#[derive(Clone, Copy)]
 struct Counters {
     prompt: f64,
     cached: f64,
@@ -81,41 +82,33 @@ async fn shared_prefix_moves_the_hit_rate_counters_by_what_responses_report() {
     let prefix = "You are a careful assistant for a railway company. Timetables, platforms, \
                   ticket classes, refunds and delays are your subjects; answer in one short \
                   sentence and never invent a train that is not in the timetable. ";
-    let (p1, c1) = generate(
-        &s,
-        &format!("{prefix}Question: when does the first train leave?"),
-    )
-    .await;
-    let (mid, _) = scrape(&s).await;
-    assert_eq!(
-        mid.prompt - before.prompt,
-        p1 as f64,
-        "prompt tokens of the first request"
-    );
-    assert_eq!(
-        mid.cached - before.cached,
-        c1 as f64,
-        "cached tokens of the first request"
-    );
-    assert_eq!(mid.requests - before.requests, 1.0);
-
-    let (p2, c2) = generate(
-        &s,
-        &format!("{prefix}Question: can I get a refund for a delay?"),
-    )
-    .await;
-    let (after, _) = scrape(&s).await;
-    assert_eq!(
-        after.prompt - mid.prompt,
-        p2 as f64,
-        "prompt tokens of the second request"
-    );
-    assert_eq!(
-        after.cached - mid.cached,
-        c2 as f64,
-        "cached tokens of the second request"
-    );
-    assert_eq!(after.requests - mid.requests, 1.0);
+    let mut last = before;
+    let mut cached = Vec::new();
+    for (nth, question) in [
+        "when does the first train leave?",
+        "can I get a refund for a delay?",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (p, c) = generate(&s, &format!("{prefix}Question: {question}")).await;
+        let (now, _) = scrape(&s).await;
+        assert_eq!(
+            now.prompt - last.prompt,
+            p as f64,
+            "prompt tokens of request {nth}"
+        );
+        assert_eq!(
+            now.cached - last.cached,
+            c as f64,
+            "cached tokens of request {nth}"
+        );
+        assert_eq!(now.requests - last.requests, 1.0);
+        cached.push((p, c));
+        last = now;
+    }
+    let [(p1, c1), (p2, c2)] = [cached[0], cached[1]];
+    let after = last;
     // The second request finds the shared prefix (40+ tokens) in the radix cache.
     assert!(c2 >= 40 && c2 < p2, "cached {c2} of {p2} prompt tokens");
 

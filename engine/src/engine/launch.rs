@@ -85,10 +85,7 @@ pub fn check(mut args: ServerArgs) -> Result<String> {
         cfg.num_heads,
         cfg.num_kv_heads,
         cfg.vocab_size,
-        match device {
-            DeviceKind::Cpu => "cpu",
-            DeviceKind::Cuda => "cuda",
-        },
+        device.name(),
         match &tokenizer {
             Some(t) => format!("{} tokens", t.vocab_size()),
             None => "skipped (--skip-tokenizer-init)".into(),
