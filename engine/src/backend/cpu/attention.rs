@@ -16,10 +16,15 @@
 //!    [`exp_ps`]) and the sum; then `P·V` with the probabilities broadcast against each value
 //!    row, again one conversion of the row for all heads.
 //!
-//! Scores live in a small per-thread buffer (heads × context). When there are fewer tasks than
-//! threads can share evenly (batch-1 decode: one task per KV head), the context is split into
-//! spans whose partial results (unnormalized output, maximum and sum per head) are merged at
-//! the end, as in split-K "flash decoding".
+//! A context is cut into chunks of [`KV_CHUNK`] keys from its first position, whatever else is
+//! in the batch; each chunk gives a partial result (unnormalized output, maximum and sum per
+//! head), and the partials are folded into the output in chunk order ([`Fold`]). Every bit of
+//! a token's output therefore depends on its own context alone, not on the batch, the chunks
+//! its prompt was computed in or the thread count: greedy decoding is batch-invariant. When
+//! there are fewer tasks than threads can share evenly (batch-1 decode: one task per KV head),
+//! the chunks run as tasks of their own and are folded at the end, as in split-K "flash
+//! decoding"; otherwise one task folds its chunks as it goes. Scores live in a small per-thread
+//! buffer (heads × chunk).
 //!
 //! The score pass prefetches each key row into L1 and its value row into L2 32 keys ahead:
 //! between two steps the weights stream through the caches, so cache rows come from DRAM.
@@ -39,8 +44,13 @@ use crate::backend::SeqInput;
 
 /// Query heads one task handles against one KV head.
 const MAX_GROUP: usize = 16;
-/// Shortest context span worth a task of its own when splitting a context.
-const MIN_SPAN: usize = 64;
+/// Keys per context chunk (see the module documentation). Contexts up to this long take one
+/// pass, exactly as without chunks; beyond it, folding a chunk costs one rescale of the
+/// output per head (under 1% of the chunk's work at head dimension 64).
+pub const KV_CHUNK: usize = 128;
+/// Most floats of partial results a split call keeps (4 MiB); beyond it each task folds its
+/// own chunks, which gives the same bits.
+const MAX_PARTIAL: usize = 1 << 20;
 
 /// Converts `src` to f16 (round to nearest even) into `dst` (same length).
 pub fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
@@ -198,7 +208,7 @@ struct Dims {
     group: usize,
     /// Runs of at most `MAX_GROUP` query heads per KV head.
     runs: usize,
-    /// Context spans per (token, KV head, run).
+    /// Tasks per (token, KV head, run): one per chunk of the longest context, or 1.
     splits: usize,
     qd: usize,
     head_dim: usize,
@@ -206,7 +216,7 @@ struct Dims {
 }
 
 impl Dims {
-    /// Task `task` as (token, KV head, first query head, query heads, span index).
+    /// Task `task` as (token, KV head, first query head, query heads, chunk index).
     fn task(&self, task: usize) -> (usize, usize, usize, usize, usize) {
         let split = task % self.splits;
         let rest = task / self.splits;
@@ -225,8 +235,9 @@ impl Dims {
 }
 
 thread_local! {
-    /// Scores (then probabilities) of the current task, `heads × span` rounded up.
-    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Scores (then probabilities) of the current chunk, `heads × chunk` rounded up, and the
+    /// chunk's unnormalized output while it waits to be folded.
+    static SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Causal attention of each new token over its sequence's cached keys/values.
@@ -280,29 +291,30 @@ pub fn attention(
     let group = heads / kv_heads;
     let runs = group.div_ceil(MAX_GROUP);
     let base_tasks = owners.len() * kv_heads * runs;
-    // Split contexts when there are too few tasks to keep every thread busy.
-    let longest = owners.iter().map(|&(_, p)| p + 1).max().unwrap_or(0);
-    let splits = if threads > 1 && base_tasks < 4 * threads {
-        (4 * threads)
-            .div_ceil(base_tasks.max(1))
-            .min(longest / MIN_SPAN)
-            .max(1)
-    } else {
-        1
-    };
-    let dims = Dims {
+    let mut dims = Dims {
         kv_heads,
         group,
         runs,
-        splits,
+        splits: 1,
         qd,
         head_dim,
         scale: 1.0 / (head_dim as f32).sqrt(),
     };
+    // Run chunks as tasks of their own when there are too few tasks to keep every thread busy.
+    let longest = owners.iter().map(|&(_, p)| p + 1).max().unwrap_or(0);
+    let chunks = longest.div_ceil(KV_CHUNK).max(1);
+    if threads > 1
+        && base_tasks < 4 * threads
+        && chunks > 1
+        && base_tasks * chunks * dims.partial_len() <= MAX_PARTIAL
+    {
+        dims.splits = chunks;
+    }
     let fast =
         cfg!(target_arch = "x86_64") && Isa::detect() != Isa::Scalar && head_dim.is_multiple_of(8);
     // 512-bit vectors: 32 registers hold a tile's accumulators without spilling.
     let wide = fast && Isa::detect() == Isa::Avx512Vnni && head_dim.is_multiple_of(16);
+    let splits = dims.splits;
     let n_tasks = base_tasks * splits;
     let mut partial = if splits > 1 {
         vec![0f32; n_tasks * dims.partial_len()]
@@ -316,25 +328,10 @@ pub fn attention(
         let (t, kvh, h0, nh, split) = dims.task(task);
         let (si, pos) = owners[t];
         let slots = &batch[si].kv_slots[..=pos];
-        let span = slots.len().div_ceil(splits);
-        let from = (split * span).min(slots.len());
-        let to = ((split + 1) * span).min(slots.len());
-        let qs = &q[t * qd + h0 * head_dim..t * qd + (h0 + nh) * head_dim];
-        let mut stats = [0f32; 2 * MAX_GROUP];
-        let (max, sum) = stats.split_at_mut(MAX_GROUP);
-        // SAFETY: without splits this task alone writes heads `h0..h0 + nh` of token `t`; with
-        // splits it alone writes the outputs of partial record `task`.
-        let o = unsafe {
-            if splits == 1 {
-                out_sh.slice(t * qd + h0 * head_dim, nh * head_dim)
-            } else {
-                partial_sh.slice(task * dims.partial_len(), nh * head_dim)
-            }
-        };
-        let span = Span {
-            q: qs,
+        let span = |from: usize| Span {
+            q: &q[t * qd + h0 * head_dim..t * qd + (h0 + nh) * head_dim],
             nh,
-            slots: &slots[from..to],
+            slots: &slots[from..(from + KV_CHUNK).min(slots.len())],
             k_cache,
             v_cache,
             offset: cache_row(kvh, 0, capacity, head_dim),
@@ -342,70 +339,154 @@ pub fn attention(
             head_dim,
             scale: dims.scale,
         };
-        SCORES.with_borrow_mut(|scores| {
-            let need = nh * span.slots.len().next_multiple_of(8);
+        let mut max = [0f32; MAX_GROUP];
+        let mut sum = [0f32; MAX_GROUP];
+        SCRATCH.with_borrow_mut(|(scores, chunk_out)| {
+            let need = nh * KV_CHUNK.min(slots.len()).next_multiple_of(8);
             if scores.len() < need {
                 scores.resize(need, 0.0);
             }
-            #[cfg(target_arch = "x86_64")]
-            if fast {
-                // SAFETY: `fast` implies AVX2, FMA and F16C were detected (`Isa::detect`) and
-                // `head_dim` is a multiple of 8; `wide` that AVX-512 F/BW/VL were too and it is
-                // a multiple of 16; slots were checked against the caches above.
-                unsafe { x86::attend_span(&span, wide, scores, o, max, sum) };
+            if splits > 1 {
+                // This task is chunk `split` of the context (empty past its end: sum 0, which
+                // the fold skips).
+                let from = split * KV_CHUNK;
+                if from >= slots.len() {
+                    return;
+                }
+                // SAFETY: this task alone writes partial record `task` (outputs, then stats).
+                let (o, st) = unsafe {
+                    (
+                        partial_sh.slice(task * dims.partial_len(), nh * head_dim),
+                        partial_sh.slice(task * dims.partial_len() + nh * head_dim, 2 * nh),
+                    )
+                };
+                attend(&span(from), fast, wide, scores, o, &mut max, &mut sum);
+                st[..nh].copy_from_slice(&max[..nh]);
+                st[nh..].copy_from_slice(&sum[..nh]);
                 return;
             }
-            let _ = (fast, wide);
-            attend_span_scalar(&span, scores, o, max, sum);
-        });
-        if splits == 1 {
-            for (g, og) in o.chunks_exact_mut(head_dim).enumerate() {
-                let inv = if sum[g] > 0.0 { 1.0 / sum[g] } else { 0.0 };
-                og.iter_mut().for_each(|v| *v *= inv);
+            // SAFETY: without splits this task alone writes heads `h0..h0 + nh` of token `t`.
+            let o = unsafe { out_sh.slice(t * qd + h0 * head_dim, nh * head_dim) };
+            if chunk_out.len() < nh * head_dim {
+                chunk_out.resize(nh * head_dim, 0.0);
             }
-        } else {
-            // SAFETY: the stats of record `task` follow its outputs; this task alone writes them.
-            let st = unsafe { partial_sh.slice(task * dims.partial_len() + nh * head_dim, 2 * nh) };
-            st[..nh].copy_from_slice(&max[..nh]);
-            st[nh..].copy_from_slice(&sum[..nh]);
-        }
+            let chunk_out = &mut chunk_out[..nh * head_dim];
+            let mut fold = Fold::new(nh);
+            for from in (0..slots.len()).step_by(KV_CHUNK) {
+                attend(
+                    &span(from),
+                    fast,
+                    wide,
+                    scores,
+                    chunk_out,
+                    &mut max,
+                    &mut sum,
+                );
+                fold.add(o, head_dim, chunk_out, &max, &sum);
+            }
+            fold.finish(o, head_dim);
+        });
     });
     if splits > 1 {
         merge_splits(&dims, &partial, base_tasks, out);
     }
 }
 
-/// Combines the spans of each (token, KV head, run): rescales each span's output and sum by
-/// `exp(span max - overall max)`, adds them up and normalizes.
+/// One chunk's unnormalized output, maximum and sum per head (see [`Span`]).
+fn attend(
+    span: &Span<'_>,
+    fast: bool,
+    wide: bool,
+    scores: &mut [f32],
+    o: &mut [f32],
+    max: &mut [f32],
+    sum: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if fast {
+        // SAFETY: `fast` implies AVX2, FMA and F16C were detected (`Isa::detect`) and
+        // `head_dim` is a multiple of 8; `wide` that AVX-512 F/BW/VL were too and it is a
+        // multiple of 16; slots were checked against the caches by `attention`.
+        unsafe { x86::attend_span(span, wide, scores, o, max, sum) };
+        return;
+    }
+    let _ = (fast, wide);
+    attend_span_scalar(span, scores, o, max, sum);
+}
+
+/// The running combination of a context's chunks, in chunk order, for `nh` heads: the output
+/// accumulated so far (held in the caller's buffer), its maximum score and sum per head. The
+/// same arithmetic whether the chunks ran in one task or in many, so both give the same bits.
+struct Fold {
+    nh: usize,
+    max: [f32; MAX_GROUP],
+    sum: [f32; MAX_GROUP],
+}
+
+impl Fold {
+    fn new(nh: usize) -> Fold {
+        Fold {
+            nh,
+            max: [f32::NEG_INFINITY; MAX_GROUP],
+            sum: [0.0; MAX_GROUP],
+        }
+    }
+
+    /// Adds a chunk (`o`: `nh × hd` unnormalized outputs, its maxima and sums) into `acc`.
+    /// The first chunk is copied as it is, so a one-chunk context gives exactly one pass's
+    /// result; later ones rescale both sides to the larger maximum.
+    fn add(&mut self, acc: &mut [f32], hd: usize, o: &[f32], max: &[f32], sum: &[f32]) {
+        for g in 0..self.nh {
+            let (a, b) = (&mut acc[g * hd..(g + 1) * hd], &o[g * hd..(g + 1) * hd]);
+            if sum[g] == 0.0 {
+                continue;
+            }
+            if self.sum[g] == 0.0 {
+                a.copy_from_slice(b);
+                self.max[g] = max[g];
+                self.sum[g] = sum[g];
+                continue;
+            }
+            let m = self.max[g].max(max[g]);
+            let (wa, wb) = ((self.max[g] - m).exp(), (max[g] - m).exp());
+            for (x, &y) in a.iter_mut().zip(b) {
+                *x = *x * wa + y * wb;
+            }
+            self.sum[g] = self.sum[g] * wa + sum[g] * wb;
+            self.max[g] = m;
+        }
+    }
+
+    /// Normalizes `acc` by the sums (a head that saw no keys gives zeros).
+    fn finish(&self, acc: &mut [f32], hd: usize) {
+        for (g, og) in acc.chunks_exact_mut(hd).take(self.nh).enumerate() {
+            if self.sum[g] > 0.0 {
+                let inv = 1.0 / self.sum[g];
+                og.iter_mut().for_each(|v| *v *= inv);
+            } else {
+                og.fill(0.0);
+            }
+        }
+    }
+}
+
+/// Folds the chunk records of each (token, KV head, run) in order into `out`.
 fn merge_splits(dims: &Dims, partial: &[f32], base_tasks: usize, out: &mut [f32]) {
     let hd = dims.head_dim;
     let plen = dims.partial_len();
+    let mut max = [0f32; MAX_GROUP];
+    let mut sum = [0f32; MAX_GROUP];
     for base in 0..base_tasks {
         let (t, _, h0, nh, _) = dims.task(base * dims.splits);
         let records = &partial[base * dims.splits * plen..(base + 1) * dims.splits * plen];
-        for g in 0..nh {
-            let stat = |r: &[f32], k: usize| r[nh * hd + k * nh + g];
-            let m = records
-                .chunks_exact(plen)
-                .map(|r| stat(r, 0))
-                .fold(f32::NEG_INFINITY, f32::max);
-            let o = &mut out[t * dims.qd + (h0 + g) * hd..][..hd];
-            o.fill(0.0);
-            let mut total = 0.0;
-            for r in records.chunks_exact(plen) {
-                let sum = stat(r, 1);
-                if sum == 0.0 {
-                    continue;
-                }
-                let w = (stat(r, 0) - m).exp();
-                total += w * sum;
-                for (a, &b) in o.iter_mut().zip(&r[g * hd..(g + 1) * hd]) {
-                    *a += w * b;
-                }
-            }
-            let inv = if total > 0.0 { 1.0 / total } else { 0.0 };
-            o.iter_mut().for_each(|v| *v *= inv);
+        let o = &mut out[t * dims.qd + h0 * hd..][..nh * hd];
+        let mut fold = Fold::new(nh);
+        for r in records.chunks_exact(plen) {
+            max[..nh].copy_from_slice(&r[nh * hd..nh * hd + nh]);
+            sum[..nh].copy_from_slice(&r[nh * hd + nh..nh * hd + 2 * nh]);
+            fold.add(o, hd, &r[..nh * hd], &max, &sum);
         }
+        fold.finish(o, hd);
     }
 }
 
