@@ -1271,3 +1271,186 @@ spec:
     c.kubectl(&["delete", "pvc", "hf-cache", "-n", ns, "--wait=false"]);
     c.kubectl(&["delete", "pv", &format!("{ns}-hf-cache"), "--wait=false"]);
 }
+
+/// The operator pods of the main release, ready or not (not being deleted).
+async fn operator_pods(client: &Client) -> Result<Vec<Pod>, String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), CHART_NS);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}")))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect())
+}
+
+/// The sum of every series of `metric` on an operator pod's /metrics.
+async fn operator_metric(http: &reqwest::Client, pod: &Pod, metric: &str) -> Result<f64, String> {
+    let text = http
+        .get(format!("http://{}:8080/metrics", pod_ip(pod)))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .text()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(text
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(metric)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// The holder of the operator's leader Lease (`<fullname>-leader` in the chart's namespace).
+async fn lease_holder(client: &Client) -> Result<String, String> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), CHART_NS);
+    let list = leases
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    list.items
+        .iter()
+        .filter(|l| l.name_any().ends_with("-leader"))
+        .find_map(|l| l.spec.as_ref()?.holder_identity.clone())
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| "no operator lease is held".to_string())
+}
+
+/// Waits until the engine StatefulSet of `name` asks for `replicas`.
+async fn wait_engine_replicas(client: &Client, ns: &str, name: &str, replicas: i32) {
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    let what = format!("{ns}/{name}-engine to ask for {replicas} replicas");
+    wait_for(&what, WAIT, || async {
+        let s = sts
+            .get(&format!("{name}-engine"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let r = s.spec.replicas;
+        (r == Some(replicas))
+            .then_some(())
+            .ok_or(format!("replicas {r:?}"))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn l1_two_operators_elect_one_leader_and_the_follower_takes_over_when_it_dies() {
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    ensure_chart(c, &client).await;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let ns = "leader-e2e";
+    ensure_namespace(c, ns);
+    let (leader, follower) = wait_for("two operators, one of them leading", WAIT, || async {
+        let pods = ready_pods(
+            &client,
+            CHART_NS,
+            &format!("app.kubernetes.io/instance={RELEASE}"),
+        )
+        .await?;
+        if pods.len() != 2 {
+            return Err(format!("{} ready operator pods", pods.len()));
+        }
+        let holder = lease_holder(&client).await?;
+        let (lead, follow): (Vec<Pod>, Vec<Pod>) =
+            pods.into_iter().partition(|p| p.name_any() == holder);
+        match (lead.as_slice(), follow.as_slice()) {
+            ([l], [f]) => Ok((l.clone(), f.clone())),
+            _ => Err(format!(
+                "the lease holder {holder} is not one of the two pods"
+            )),
+        }
+    })
+    .await;
+    // One leads and reconciles; the other follows and does not.
+    assert_eq!(
+        operator_metric(&http, &leader, "sgl_operator_leader").await,
+        Ok(1.0)
+    );
+    assert_eq!(
+        operator_metric(&http, &follower, "sgl_operator_leader").await,
+        Ok(0.0)
+    );
+    let follower_before = operator_metric(&http, &follower, "sgl_operator_reconciliations_total")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    c.apply(&fake_service(ns, "led", 1, ""));
+    wait_engine_replicas(&client, ns, "led", 1).await;
+    let leader_count = operator_metric(&http, &leader, "sgl_operator_reconciliations_total")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(leader_count >= 1.0, "the leader has not reconciled");
+    assert_eq!(
+        operator_metric(&http, &follower, "sgl_operator_reconciliations_total").await,
+        Ok(follower_before),
+        "the follower reconciled while another replica led"
+    );
+    // Kill the leader and keep it dead: the Deployment goes down to one replica and the
+    // ReplicaSet removes the leader (lowest deletion cost), so the follower is the only
+    // candidate left and must take over once the dead leader's lease runs out.
+    let deployment = operator_deployment(&client).await.name_any();
+    for (pod, cost) in [(&leader, "-100"), (&follower, "100")] {
+        c.kubectl(&[
+            "annotate",
+            "pod",
+            "-n",
+            CHART_NS,
+            &pod.name_any(),
+            &format!("controller.kubernetes.io/pod-deletion-cost={cost}"),
+            "--overwrite",
+        ]);
+    }
+    c.kubectl(&[
+        "scale",
+        "deployment",
+        "-n",
+        CHART_NS,
+        &deployment,
+        "--replicas=1",
+    ]);
+    wait_for("the follower to take the lease over", WAIT, || async {
+        let holder = lease_holder(&client).await?;
+        let left: Vec<String> = operator_pods(&client)
+            .await?
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect();
+        (holder == follower.name_any() && left == [follower.name_any()])
+            .then_some(())
+            .ok_or(format!("holder {holder}, pods {left:?}"))
+    })
+    .await;
+    // A change made after the takeover is reconciled by the new leader.
+    c.apply(&fake_service(ns, "led", 3, ""));
+    wait_engine_replicas(&client, ns, "led", 3).await;
+    assert_eq!(
+        operator_metric(&http, &follower, "sgl_operator_leader").await,
+        Ok(1.0)
+    );
+    let taken_over = operator_metric(&http, &follower, "sgl_operator_reconciliations_total")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        taken_over > follower_before,
+        "the new leader has not reconciled"
+    );
+    delete_service(&client, ns, "led").await;
+    c.kubectl(&[
+        "scale",
+        "deployment",
+        "-n",
+        CHART_NS,
+        &deployment,
+        "--replicas=2",
+    ]);
+    ensure_chart(c, &client).await;
+}
