@@ -27,6 +27,9 @@ use crate::status::{self, DEGRADED, Observed, Outcome, READY};
 const ENGINE_POD_SELECTOR: &str =
     "app.kubernetes.io/name=sglang,app.kubernetes.io/component=engine";
 
+/// Event reason when another field manager held fields of an owned object.
+pub const FIELD_CONFLICT: &str = "FieldManagerConflict";
+
 /// Requeue period of a ready service (drift check).
 const READY_RESYNC: Duration = Duration::from_secs(300);
 /// Requeue period while replicas are starting.
@@ -162,11 +165,10 @@ async fn apply(
     names: &Names,
     plan: &Plan,
 ) -> Result<Observed, Error> {
-    let params = PatchParams::apply(MANAGER).force();
     let mut observed = Observed::default();
     for m in &plan.apply {
         let api = dynamic_api(&ctx.client, &names.namespace, m.kind);
-        match api.patch(&m.name, &params, &Patch::Apply(&m.object)).await {
+        match apply_owned(svc, ctx, &api, m).await {
             Ok(applied) => match m.kind {
                 Kind::StatefulSet => observed.engine = Some(typed::<StatefulSet>(&applied)?),
                 Kind::Deployment => observed.router = Some(typed::<Deployment>(&applied)?),
@@ -204,6 +206,46 @@ async fn apply(
         .await?
         .items;
     Ok(observed)
+}
+
+/// Server-side applies one owned object. Another field manager holding a field the operator
+/// sets (someone's `kubectl apply --server-side --force-conflicts`, a controller's update) is
+/// a conflict: it is reported as a Warning Event on the service, naming the manager and the
+/// fields, and the operator's values are applied over it, so the spec stays the one source.
+async fn apply_owned(
+    svc: &SGLangService,
+    ctx: &Context,
+    api: &Api<DynamicObject>,
+    m: &objects::Manifest,
+) -> Result<DynamicObject, kube::Error> {
+    let (name, object) = (m.name.as_str(), &m.object);
+    match api
+        .patch(name, &PatchParams::apply(MANAGER), &Patch::Apply(object))
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            let kind = object["kind"].as_str().unwrap_or("object");
+            tracing::warn!(object = %key(svc), kind, name, conflict = %s.message, "overriding another field manager");
+            publish(
+                svc,
+                ctx,
+                EventType::Warning,
+                FIELD_CONFLICT,
+                format!(
+                    "{kind} {name}: {}; the operator's values were applied over it",
+                    s.message
+                ),
+            )
+            .await;
+            api.patch(
+                name,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(object),
+            )
+            .await
+        }
+        other => other,
+    }
 }
 
 /// The service an engine pod belongs to, from the labels the operator put on it.

@@ -1454,3 +1454,106 @@ async fn l1_two_operators_elect_one_leader_and_the_follower_takes_over_when_it_d
     ]);
     ensure_chart(c, &client).await;
 }
+
+#[tokio::test]
+async fn m1_a_conflicting_field_manager_is_overridden_and_reported_in_events() {
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    ensure_chart(c, &client).await;
+    let ns = "conflict-e2e";
+    ensure_namespace(c, ns);
+    let env = "  env:\n  - {name: SGL_E2E_MARK, value: from-spec}\n";
+    c.apply(&fake_service(ns, "contested", 2, env));
+    wait_serving(c, &client, ns, "contested", 2).await;
+    wait_observed(&client, ns, "contested").await;
+    // Someone else takes the replicas and an env var of the operator's StatefulSet.
+    let intruder = format!(
+        r#"apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: contested-engine
+  namespace: {ns}
+spec:
+  replicas: 5
+  template:
+    spec:
+      containers:
+      - name: engine
+        env:
+        - {{name: SGL_E2E_MARK, value: intruded}}
+"#
+    );
+    let args = [
+        "apply",
+        "--server-side",
+        "--field-manager=intruder",
+        "--force-conflicts",
+        "-f",
+        "-",
+    ];
+    let out = c.kubectl_raw(&args, Some(&intruder));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    wait_for("the operator to restore its values", WAIT, || async {
+        let s = sts
+            .get("contested-engine")
+            .await
+            .map_err(|e| e.to_string())?;
+        let spec = &s.spec;
+        let mark = spec
+            .template
+            .spec
+            .as_ref()
+            .and_then(|p| p.containers.iter().find(|c| c.name == "engine"))
+            .and_then(|c| c.env.as_ref())
+            .and_then(|env| env.iter().find(|e| e.name == "SGL_E2E_MARK"))
+            .and_then(|e| e.value.clone());
+        let owners: Vec<String> = s
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter(|m| {
+                m.fields_v1
+                    .as_ref()
+                    .is_some_and(|f| f.0.pointer("/f:spec/f:replicas").is_some())
+            })
+            .filter_map(|m| m.manager.clone())
+            .collect();
+        (spec.replicas == Some(2)
+            && mark.as_deref() == Some("from-spec")
+            && !owners.iter().any(|o| o == "intruder"))
+        .then_some(())
+        .ok_or(format!(
+            "replicas {:?}, mark {mark:?}, replicas owned by {owners:?}",
+            spec.replicas
+        ))
+    })
+    .await;
+    let events = wait_for("a FieldManagerConflict event", WAIT, || async {
+        let out = c.kubectl(&[
+            "get",
+            "events",
+            "-n",
+            ns,
+            "--field-selector",
+            "involvedObject.kind=SGLangService,involvedObject.name=contested,reason=FieldManagerConflict",
+            "-o",
+            "jsonpath={range .items[*]}{.type} {.message}{\"\\n\"}{end}",
+        ]);
+        (!out.trim().is_empty()).then_some(out.clone()).ok_or(out)
+    })
+    .await;
+    assert!(
+        events.starts_with("Warning ")
+            && events.contains("intruder")
+            && events.contains(".spec.replicas")
+            && events.contains("StatefulSet contested-engine"),
+        "the event does not say who held which field: {events}"
+    );
+    delete_service(&client, ns, "contested").await;
+}
