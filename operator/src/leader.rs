@@ -110,8 +110,9 @@ impl LeaderElector {
         }
     }
 
-    /// Renews until a renewal is refused or the lease would lapse; returns then, so the caller
-    /// stops reconciling.
+    /// Renews until a renewal is refused or the lease could lapse before the next attempt;
+    /// returns then, so the caller stops reconciling. Giving up one renewal period before the
+    /// lease ends leaves no moment where another replica may take it while this one still acts.
     pub async fn hold(&self) -> Error {
         let mut last_renewal = tokio::time::Instant::now();
         let lease = Duration::from_secs(u64::try_from(self.lease_seconds).unwrap_or(15));
@@ -120,7 +121,7 @@ impl LeaderElector {
             match self.try_acquire_or_renew().await {
                 Ok(true) => last_renewal = tokio::time::Instant::now(),
                 Ok(false) => return Error::LostLease,
-                Err(e) if last_renewal.elapsed() >= lease => return e,
+                Err(e) if last_renewal.elapsed() + self.renew_period() >= lease => return e,
                 Err(e) => {
                     tracing::warn!(lease = %self.name, error = %e, "lease renewal failed; retrying")
                 }

@@ -95,6 +95,28 @@ fn render(file: &PathBuf, namespace: &str) -> anyhow::Result<()> {
 
 use serde::Deserialize as _;
 
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -136,17 +158,30 @@ async fn main() -> anyhow::Result<()> {
                 &identity,
                 lease_seconds,
             );
-            tracing::info!(lease = %lease_name, %identity, "waiting for leadership");
-            elector.acquire().await?;
-            metrics.leader.set(1);
-            tracing::info!(%identity, "leading");
-            tokio::select! {
-                result = controller::run(ctx) => result?,
-                lost = elector.hold() => {
-                    metrics.leader.set(0);
-                    // Exit so the restarted replica rejoins as a follower.
-                    return Err(lost.into());
+            // A replica that loses the lease (another took it, or the API server was away
+            // longer than the lease) stops reconciling and campaigns again in the same process,
+            // so an outage of the API server costs no restart.
+            let lead = async {
+                loop {
+                    tracing::info!(lease = %lease_name, %identity, "waiting for leadership");
+                    elector.acquire().await?;
+                    metrics.leader.set(1);
+                    tracing::info!(%identity, "leading");
+                    tokio::select! {
+                        result = controller::run(ctx.clone()) => return result,
+                        lost = elector.hold() => {
+                            metrics.leader.set(0);
+                            tracing::warn!(%identity, error = %lost, "stopped leading");
+                        }
+                    }
                 }
+            };
+            // A shutdown signal ends the process whether it leads or follows (the controller's
+            // own handler only runs while it leads); a reconcile cut short is an idempotent
+            // server-side apply that the next leader repeats.
+            tokio::select! {
+                result = lead => result?,
+                () = shutdown_signal() => tracing::info!("shutting down"),
             }
             server.abort();
             Ok(())

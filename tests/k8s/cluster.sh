@@ -7,12 +7,14 @@
 #   tests/k8s/cluster.sh up    [--work DIR] [--owner-pid PID] [--runner BIN -- ARGS...]
 #   tests/k8s/cluster.sh env   [--work DIR]
 #   tests/k8s/cluster.sh down  [--work DIR]
+#   tests/k8s/cluster.sh apiserver-stop|apiserver-start  [--work DIR]
 #
 # `up` builds the components once (build.sh), makes certificates with openssl, starts every
 # component on free ports and waits until a node is Ready; `up` and `env` end by printing
 # `export KUBECONFIG=<path>`. --owner-pid stops the cluster when that process exits (tests pass
 # their own pid so nothing outlives them). --runner starts the pod runner with the cluster's
-# kubeconfig; arguments after `--` are passed to it.
+# kubeconfig; arguments after `--` are passed to it. `apiserver-stop` and `apiserver-start`
+# stop the API server and start it again with the same flags (port, etcd, certificates).
 #
 # Nodes (all kwok, label type=kwok, pod CIDRs in 127.0.0.0/8):
 #   kwok-node-0     127.1.0.0/16, 32 CPUs, no taint (the examples apply unchanged);
@@ -63,42 +65,11 @@ stop_all() {
   done
 }
 
-print_env() {
-  [ -s "$work/admin.kubeconfig" ] || die "no cluster in $work (run: $0 up)"
-  echo "export KUBECONFIG=$work/admin.kubeconfig"
-}
-
-case "$cmd" in
-  down)
-    stop_all
-    log "stopped (state kept in $work)"
-    exit 0 ;;
-  env)
-    print_env
-    exit 0 ;;
-  up) ;;
-  *) echo "usage: $0 up|down|env [--work DIR] [--owner-pid PID] [--runner BIN -- ARGS...]" >&2; exit 2 ;;
-esac
-
-start_time=$(date +%s)
-bin="${SGL_K8S_BIN:-$("$here/build.sh")}"
-export PATH="$bin:$PATH"
-for c in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok; do
-  [ -x "$bin/$c" ] || die "$bin/$c is missing (run tests/k8s/build.sh)"
-done
-stop_all
-rm -rf "$work"
-mkdir -p "$work/pids" "$work/logs" "$work/pki"
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
 # start NAME CMD...: runs CMD in its own process group with its log in logs/NAME.log.
 start() {
   local name="$1"
   shift
-  setsid "$@" > "$work/logs/$name.log" 2>&1 < /dev/null &
+  setsid "$@" >> "$work/logs/$name.log" 2>&1 < /dev/null &
   echo $! > "$work/pids/$name"
   sleep 0.01 # distinct mtimes keep the stop order
 }
@@ -115,6 +86,63 @@ wait_for() {
     fi
     sleep 0.2
   done
+}
+
+print_env() {
+  [ -s "$work/admin.kubeconfig" ] || die "no cluster in $work (run: $0 up)"
+  echo "export KUBECONFIG=$work/admin.kubeconfig"
+}
+
+# The API server's command line is kept in the work folder, so it can be stopped and started
+# again on the same port and etcd (a test of clients riding out an outage).
+apiserver_start() {
+  [ -s "$work/kube-apiserver.cmd" ] || die "no cluster in $work (run: $0 up)"
+  local -a args
+  mapfile -d '' args < "$work/kube-apiserver.cmd"
+  start kube-apiserver "${args[@]}"
+  KUBECONFIG="$work/admin.kubeconfig" wait_for kube-apiserver 120 \
+    "$(dirname "${args[0]}")/kubectl" get --raw /readyz
+}
+
+case "$cmd" in
+  apiserver-stop)
+    f="$work/pids/kube-apiserver"
+    [ -s "$f" ] || die "no API server is running in $work"
+    pid=$(cat "$f")
+    kill -- "-$pid" 2> /dev/null || kill "$pid" 2> /dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
+    kill -9 -- "-$pid" 2> /dev/null || true
+    rm -f "$f"
+    log "kube-apiserver stopped"
+    exit 0 ;;
+  apiserver-start)
+    [ -s "$work/pids/kube-apiserver" ] && die "the API server is running"
+    apiserver_start
+    log "kube-apiserver started"
+    exit 0 ;;
+  down)
+    stop_all
+    log "stopped (state kept in $work)"
+    exit 0 ;;
+  env)
+    print_env
+    exit 0 ;;
+  up) ;;
+  *) echo "usage: $0 up|down|env|apiserver-stop|apiserver-start [--work DIR] [--owner-pid PID] [--runner BIN -- ARGS...]" >&2; exit 2 ;;
+esac
+
+start_time=$(date +%s)
+bin="${SGL_K8S_BIN:-$("$here/build.sh")}"
+export PATH="$bin:$PATH"
+for c in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok; do
+  [ -x "$bin/$c" ] || die "$bin/$c is missing (run tests/k8s/build.sh)"
+done
+stop_all
+rm -rf "$work"
+mkdir -p "$work/pids" "$work/logs" "$work/pki"
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
 # --- certificates -------------------------------------------------------------------------
@@ -194,7 +222,7 @@ start etcd etcd --name default --data-dir "$work/etcd" \
   --unsafe-no-fsync --log-level warn
 wait_for etcd 60 curl -sf "http://127.0.0.1:$etcd_port/health"
 
-start kube-apiserver kube-apiserver \
+apiserver_cmd=("$bin/kube-apiserver"
   --etcd-servers "http://127.0.0.1:$etcd_port" \
   --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
   --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
@@ -212,17 +240,21 @@ start kube-apiserver kube-apiserver \
   --proxy-client-cert-file "$pki/front-proxy-client.crt" --proxy-client-key-file "$pki/front-proxy-client.key" \
   --enable-aggregator-routing=true \
   --allow-privileged=true \
-  --profiling=false --v=1
+  --profiling=false --v=1)
+printf '%s\0' "${apiserver_cmd[@]}" > "$work/kube-apiserver.cmd"
 export KUBECONFIG="$work/admin.kubeconfig"
-wait_for kube-apiserver 120 kubectl get --raw /readyz
+apiserver_start
 
 # --- controllers, scheduler, kwok ----------------------------------------------------------
+# Leases long enough that both keep leading through an API server outage of 30 s (they exit
+# when a renewal deadline passes, as they would on a real cluster).
+leader_elect_times=(--leader-elect-lease-duration=60s --leader-elect-renew-deadline=45s)
 start kube-controller-manager kube-controller-manager \
   --kubeconfig "$work/controller-manager.kubeconfig" \
   --authentication-kubeconfig "$work/controller-manager.kubeconfig" \
   --authorization-kubeconfig "$work/controller-manager.kubeconfig" \
   --bind-address 127.0.0.1 --secure-port "$kcm_port" \
-  --leader-elect=true --use-service-account-credentials=true \
+  --leader-elect=true "${leader_elect_times[@]}" --use-service-account-credentials=true \
   --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
   --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
   --horizontal-pod-autoscaler-sync-period 5s \
@@ -231,7 +263,7 @@ start kube-scheduler kube-scheduler \
   --kubeconfig "$work/scheduler.kubeconfig" \
   --authentication-kubeconfig "$work/scheduler.kubeconfig" \
   --authorization-kubeconfig "$work/scheduler.kubeconfig" \
-  --bind-address 127.0.0.1 --secure-port "$sched_port" --leader-elect=true \
+  --bind-address 127.0.0.1 --secure-port "$sched_port" --leader-elect=true "${leader_elect_times[@]}" \
   --profiling=false --v=1
 start kwok kwok --kubeconfig "$work/admin.kubeconfig" --config "$here/kwok.yaml" \
   --node-ip 127.0.0.1 --manage-all-nodes=true

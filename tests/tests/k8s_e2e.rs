@@ -1557,3 +1557,105 @@ spec:
     );
     delete_service(&client, ns, "contested").await;
 }
+
+/// Runs `tests/k8s/cluster.sh <cmd>` on the test cluster.
+fn cluster_script(c: &Cluster, cmd: &str) {
+    let out = std::process::Command::new(workspace_root().join("tests/k8s/cluster.sh"))
+        .arg(cmd)
+        .arg("--work")
+        .arg(&c.work)
+        .output()
+        .unwrap_or_else(|e| panic!("cluster.sh {cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "cluster.sh {cmd} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Restart counts of the operator pods, by pod name.
+async fn operator_restarts(client: &Client) -> BTreeMap<String, i32> {
+    operator_pods(client)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .iter()
+        .map(|p| {
+            let restarts = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .map_or(0, |cs| cs.iter().map(|c| c.restart_count).sum());
+            (p.name_any(), restarts)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn n1_the_operator_rides_out_20s_without_the_api_server() {
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    ensure_chart(c, &client).await;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let ns = "outage-e2e";
+    ensure_namespace(c, ns);
+    // Engines that no node takes: the service stays Progressing and is reconciled every few
+    // seconds, so reconciles run into the outage.
+    let pinned = "  nodeSelector: {sgl-e2e/nowhere: \"true\"}\n";
+    c.apply(&fake_service(ns, "patient", 1, pinned));
+    wait_engine_replicas(&client, ns, "patient", 1).await;
+    let restarts = operator_restarts(&client).await;
+    assert_eq!(restarts.len(), 2, "{restarts:?}");
+    let failures = |pods: Vec<Pod>| {
+        let http = http.clone();
+        async move {
+            let mut sum = 0.0;
+            for p in &pods {
+                sum += operator_metric(&http, p, "sgl_operator_reconcile_failures_total")
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
+            sum
+        }
+    };
+    let pods = operator_pods(&client)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let failed_before = failures(pods.clone()).await;
+    // A change, then the API server goes away while the operator reconciles it.
+    c.apply(&fake_service(ns, "patient", 2, pinned));
+    cluster_script(c, "apiserver-stop");
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let failed_during = failures(pods.clone()).await;
+    cluster_script(c, "apiserver-start");
+    assert!(
+        failed_during > failed_before,
+        "no reconcile failed while the API server was away ({failed_before} -> {failed_during})"
+    );
+    wait_engine_replicas(&client, ns, "patient", 2).await;
+    // The watches came back: a change made after the outage is seen and applied.
+    c.apply(&fake_service(ns, "patient", 3, pinned));
+    wait_engine_replicas(&client, ns, "patient", 3).await;
+    // One leader again, and no operator process was restarted.
+    wait_for("one operator to lead again", WAIT, || async {
+        let holder = lease_holder(&client).await?;
+        let mut leading = Vec::new();
+        for p in &pods {
+            if operator_metric(&http, p, "sgl_operator_leader").await? == 1.0 {
+                leading.push(p.name_any());
+            }
+        }
+        (leading == [holder.clone()])
+            .then_some(())
+            .ok_or(format!("lease held by {holder}, leading: {leading:?}"))
+    })
+    .await;
+    assert_eq!(
+        operator_restarts(&client).await,
+        restarts,
+        "an operator was restarted"
+    );
+    delete_service(&client, ns, "patient").await;
+}
