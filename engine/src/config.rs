@@ -117,9 +117,15 @@ pub struct ServerArgs {
     /// CPU threads for the model (default: all cores).
     #[arg(long)]
     pub num_threads: Option<usize>,
-    /// Most requests waiting in the queue before new ones get 503.
-    #[arg(long, default_value_t = 4096)]
-    pub max_queued_requests: usize,
+    /// Most requests waiting to start before new ones get 429. Without it the bound follows
+    /// the KV cache: waiting prompts may hold up to twice its tokens, and at most
+    /// 4 × --max-running-requests requests (64 at least) wait.
+    #[arg(long)]
+    pub max_queued_requests: Option<usize>,
+    /// A request that has not started after waiting this long gets 503 with `Retry-After`
+    /// (0: no limit).
+    #[arg(long, default_value_t = 60)]
+    pub queue_timeout_secs: u64,
     /// Fraction of free GPU memory for weights and KV cache (CUDA).
     #[arg(long, default_value_t = 0.88)]
     pub mem_fraction_static: f32,

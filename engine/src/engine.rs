@@ -9,7 +9,7 @@ pub use launch::{check, launch};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
@@ -77,6 +77,88 @@ struct Inner {
     stats: Arc<SchedulerStats>,
     next_id: AtomicU64,
     started: Instant,
+    admission: Admission,
+}
+
+/// What the engine lets wait: requests submitted whose first event has not come yet, counted
+/// here at submission (the scheduler's own queue counter lags behind a burst, so a bound on
+/// it alone is soft).
+struct Admission {
+    /// Most waiting requests.
+    max_requests: usize,
+    /// Most prompt tokens of all waiting requests (one request alone always fits).
+    max_tokens: usize,
+    /// How long a request may wait for its first event; `None`: as long as it takes.
+    timeout: Option<Duration>,
+    requests: AtomicUsize,
+    tokens: AtomicUsize,
+}
+
+impl Admission {
+    /// `--max-queued-requests N` bounds the count alone. Without it the bound follows the KV
+    /// cache: waiting prompts may hold up to twice the cache's tokens (more would wait through
+    /// several turnovers of the cache), and at most 4 × `--max-running-requests` of them (64
+    /// at least, for a client's burst).
+    fn new(args: &ServerArgs, info: &ModelInfo) -> Admission {
+        let (max_requests, max_tokens) = match args.max_queued_requests {
+            Some(n) => (n, usize::MAX),
+            None => (
+                (4 * info.max_running_requests).max(MIN_QUEUE),
+                2 * info.max_total_tokens.max(1),
+            ),
+        };
+        Admission {
+            max_requests,
+            max_tokens,
+            timeout: (args.queue_timeout_secs > 0)
+                .then(|| Duration::from_secs(args.queue_timeout_secs)),
+            requests: AtomicUsize::new(0),
+            tokens: AtomicUsize::new(0),
+        }
+    }
+
+    /// Takes a place for a request of `tokens` prompt tokens, or says why there is none.
+    fn enter(&self, tokens: usize) -> Result<()> {
+        let before = self.requests.fetch_add(1, Ordering::AcqRel);
+        if before >= self.max_requests {
+            self.requests.fetch_sub(1, Ordering::AcqRel);
+            return Err(EngineError::Overloaded(format!(
+                "too many waiting requests ({}, --max-queued-requests); retry later",
+                self.max_requests
+            )));
+        }
+        let held = self.tokens.fetch_add(tokens, Ordering::AcqRel);
+        if before > 0 && held.saturating_add(tokens) > self.max_tokens {
+            self.leave(tokens);
+            return Err(EngineError::Overloaded(format!(
+                "the waiting requests already hold {held} prompt tokens (bound: {}, twice the KV \
+                 cache); retry later",
+                self.max_tokens
+            )));
+        }
+        Ok(())
+    }
+
+    fn leave(&self, tokens: usize) {
+        self.requests.fetch_sub(1, Ordering::AcqRel);
+        self.tokens.fetch_sub(tokens, Ordering::AcqRel);
+    }
+}
+
+/// Fewest requests the default bound lets wait.
+const MIN_QUEUE: usize = 64;
+
+/// A request's place among the waiting ones, given back when its first event comes or it ends.
+struct Waiting {
+    inner: Arc<Inner>,
+    tokens: usize,
+    since: Instant,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.inner.admission.leave(self.tokens);
+    }
 }
 
 /// Cloneable handle to a running engine.
@@ -107,6 +189,7 @@ pub struct EngineParts {
 
 impl EngineHandle {
     pub fn from_parts(p: EngineParts) -> Self {
+        let admission = Admission::new(&p.args, &p.info);
         EngineHandle {
             inner: Arc::new(Inner {
                 tx: p.tx,
@@ -118,6 +201,7 @@ impl EngineHandle {
                 stats: p.stats,
                 next_id: AtomicU64::new(1),
                 started: Instant::now(),
+                admission,
             }),
         }
     }
@@ -156,8 +240,14 @@ impl EngineHandle {
         self.inner.started.elapsed().as_secs_f64()
     }
 
-    /// Queue a request. Fails with 503/429-class errors when the scheduler is gone or the queue
-    /// is full; the request is then not queued at all.
+    /// Most requests that may wait, and most prompt tokens they may hold together.
+    pub fn queue_bounds(&self) -> (usize, usize) {
+        let a = &self.inner.admission;
+        (a.max_requests, a.max_tokens)
+    }
+
+    /// Queue a request. Fails with 503/429-class errors when the scheduler is gone or the
+    /// waiting requests are at their bound; the request is then not queued at all.
     pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream> {
         let stats = &self.inner.stats;
         if !stats.alive.load(Ordering::Acquire) {
@@ -165,12 +255,13 @@ impl EngineHandle {
                 "the engine's scheduler is not running".into(),
             ));
         }
-        if stats.num_queue_reqs.load(Ordering::Relaxed) >= self.inner.args.max_queued_requests {
-            return Err(EngineError::Overloaded(format!(
-                "too many waiting requests ({}); retry later",
-                self.inner.args.max_queued_requests
-            )));
-        }
+        let tokens = req.input_ids.len();
+        self.inner.admission.enter(tokens)?;
+        let waiting = Waiting {
+            inner: self.inner.clone(),
+            tokens,
+            since: Instant::now(),
+        };
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, rx) = tmpsc::unbounded_channel();
         let pending = PendingRequest {
@@ -188,6 +279,8 @@ impl EngineHandle {
             rx,
             tx: self.inner.tx.clone(),
             done: false,
+            waiting: Some(waiting),
+            expired: None,
         })
     }
 
@@ -208,14 +301,37 @@ pub struct RequestStream {
     rx: tmpsc::UnboundedReceiver<StreamEvent>,
     tx: mpsc::Sender<SchedulerMsg>,
     done: bool,
+    /// Its place among the waiting requests until the first event.
+    waiting: Option<Waiting>,
+    /// How long it had waited when the queue deadline ended it.
+    expired: Option<Duration>,
 }
 
 impl RequestStream {
+    /// The next event; `None` at the end, also when the request waited past the queue
+    /// deadline (`--queue-timeout-secs`, see [`RequestStream::expired`]), which aborts it.
     pub async fn next(&mut self) -> Option<StreamEvent> {
         if self.done {
             return None;
         }
-        let ev = self.rx.recv().await;
+        let deadline = self.waiting.as_ref().and_then(|w| {
+            let t = w.inner.admission.timeout?;
+            Some(w.since + t)
+        });
+        let ev = match deadline {
+            Some(at) => match tokio::time::timeout_at(at.into(), self.rx.recv()).await {
+                Ok(ev) => ev,
+                Err(_) => {
+                    self.expired = self.waiting.take().map(|w| w.since.elapsed());
+                    // Not done: dropping the stream aborts the request in the scheduler.
+                    let _ = self.tx.send(SchedulerMsg::Abort(self.id));
+                    self.done = true;
+                    return None;
+                }
+            },
+            None => self.rx.recv().await,
+        };
+        self.waiting = None;
         match &ev {
             Some(StreamEvent::Finished { .. }) | Some(StreamEvent::Error { .. }) | None => {
                 self.done = true
@@ -227,6 +343,17 @@ impl RequestStream {
 
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The 503 for a request that waited past the queue deadline, if this one did.
+    pub fn expired(&self) -> Option<EngineError> {
+        self.expired.map(|waited| {
+            EngineError::Unavailable(format!(
+                "the request waited {:.1} s in the queue without starting (--queue-timeout-secs); \
+                 retry later",
+                waited.as_secs_f64()
+            ))
+        })
     }
 }
 

@@ -123,8 +123,21 @@ impl From<crate::backend::BackendError> for EngineError {
 }
 
 impl IntoResponse for EngineError {
+    /// 429 and 503 say when to come back (`Retry-After`, seconds).
     fn into_response(self) -> Response {
-        (self.status(), Json(self.body())).into_response()
+        let retry_after = match self {
+            EngineError::Overloaded(_) => Some("1"),
+            EngineError::Unavailable(_) => Some("5"),
+            _ => None,
+        };
+        let mut resp = (self.status(), Json(self.body())).into_response();
+        if let Some(secs) = retry_after {
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(secs),
+            );
+        }
+        resp
     }
 }
 

@@ -120,9 +120,9 @@ impl Generation {
                 tracing::warn!(rid = %self.rid, %message, "request failed in the engine");
                 Err(EngineError::Internal(message))
             }
-            None => Err(EngineError::Unavailable(
-                "the engine stopped before the request finished".into(),
-            )),
+            None => Err(self.stream.expired().unwrap_or_else(|| {
+                EngineError::Unavailable("the engine stopped before the request finished".into())
+            })),
         }
     }
 

@@ -602,6 +602,7 @@ fn server_args_json(args: &ServerArgs) -> Map<String, Value> {
         "device": enum_name(&args.device()),
         "num_threads": args.num_threads,
         "max_queued_requests": args.max_queued_requests,
+        "queue_timeout_secs": args.queue_timeout_secs,
         // Through its decimal text, so 0.88 stays 0.88 and does not widen to 0.8799999952.
         "mem_fraction_static": args.mem_fraction_static.to_string().parse::<f64>().ok(),
         "tp_size": args.tp_size,
@@ -633,6 +634,8 @@ pub async fn get_server_info(State(engine): State<EngineHandle>) -> Json<Value> 
         "vocab_size": info.vocab_size,
         "max_total_num_tokens": info.max_total_tokens,
         "max_running_requests": info.max_running_requests,
+        "max_queued_requests": engine.queue_bounds().0,
+        "max_queued_tokens": engine.queue_bounds().1,
         "eos_token_ids": info.eos_token_ids,
         "architecture": info.architecture,
         "version": env!("CARGO_PKG_VERSION"),

@@ -1099,11 +1099,16 @@ pub fn offline_engine(args: &[String]) -> Result<EngineOfflineReport> {
             )));
         }
     };
-    if reqs.len() >= 4096 && !has(&serve, "--max-queued-requests") {
+    // Every prompt is submitted at once and waits its turn: no admission bound or queue
+    // deadline unless the flags ask for one.
+    if !has(&serve, "--max-queued-requests") {
         serve.extend([
             "--max-queued-requests".to_string(),
             (reqs.len() + 64).to_string(),
         ]);
+    }
+    if !has(&serve, "--queue-timeout-secs") {
+        serve.extend(["--queue-timeout-secs".to_string(), "0".to_string()]);
     }
     let flags = ServeFlags::try_parse_from(&serve)
         .map_err(|e| EngineError::InvalidArgument(format!("engine flags: {e}")))?

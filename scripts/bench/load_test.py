@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Load test: sgl-engine (CPU, default admission bounds) at 2x and 5x its sustainable load.
+
+1. Saturation: 16 clients send requests back to back for --warm seconds; the completed
+   requests per second are the sustainable rate.
+2. For each level (default 2 and 5): an open loop of Poisson arrivals at level x that rate for
+   --duration seconds. Every request is /generate with a 64-token prompt of random ids and
+   --max-new-tokens greedy tokens, with a 300 s client timeout.
+
+Prints, per level: sent, accepted (200), shed (429 or 503, with the time the answer took),
+other failures, latency percentiles of the accepted requests, and the server's peak resident
+memory (VmHWM is per process, so the peak of the level's own samples of VmRSS is shown too).
+What a bounded server shows: shed answers within milliseconds, accepted latency bounded by the
+queue deadline (--queue-timeout-secs, 60 s by default) plus the service time, memory flat.
+
+    cargo build --release -p sgl-engine
+    python3 scripts/bench/load_test.py --model "$(scripts/fetch-model.sh)" [--duration 60]
+"""
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import aiohttp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def rss_kib(pid, key):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+class Server:
+    def __init__(self, model, port, extra):
+        binary = os.path.join(ROOT, "target/release/sgl-engine")
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = open(os.path.join("/tmp", f"load_test_{port}.log"), "w")
+        self.proc = subprocess.Popen(
+            [binary, "serve", "--model-path", model, "--port", str(port), "--device", "cpu"]
+            + extra,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=2)
+                return
+            except Exception:
+                if self.proc.poll() is not None:
+                    sys.exit(f"server exited; see {self.log.name}")
+                time.sleep(0.5)
+        sys.exit("server did not become healthy in 120 s")
+
+    def info(self):
+        with urllib.request.urlopen(self.url + "/get_server_info", timeout=10) as r:
+            return json.load(r)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+class RssSampler(threading.Thread):
+    def __init__(self, pid):
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.running = pid, 0, True
+
+    def run(self):
+        while self.running:
+            self.peak = max(self.peak, rss_kib(self.pid, "VmRSS"))
+            time.sleep(0.25)
+
+
+def body(rng, max_new):
+    return {
+        "input_ids": [rng.randrange(1000, 40000) for _ in range(64)],
+        "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True},
+    }
+
+
+async def one(session, url, payload):
+    t = time.perf_counter()
+    try:
+        async with session.post(url + "/generate", json=payload) as r:
+            await r.read()
+            return r.status, time.perf_counter() - t
+    except Exception as e:  # noqa: BLE001 - counted as a failure
+        return f"error: {type(e).__name__}", time.perf_counter() - t
+
+
+async def saturation(url, seconds, max_new, clients=16):
+    rng = random.Random(1)
+    done = 0
+    end = time.perf_counter() + seconds
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def client():
+            nonlocal done
+            while time.perf_counter() < end:
+                status, _ = await one(session, url, body(rng, max_new))
+                done += status == 200
+
+        start = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        return done / (time.perf_counter() - start)
+
+
+async def open_loop(url, rate, seconds, max_new, seed):
+    rng = random.Random(seed)
+    tasks = []
+    timeout = aiohttp.ClientTimeout(total=300)
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            tasks.append(asyncio.create_task(one(session, url, body(rng, max_new))))
+            await asyncio.sleep(rng.expovariate(rate))
+        return await asyncio.gather(*tasks)
+
+
+def pct(xs, p):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--port", type=int, default=30123)
+    ap.add_argument("--duration", type=float, default=60)
+    ap.add_argument("--warm", type=float, default=20)
+    ap.add_argument("--levels", default="2,5")
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--server-args", default="", help="extra engine flags, space separated")
+    args = ap.parse_args()
+
+    server = Server(args.model, args.port, args.server_args.split())
+    try:
+        info = server.info()
+        print(
+            f"engine: max_running_requests {info['max_running_requests']}, "
+            f"max_queued_requests {info['max_queued_requests']}, "
+            f"max_queued_tokens {info['max_queued_tokens']}, "
+            f"queue_timeout_secs {info['queue_timeout_secs']}"
+        )
+        print(
+            f"workload: /generate, 64-token prompts, {args.max_new_tokens} greedy tokens each"
+        )
+        rate = asyncio.run(saturation(server.url, args.warm, args.max_new_tokens))
+        print(f"sustainable: {rate:.2f} req/s (16 clients back to back, {args.warm:.0f} s)")
+        print(
+            "| load | sent | accepted | shed (429/503) | shed answer p50 / p99 ms | other "
+            "| accepted latency p50 / p90 / p99 s | peak RSS MiB (level) | VmHWM MiB |"
+        )
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for i, level in enumerate(float(x) for x in args.levels.split(",")):
+            sampler = RssSampler(server.proc.pid)
+            sampler.start()
+            results = asyncio.run(
+                open_loop(server.url, rate * level, args.duration, args.max_new_tokens, 10 + i)
+            )
+            sampler.running = False
+            ok = [t for s, t in results if s == 200]
+            shed = [t for s, t in results if s in (429, 503)]
+            n429 = sum(1 for s, _ in results if s == 429)
+            other = len(results) - len(ok) - len(shed)
+            print(
+                f"| {level:g}x ({rate * level:.1f} req/s) | {len(results)} | {len(ok)} "
+                f"| {len(shed)} ({n429}/{len(shed) - n429}) "
+                f"| {pct(shed, 50) * 1e3:.1f} / {pct(shed, 99) * 1e3:.1f} | {other} "
+                f"| {pct(ok, 50):.1f} / {pct(ok, 90):.1f} / {pct(ok, 99):.1f} "
+                f"| {sampler.peak / 1024:.0f} | {rss_kib(server.proc.pid, 'VmHWM') / 1024:.0f} |",
+                flush=True,
+            )
+            if other:
+                print("  other answers:", sorted({str(s) for s, _ in results if s != 200 and s not in (429, 503)}))
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
