@@ -35,6 +35,10 @@ impl Deref for AppState {
     }
 }
 
+/// How often a worker that is not healthy is probed: a restarted engine should take
+/// requests again within seconds, whatever `--health-check-interval-secs` is.
+pub const DOWN_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Longest wait for a TCP connection to a worker.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -189,9 +193,22 @@ impl AppState {
         }
     }
 
-    /// Checks every worker concurrently.
+    /// Checks every worker concurrently (at start).
     pub async fn check_all(&self) {
         let workers = self.workers.all();
+        futures::future::join_all(workers.iter().map(|w| self.check_worker(w))).await;
+    }
+
+    /// The periodic round (`--health-check-interval-secs`): checks the healthy workers
+    /// concurrently, so that those that stop answering are marked dead. Dead ones are
+    /// [`Self::probe_down_workers`]'s.
+    pub async fn check_healthy(&self) {
+        let workers: Vec<_> = self
+            .workers
+            .all()
+            .into_iter()
+            .filter(|w| w.is_healthy())
+            .collect();
         futures::future::join_all(workers.iter().map(|w| self.check_worker(w))).await;
         // An open breaker's timeout may have passed too: queued requests look again.
         if self.queue.pending() > 0 {
@@ -199,7 +216,28 @@ impl AppState {
         }
     }
 
-    async fn probe(&self, url: &str) -> bool {
+    /// Probes every worker that is not healthy (marked dead, or not checked yet), each on
+    /// its own task and at most one probe per worker at a time, so that a restarted engine
+    /// is back within seconds (`--health-success-threshold` probes, [`DOWN_PROBE_INTERVAL`]
+    /// apart) and a frozen one, whose probe waits out its timeout, delays no other.
+    pub fn probe_down_workers(&self) {
+        for worker in self.workers.all() {
+            if worker.is_healthy() {
+                continue;
+            }
+            let Some(probe) = worker.begin_probe() else {
+                continue;
+            };
+            let state = self.clone();
+            tokio::spawn(async move {
+                state.check_worker(probe.worker()).await;
+            });
+        }
+    }
+
+    /// One request to `url`'s health endpoint: whether it answered 2xx within
+    /// `--health-check-timeout-secs`.
+    pub async fn probe(&self, url: &str) -> bool {
         let mut req = self
             .client
             .get(format!("{url}{}", self.config.health_check_endpoint))

@@ -72,6 +72,14 @@ pub struct RouterConfig {
     /// Time limit for one request to a worker, its whole response body included.
     #[arg(long, default_value_t = 600)]
     pub request_timeout_secs: u64,
+    /// Time a worker has to send the status line of its answer to one attempt (a stream's
+    /// comes at once; a non-streaming answer's when it is done). Past it the worker's
+    /// health endpoint is probed: a worker that does not answer within
+    /// --health-check-timeout-secs is frozen, is marked dead, and the request, of which the
+    /// client has received nothing yet, is retried on another worker; a worker that answers
+    /// is busy generating, and is probed again every time this passes. 0 turns it off.
+    #[arg(long, default_value_t = 30)]
+    pub first_byte_timeout_secs: u64,
     /// API key: clients must send `Authorization: Bearer <key>` (except to /health and
     /// /metrics), and the router sends it to the workers.
     #[arg(long, env = "SGL_ROUTER_API_KEY")]
@@ -274,6 +282,12 @@ impl RouterConfig {
         Duration::from_secs(self.request_timeout_secs)
     }
 
+    /// `--first-byte-timeout-secs`, unless turned off.
+    pub fn first_byte_timeout(&self) -> Option<Duration> {
+        (self.first_byte_timeout_secs > 0)
+            .then(|| Duration::from_secs(self.first_byte_timeout_secs))
+    }
+
     pub fn queue_timeout(&self) -> Duration {
         Duration::from_secs(self.queue_timeout_secs)
     }
@@ -303,6 +317,7 @@ mod tests {
         assert_eq!(c.eviction_interval_secs, 60);
         assert_eq!(c.max_tree_size, 16_777_216);
         assert_eq!((c.queue_size, c.queue_timeout_secs), (100, 60));
+        assert_eq!(c.first_byte_timeout(), Some(Duration::from_secs(30)));
         c.validate().unwrap();
     }
 
@@ -340,5 +355,7 @@ mod tests {
         let c = parse(&["--disable-retries", "--disable-circuit-breaker"]).unwrap();
         assert_eq!(c.retry().max_retries, 0);
         assert_eq!(c.breaker().failure_threshold, 0);
+        let c = parse(&["--first-byte-timeout-secs", "0"]).unwrap();
+        assert_eq!(c.first_byte_timeout(), None, "0 turns it off");
     }
 }

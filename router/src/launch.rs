@@ -1,5 +1,6 @@
 //! Starting a router: state, the first round of health checks, background loops (health
-//! checks, tree eviction, service discovery) and the HTTP server.
+//! checks of healthy workers, fast probes of dead ones, tree eviction, service discovery) and
+//! the HTTP server.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -8,7 +9,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::app::AppState;
+use crate::app::{AppState, DOWN_PROBE_INTERVAL};
 use crate::config::RouterConfig;
 use crate::discovery::{self, DiscoveryConfig};
 use crate::error::Result;
@@ -54,7 +55,16 @@ pub async fn launch(config: RouterConfig, listener: TcpListener) -> Result<Runni
         cancel.clone(),
         move || {
             let s = s.clone();
-            async move { s.check_all().await }
+            async move { s.check_healthy().await }
+        },
+    ));
+    let s = state.clone();
+    tasks.push(every(
+        DOWN_PROBE_INTERVAL.min(Duration::from_secs(state.config.health_check_interval_secs)),
+        cancel.clone(),
+        move || {
+            s.probe_down_workers();
+            async {}
         },
     ));
     let s = state.clone();

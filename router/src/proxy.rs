@@ -3,22 +3,25 @@
 //! A request is retried on another worker (chosen again by the policy, the failed ones left
 //! out while others remain) after a failure to connect or a 502/503/504 answer, with
 //! exponential backoff and jitter between attempts; a worker that refuses the connection is
-//! taken out of rotation at once. A request whose worker took it and then dropped the
-//! connection without an answer is not retried: the worker may have crashed on that very
-//! request, and a retry would take the next worker down the same way (a poison request must
-//! not walk through the fleet). It is answered 502 and the worker is marked dead until its
-//! health checks pass again. A request the worker does not accept (any answer but a 2xx, or
-//! no answer) is taken back out of the cache-aware prefix tree. Once a worker's status line has been
-//! accepted, its body is streamed to the client chunk by chunk as it arrives, and is never
-//! retried: the client may already hold part of it. The worker's load counts the request
-//! until the last chunk has been sent or the client has gone away. A generation response's
-//! prompt and cached token counts are read as it passes ([`crate::usage`]) and counted when
-//! it ends.
+//! taken out of rotation at once. So is a worker that sends nothing for
+//! `--first-byte-timeout-secs` and then fails a health probe (frozen: stopped, hung, its
+//! machine gone); the request, of which the client has received nothing, goes to another
+//! worker, but not to a third once two have frozen on it. A request whose worker took it and
+//! then dropped the connection without an answer is not retried: the worker may have crashed
+//! on that very request, and a retry would take the next worker down the same way (a poison
+//! request must not walk through the fleet). It is answered 502 and the worker is marked dead
+//! until its health checks pass again. A request the worker does not accept (any answer but
+//! a 2xx, or no answer) is taken back out of the cache-aware prefix tree. Once a worker's
+//! status line has been accepted, its body is streamed to the client chunk by chunk as it
+//! arrives, and is never retried: the client may already hold part of it. The worker's load
+//! counts the request until the last chunk has been sent or the client has gone away. A
+//! generation response's prompt and cached token counts are read as it passes
+//! ([`crate::usage`]) and counted when it ends.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::response::Response;
@@ -31,7 +34,7 @@ use crate::app::AppState;
 use crate::error::{Result, RouterError};
 use crate::retry::is_retryable_status;
 use crate::usage::UsageScan;
-use crate::worker::LoadGuard;
+use crate::worker::{LoadGuard, Worker};
 
 /// A request to forward.
 pub struct Outgoing<'a> {
@@ -117,6 +120,61 @@ fn connection_broke(e: &reqwest::Error) -> bool {
     false
 }
 
+/// Workers a request may find frozen before it is answered without another attempt: one
+/// frozen worker is bad luck (it was stopped, its host hung), a second on the same request
+/// says the request may be what freezes them, and a third would only spread it.
+const MAX_FROZEN_ATTEMPTS: u32 = 2;
+
+/// How one attempt ended, before any of the answer's body.
+enum Attempt {
+    /// The worker's status line and headers arrived.
+    Answered(reqwest::Response),
+    Failed(reqwest::Error),
+    /// Nothing arrived within the first-byte timeout, and the worker then failed a health
+    /// probe: it is frozen (stopped, hung, or its machine gone), not busy.
+    Frozen {
+        waited: Duration,
+    },
+}
+
+/// Awaits `send`, probing the worker's health each time `--first-byte-timeout-secs` passes
+/// without its status line: a non-streaming answer comes only when it is done, so silence
+/// alone does not tell a long generation from a frozen worker, but a worker's health endpoint
+/// answers while it generates. The request timeout still bounds the whole wait (inside `send`).
+async fn send_watched(
+    state: &AppState,
+    worker: &Worker,
+    send: impl Future<Output = reqwest::Result<reqwest::Response>>,
+) -> Attempt {
+    let done = |r: reqwest::Result<reqwest::Response>| match r {
+        Ok(resp) => Attempt::Answered(resp),
+        Err(e) => Attempt::Failed(e),
+    };
+    let Some(limit) = state.config.first_byte_timeout() else {
+        return done(send.await);
+    };
+    let started = Instant::now();
+    tokio::pin!(send);
+    loop {
+        if let Ok(r) = tokio::time::timeout(limit, &mut send).await {
+            return done(r);
+        }
+        let probe = state.probe(worker.url());
+        tokio::pin!(probe);
+        tokio::select! {
+            r = &mut send => return done(r),
+            alive = &mut probe => if !alive {
+                return Attempt::Frozen { waited: started.elapsed() };
+            },
+        }
+        tracing::debug!(
+            worker = worker.url(),
+            waited_s = started.elapsed().as_secs(),
+            "no answer yet; the worker is alive and still working"
+        );
+    }
+}
+
 /// Sends `req` to a worker, retrying as described in the module documentation.
 pub async fn forward(state: &AppState, req: Outgoing<'_>) -> Result<Response> {
     let attempts = state.retry.max_retries + 1;
@@ -124,6 +182,7 @@ pub async fn forward(state: &AppState, req: Outgoing<'_>) -> Result<Response> {
     let timeout = state.config.request_timeout();
     let mut tried: Vec<Arc<str>> = Vec::new();
     let mut last_error = String::from("no attempt was made");
+    let mut frozen = 0;
     for attempt in 0..attempts {
         if attempt > 0 {
             state.metrics.retries.with_label_values(&[req.route]).inc();
@@ -157,12 +216,40 @@ pub async fn forward(state: &AppState, req: Outgoing<'_>) -> Result<Response> {
         if let Some(body) = &req.body {
             builder = builder.body(body.clone());
         }
-        let sent = builder.send().await;
+        let sent = send_watched(state, &worker, builder.send()).await;
         // A request the worker did not accept leaves nothing in the prefix tree.
-        let accepted = matches!(&sent, Ok(resp) if resp.status().is_success());
+        let accepted = matches!(&sent, Attempt::Answered(resp) if resp.status().is_success());
         if !accepted && let (Some(text), Some(recorded)) = (req.text, decision.recorded) {
             state.policy.on_refused(text, worker.url(), recorded);
         }
+        let sent = match sent {
+            Attempt::Answered(resp) => Ok(resp),
+            Attempt::Failed(e) => Err(e),
+            Attempt::Frozen { waited } => {
+                guard.failed();
+                frozen += 1;
+                last_error = format!(
+                    "{} sent nothing for {} s (--first-byte-timeout-secs) and did not answer \
+                     its health check",
+                    worker.url(),
+                    waited.as_secs()
+                );
+                tracing::warn!(worker = worker.url(), error = %last_error, attempt, "worker is frozen");
+                state.mark_down(&worker, "no first byte and no answer to its health check");
+                if frozen >= MAX_FROZEN_ATTEMPTS {
+                    return Err(RouterError::Upstream {
+                        url: worker.url().to_string(),
+                        message: format!(
+                            "{last_error}; {frozen} workers froze on this request, which may \
+                             be what froze them: not sent to another"
+                        ),
+                    });
+                }
+                // Nothing reached the client yet: the request may go elsewhere.
+                tried.push(worker.url_arc());
+                continue;
+            }
+        };
         match sent {
             Ok(resp) => {
                 let status = resp.status();

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
@@ -340,13 +341,19 @@ struct UrlQuery {
     url: Option<String>,
 }
 
-fn required_url(q: UrlQuery) -> Result<String> {
+/// The `url` query parameter; a query that does not parse is a 400 in the usual error shape
+/// (axum's own rejection is plain text).
+fn required_url(q: std::result::Result<Query<UrlQuery>, QueryRejection>) -> Result<String> {
+    let Query(q) = q.map_err(|e| RouterError::BadRequest(e.body_text()))?;
     q.url
         .filter(|u| !u.is_empty())
         .ok_or_else(|| RouterError::BadRequest("the `url` query parameter is required".into()))
 }
 
-async fn add_worker(State(state): State<AppState>, Query(q): Query<UrlQuery>) -> Response {
+async fn add_worker(
+    State(state): State<AppState>,
+    q: std::result::Result<Query<UrlQuery>, QueryRejection>,
+) -> Response {
     let result = async {
         let worker = state.add_worker(&required_url(q)?).await?;
         Ok::<_, RouterError>(Json(json!({
@@ -359,7 +366,10 @@ async fn add_worker(State(state): State<AppState>, Query(q): Query<UrlQuery>) ->
     result.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
 }
 
-async fn remove_worker(State(state): State<AppState>, Query(q): Query<UrlQuery>) -> Response {
+async fn remove_worker(
+    State(state): State<AppState>,
+    q: std::result::Result<Query<UrlQuery>, QueryRejection>,
+) -> Response {
     let result = required_url(q).and_then(|url| state.remove_worker(&url));
     match result {
         Ok(w) => Json(json!({

@@ -40,6 +40,8 @@ pub struct Worker {
     pending: AtomicBool,
     health_failures: AtomicU32,
     health_successes: AtomicU32,
+    /// A probe of a dead worker is in flight (at most one at a time).
+    probing: AtomicBool,
     breaker: CircuitBreaker,
 }
 
@@ -53,6 +55,7 @@ impl Worker {
             pending: AtomicBool::new(true),
             health_failures: AtomicU32::new(0),
             health_successes: AtomicU32::new(0),
+            probing: AtomicBool::new(false),
             breaker: CircuitBreaker::new(breaker),
         }
     }
@@ -131,6 +134,11 @@ impl Worker {
         None
     }
 
+    /// Claims the right to probe this worker; `None` while another probe is in flight.
+    pub fn begin_probe(self: &Arc<Self>) -> Option<ProbeGuard> {
+        (!self.probing.swap(true, Ordering::AcqRel)).then(|| ProbeGuard(self.clone()))
+    }
+
     /// Counts a request in flight until the returned guard is dropped.
     pub fn start_request(self: &Arc<Self>) -> LoadGuard {
         self.load.fetch_add(1, Ordering::Relaxed);
@@ -139,6 +147,22 @@ impl Worker {
             worker: self.clone(),
             outcome_recorded: false,
         }
+    }
+}
+
+/// A probe in flight; dropping it lets the next one start.
+#[derive(Debug)]
+pub struct ProbeGuard(Arc<Worker>);
+
+impl ProbeGuard {
+    pub fn worker(&self) -> &Arc<Worker> {
+        &self.0
+    }
+}
+
+impl Drop for ProbeGuard {
+    fn drop(&mut self) {
+        self.0.probing.store(false, Ordering::Release);
     }
 }
 
@@ -344,6 +368,15 @@ mod tests {
             w.record_health(true, 3, 2),
             Some(HealthChange::BecameHealthy)
         );
+    }
+
+    #[test]
+    fn one_probe_at_a_time() {
+        let w = Arc::new(Worker::new("http://a:1", BreakerConfig::default()));
+        let first = w.begin_probe().unwrap();
+        assert!(w.begin_probe().is_none(), "a probe is in flight");
+        drop(first);
+        assert!(w.begin_probe().is_some(), "free again once it ends");
     }
 
     #[test]

@@ -6,79 +6,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::engine::Engine;
 use common::{client, start};
 use serde_json::{Value, json};
 use sgl_router::{PolicyKind, RouterConfig};
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-/// A real engine process, killed when dropped.
-struct Engine {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Engine {
-    /// `target/release/sgl-engine serve` on the default model, on a free loopback port.
-    fn start() -> Engine {
-        let binary = workspace_root().join("target/release/sgl-engine");
-        assert!(
-            binary.is_file(),
-            "{} is missing: run `cargo build --release -p sgl-engine` first",
-            binary.display()
-        );
-        let model = Command::new("bash")
-            .arg(workspace_root().join("scripts/fetch-model.sh"))
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("run scripts/fetch-model.sh");
-        assert!(model.status.success(), "scripts/fetch-model.sh failed");
-        let model = String::from_utf8_lossy(&model.stdout).trim().to_string();
-        let mut child = Command::new(&binary)
-            .args(["serve", "--model-path", &model, "--host", "127.0.0.1"])
-            .args(["--port", "0", "--num-threads", "1"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn sgl-engine");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(rest) = line.trim().strip_prefix("listening on ")
-                    && let Some(t) = tx.take()
-                {
-                    let _ = t.send(rest.trim().trim_end_matches('/').to_string());
-                }
-            }
-        });
-        let url = rx
-            .recv_timeout(Duration::from_secs(300))
-            .expect("sgl-engine printed `listening on ...` within 300 s");
-        Engine { child, url }
-    }
-}
 
 fn config(queue_size: usize, queue_timeout_secs: u64) -> RouterConfig {
     RouterConfig {

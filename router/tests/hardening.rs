@@ -4,9 +4,12 @@
 
 mod common;
 
-use std::time::Duration;
+use std::io::Read;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use common::*;
+use parking_lot::Mutex;
 use sgl_router::PolicyKind;
 use sgl_router::sim::SimConfig;
 
@@ -171,6 +174,22 @@ async fn the_router_serves_the_engines_routes_with_its_error_shapes() {
         );
     }
 
+    // A query string that does not parse is the router's 400, in the same shape.
+    let resp = call(
+        reqwest::Method::POST,
+        "/add_worker?url=http://a:1&url=http://b:1",
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), 400);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("url"),
+        "{body}"
+    );
+
     let anon = client();
     let resp = anon
         .get(format!("{url}/health_generate"))
@@ -183,6 +202,84 @@ async fn the_router_serves_the_engines_routes_with_its_error_shapes() {
     assert_eq!(workers[0].requests(), 1, "only PUT /generate generated");
     let resp = anon.get(format!("{url}/health")).send().await.unwrap();
     assert_eq!(resp.status(), 200, "/health stays open for probes");
+    router.shutdown().await.unwrap();
+}
+
+/// A TCP server that takes every connection and request and never answers (a frozen
+/// process); returns its URL and the request lines it received.
+fn black_hole() -> (String, Arc<Mutex<Vec<String>>>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let log = log.clone();
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut logged = false;
+                let mut buf = [0u8; 4096];
+                // Reads until the peer goes away; answers nothing.
+                while let Ok(n) = stream.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    if !logged {
+                        head.extend_from_slice(&buf[..n]);
+                        if let Some(end) = head.windows(2).position(|w| w == b"\r\n") {
+                            log.lock()
+                                .push(String::from_utf8_lossy(&head[..end]).into_owned());
+                            logged = true;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (url, seen)
+}
+
+/// One frozen worker is skipped; a request that a second worker froze on is answered 502
+/// instead of being sent to a third (it may be what freezes them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_two_workers_froze_on_goes_to_no_third() {
+    let holes: Vec<_> = (0..3).map(|_| black_hole()).collect();
+    let mut cfg = config(&[], PolicyKind::RoundRobin);
+    cfg.worker_urls = holes.iter().map(|(u, _)| u.clone()).collect();
+    cfg.first_byte_timeout_secs = 1;
+    cfg.health_check_timeout_secs = 1;
+    cfg.health_check_interval_secs = 3600;
+    cfg.retry_max_retries = 5;
+    cfg.disable_circuit_breaker = true;
+    let router = start(cfg).await;
+    // They fail their first checks: mark them healthy to send them the request.
+    for (u, _) in &holes {
+        router.state().workers.get(u).unwrap().mark_healthy();
+    }
+    let c = client();
+    let url = router.url();
+    let sent = Instant::now();
+    let (status, _, body) = generate(&c, &url, "freeze them all").await;
+    let took = sent.elapsed();
+    assert_eq!(status, 502, "{body}");
+    let msg = body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("2 workers froze"), "{msg}");
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    let reached: Vec<usize> = holes
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, seen))| seen.lock().iter().any(|l| l.starts_with("POST /generate")))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(reached.len(), 2, "the request reached workers {reached:?}");
+    for i in reached {
+        assert_eq!(
+            worker_entry(&c, &url, &holes[i].0).await["healthy"],
+            false,
+            "a frozen worker is marked dead"
+        );
+    }
     router.shutdown().await.unwrap();
 }
 

@@ -1,6 +1,8 @@
 //! Shared helpers: simulated workers, a router on a free loopback port, a client.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod engine;
+
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
