@@ -2,7 +2,7 @@
 # Builds the test control plane's components from the Go module proxy, once, into a cache
 # folder keyed by the pinned versions (versions.env and the wrapper modules under go/):
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm
-# Does nothing when the binaries are there. Prints the bin folder on stdout; progress and
+# and prometheus-adapter (the custom metrics API). Does nothing when the binaries are there. Prints the bin folder on stdout; progress and
 # timings go to stderr.
 #
 # Environment: SGL_K8S_CACHE (default ~/.cache/sgl-k8s) is the cache root.
@@ -23,16 +23,33 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   k8s_ldflags+=" -X $pkg.gitTreeState=clean"
 done
 
-key="$( (cat "$here/versions.env" "$here"/go/*/go.mod "$here"/go/*/go.sum; echo "$k8s_ldflags") |
+# The folder's key covers the control plane's components. prometheus-adapter has its own
+# key, kept next to its binary, so pinning another adapter rebuilds the adapter alone.
+core_mods=(etcd kubernetes)
+key="$( (grep -v '^PROMETHEUS_ADAPTER_' "$here/versions.env"
+  for m in "${core_mods[@]}"; do cat "$here/go/$m/go.mod"; done
+  for m in "${core_mods[@]}"; do cat "$here/go/$m/go.sum"; done
+  echo "$k8s_ldflags") |
   sha256sum | cut -c1-16)"
+adapter_mod="$here/go/prometheus-adapter"
+adapter_key="$(cat "$here/versions.env" "$adapter_mod/go.mod" "$adapter_mod/go.sum" | sha256sum | cut -c1-16)"
 cache="${SGL_K8S_CACHE:-$HOME/.cache/sgl-k8s}"
 bin="$cache/$key/bin"
-components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm)
+components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm prometheus-adapter)
 
 missing=()
 for c in "${components[@]}"; do
   [ -x "$bin/$c" ] || missing+=("$c")
 done
+if [ -x "$bin/prometheus-adapter" ] &&
+  [ "$(cat "$bin/prometheus-adapter.key" 2> /dev/null)" != "$adapter_key" ]; then
+  missing+=(prometheus-adapter)
+fi
+# The wrapper module must build the version pinned here.
+grep -q "^require sigs.k8s.io/prometheus-adapter $PROMETHEUS_ADAPTER_VERSION\$" "$adapter_mod/go.mod" || {
+  echo "$adapter_mod/go.mod does not require sigs.k8s.io/prometheus-adapter $PROMETHEUS_ADAPTER_VERSION (versions.env)" >&2
+  exit 2
+}
 if [ "${1:-}" = --check ]; then
   # Prints the bin folder when every component is built; fails (status 3) otherwise.
   [ ${#missing[@]} -eq 0 ] || { echo "not built in $bin: ${missing[*]} (run tests/k8s/build.sh)" >&2; exit 3; }
@@ -87,8 +104,25 @@ if [ ${#missing[@]} -gt 0 ]; then
   if want helm; then
     timed "helm $HELM_VERSION" env GOBIN="$tmp" go install "${flags[@]}" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   fi
+  if want prometheus-adapter; then
+    timed "prometheus-adapter $PROMETHEUS_ADAPTER_VERSION" \
+      bash -c 'cd "$1/go/prometheus-adapter" && shift && go build "$@"' _ "$here" \
+      "${flags[@]}" -o "$tmp/prometheus-adapter" sigs.k8s.io/prometheus-adapter/cmd/adapter
+    echo "$adapter_key" > "$bin/prometheus-adapter.key"
+  fi
   rm -rf "$tmp"
   log "cold build of ${missing[*]} took $(($(date +%s) - total_start)) s"
+fi
+
+# Prometheus is Debian's package (cluster.sh scrapes the engines with it for the custom
+# metrics API); installed here when missing, as CI's fresh machines need.
+if [ -z "${SGL_K8S_PROMETHEUS:-}" ] && ! command -v prometheus > /dev/null && command -v apt-get > /dev/null; then
+  sudo=""
+  [ "$(id -u)" != 0 ] && sudo="sudo"
+  log "installing Debian's prometheus"
+  { $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends prometheus; } >&2 ||
+    log "could not install prometheus: the test cluster will serve no custom metrics API"
 fi
 
 echo "$bin"

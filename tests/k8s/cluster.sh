@@ -2,7 +2,9 @@
 # A real Kubernetes control plane on loopback, for tests:
 #   etcd, kube-apiserver (RBAC, service-account tokens, aggregation layer),
 #   kube-controller-manager (all default controllers, leader Lease), kube-scheduler, and kwok
-#   with fake nodes whose pod CIDRs lie in 127.0.0.0/8.
+#   with fake nodes whose pod CIDRs lie in 127.0.0.0/8; Prometheus scraping the engine pods
+#   and prometheus-adapter with the chart's rules behind the custom metrics API (when a
+#   prometheus binary is there).
 #
 #   tests/k8s/cluster.sh up    [--work DIR] [--owner-pid PID] [--runner BIN -- ARGS...]
 #   tests/k8s/cluster.sh env   [--work DIR]
@@ -173,6 +175,10 @@ cert controller-manager ca "/CN=system:kube-controller-manager" "$client_ext"
 cert scheduler ca "/CN=system:kube-scheduler" "$client_ext"
 cert apiserver-kubelet-client ca "/O=system:masters/CN=kube-apiserver-kubelet-client" "$client_ext"
 cert front-proxy-client front-proxy-ca "/CN=front-proxy-client" "$client_ext"
+cert custom-metrics ca "/CN=custom-metrics-apiserver" "basicConstraints=CA:FALSE
+keyUsage=digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:custom-metrics-apiserver.custom-metrics.svc"
 openssl genrsa -out "$pki/sa.key" 2048 2> /dev/null
 openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2> /dev/null
 
@@ -238,7 +244,7 @@ apiserver_cmd=("$bin/kube-apiserver"
   --requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
   --requestheader-extra-headers-prefix X-Remote-Extra- \
   --proxy-client-cert-file "$pki/front-proxy-client.crt" --proxy-client-key-file "$pki/front-proxy-client.key" \
-  --enable-aggregator-routing=true \
+  --enable-aggregator-routing=false \
   --allow-privileged=true \
   --profiling=false --v=1)
 printf '%s\0' "${apiserver_cmd[@]}" > "$work/kube-apiserver.cmd"
@@ -303,6 +309,101 @@ gpu_taint='{key: nvidia.com/gpu, value: present, effect: NoSchedule}'
 } | kubectl apply -f - > /dev/null
 wait_for "node kwok-node-0" 120 kubectl wait --for=condition=Ready node/kwok-node-0 --timeout=5s
 wait_for "default service account" 120 kubectl get serviceaccount default -n default
+
+# --- Prometheus and the custom metrics API --------------------------------------------------
+# Prometheus (Debian's package, or SGL_K8S_PROMETHEUS) scrapes every engine pod's /metrics on
+# its `http` port, as the chart's ServiceMonitor selects them, with namespace and pod labels.
+# Debian builds Prometheus without Kubernetes discovery, so a loop here lists the engine pods
+# every 2 s into a file_sd target file (and the Service's endpoints could not hold them
+# anyway: the API server refuses endpoints in 127.0.0.0/8, where the kwok nodes' pods live).
+# prometheus-adapter serves custom.metrics.k8s.io/v1beta1 from the chart's rules through the
+# aggregation layer; its APIService names an ExternalName Service for localhost, which the
+# aggregator dials directly.
+prometheus="${SGL_K8S_PROMETHEUS:-$(command -v prometheus || true)}"
+if [ -z "$prometheus" ]; then
+  log "no prometheus binary (apt-get install prometheus, or set SGL_K8S_PROMETHEUS): the custom metrics API is not served"
+else
+  prom_port=$(free_port)
+  adapter_port=$(free_port)
+  mkdir -p "$work/prometheus"
+  echo '[]' > "$work/prometheus/engines.json"
+  cat > "$work/prometheus/prometheus.yml" <<EOF
+global: {scrape_interval: 2s, evaluation_interval: 2s}
+scrape_configs:
+- job_name: sglang-engines
+  file_sd_configs:
+  - files: [$work/prometheus/engines.json]
+    refresh_interval: 2s
+EOF
+  start prometheus-targets python3 -c '
+import json, os, subprocess, sys, time
+kubectl, out = sys.argv[1:3]
+selector = "app.kubernetes.io/managed-by=sgl-operator,app.kubernetes.io/component=engine"
+while True:
+    r = subprocess.run([kubectl, "get", "pods", "-A", "-l", selector, "-o", "json"],
+                       capture_output=True, text=True)
+    if r.returncode == 0:
+        targets = []
+        for p in json.loads(r.stdout)["items"]:
+            ip = p.get("status", {}).get("podIP")
+            if not ip or p["metadata"].get("deletionTimestamp"):
+                continue
+            for c in p["spec"]["containers"]:
+                for port in c.get("ports", []):
+                    if port.get("name") == "http":
+                        targets.append({
+                            "targets": ["%s:%d" % (ip, port["containerPort"])],
+                            "labels": {"namespace": p["metadata"]["namespace"],
+                                       "pod": p["metadata"]["name"],
+                                       "service": p["metadata"]["labels"].get("app.kubernetes.io/instance", "")}})
+        with open(out + ".tmp", "w") as f:
+            json.dump(targets, f)
+        os.replace(out + ".tmp", out)
+    time.sleep(2)
+' "$bin/kubectl" "$work/prometheus/engines.json"
+  start prometheus "$prometheus" --config.file "$work/prometheus/prometheus.yml" \
+    --storage.tsdb.path "$work/prometheus/data" --web.listen-address "127.0.0.1:$prom_port"
+  wait_for prometheus 60 curl -sf "http://127.0.0.1:$prom_port/-/ready"
+  start prometheus-adapter "$bin/prometheus-adapter" \
+    --bind-address 127.0.0.1 --secure-port "$adapter_port" \
+    --tls-cert-file "$pki/custom-metrics.crt" --tls-private-key-file "$pki/custom-metrics.key" \
+    --lister-kubeconfig "$work/admin.kubeconfig" \
+    --authentication-kubeconfig "$work/admin.kubeconfig" \
+    --authorization-kubeconfig "$work/admin.kubeconfig" \
+    --prometheus-url "http://127.0.0.1:$prom_port" \
+    --config "$root/helm/files/prometheus-adapter-rules.yaml" \
+    --metrics-relist-interval 5s --v=1
+  cat >> "$work/ports.env" <<EOF
+PROMETHEUS_URL=http://127.0.0.1:$prom_port
+CUSTOM_METRICS_PORT=$adapter_port
+EOF
+  cat <<EOF | kubectl apply -f - > /dev/null
+apiVersion: v1
+kind: Namespace
+metadata: {name: custom-metrics}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: custom-metrics-apiserver, namespace: custom-metrics}
+spec:
+  type: ExternalName
+  externalName: localhost
+  ports: [{name: https, port: $adapter_port}]
+---
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata: {name: v1beta1.custom.metrics.k8s.io}
+spec:
+  group: custom.metrics.k8s.io
+  version: v1beta1
+  service: {name: custom-metrics-apiserver, namespace: custom-metrics, port: $adapter_port}
+  caBundle: $(base64 -w0 "$pki/ca.crt")
+  groupPriorityMinimum: 100
+  versionPriority: 100
+EOF
+  wait_for "the custom metrics API" 120 kubectl wait --for=condition=Available \
+    apiservice/v1beta1.custom.metrics.k8s.io --timeout=5s
+fi
 
 if [ -n "$runner" ]; then
   start pod-runner "$runner" --kubeconfig "$work/admin.kubeconfig" "${runner_args[@]}"

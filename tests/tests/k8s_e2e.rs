@@ -1659,3 +1659,131 @@ async fn n1_the_operator_rides_out_20s_without_the_api_server() {
     );
     delete_service(&client, ns, "patient").await;
 }
+
+#[tokio::test]
+async fn o1_the_custom_metrics_api_serves_the_engines_queue_the_hpa_reads() {
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    let served = c.kubectl_raw(
+        &["get", "apiservice", "v1beta1.custom.metrics.k8s.io"],
+        None,
+    );
+    if !served.status.success() {
+        let why = "the test cluster serves no custom metrics API (no prometheus binary)";
+        assert!(
+            std::env::var(sgl_e2e_tests::k8s::cluster::REQUIRED_ENV).as_deref() != Ok("1"),
+            "{why}"
+        );
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    ensure_chart(c, &client).await;
+    let ns = "metrics-e2e";
+    ensure_namespace(c, ns);
+    c.apply(&format!(
+        r#"apiVersion: serving.sgl-rs.io/v1alpha1
+kind: SGLangService
+metadata:
+  name: scraped
+  namespace: {ns}
+spec:
+  model:
+    path: /models/SmolLM2-135M-Instruct.Q4_1.gguf
+  device: cpu
+  tpSize: 1
+  dpSize: 1
+  autoscaling: {{enabled: true, minReplicas: 1, maxReplicas: 2, targetQueueLength: 4}}
+"#
+    ));
+    let engines = wait_for("a ready engine", WAIT, || async {
+        let pods = ready_pods(&client, ns, "serving.sgl-rs.io/engine=scraped").await?;
+        (pods.len() == 1)
+            .then_some(pods.clone())
+            .ok_or(c.log_tail("pod-runner", 10))
+    })
+    .await;
+    let engine = engines[0].name_any();
+    // The queue metric is the one the operator's HPA asks for, not a name copied here.
+    let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), ns);
+    let hpa = wait_for("the service's HPA", WAIT, || async {
+        let list = hpas
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .into_iter()
+            .next()
+            .ok_or_else(|| "no HPA".to_string())
+    })
+    .await;
+    let pod_metrics: Vec<String> = hpa
+        .spec
+        .metrics
+        .iter()
+        .flatten()
+        .filter_map(|m| Some(m.pods.as_ref()?.metric.name.clone()))
+        .collect();
+    let queue = pod_metrics
+        .iter()
+        .find(|m| m.contains("queue"))
+        .unwrap_or_else(|| panic!("the HPA reads no per-pod queue metric: {pod_metrics:?}"))
+        .clone();
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let engine_url = format!("http://{}:30000/metrics", pod_ip(&engines[0]));
+    let path = format!(
+        "/apis/custom.metrics.k8s.io/v1beta1/namespaces/{ns}/pods/*/{queue}?labelSelector=serving.sgl-rs.io/engine%3Dscraped"
+    );
+    // Prometheus scrapes the engine, the adapter's rule turns sglang:num_queue_reqs into the
+    // per-pod metric, and the aggregation layer serves it, with the engine's own value.
+    let (value, reported) = wait_for(
+        "the engine's queue metric through the custom metrics API",
+        WAIT,
+        || async {
+            let out = c.kubectl_raw(&["get", "--raw", &path], None);
+            if !out.status.success() {
+                return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+            }
+            let list: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+            let item = list["items"]
+                .as_array()
+                .and_then(|items| {
+                    items
+                        .iter()
+                        .find(|i| i["describedObject"]["name"] == engine.as_str())
+                })
+                .ok_or(format!("no item for pod {engine}: {list}"))?;
+            if item["metricName"] != queue.as_str() || item["describedObject"]["kind"] != "Pod" {
+                return Err(format!("unexpected item {item}"));
+            }
+            let value = item["value"].as_str().ok_or("no value")?.to_string();
+            let text = http
+                .get(&engine_url)
+                .send()
+                .await
+                .map_err(|e| e.to_string())?
+                .text()
+                .await
+                .map_err(|e| e.to_string())?;
+            let reported = text
+                .lines()
+                .find(|l| l.starts_with("sglang:num_queue_reqs"))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .ok_or("the engine reports no sglang:num_queue_reqs")?;
+            Ok((value, reported))
+        },
+    )
+    .await;
+    let parsed: f64 = match value.strip_suffix('m') {
+        Some(milli) => milli.parse::<f64>().map(|v| v / 1000.0),
+        None => value.parse::<f64>(),
+    }
+    .unwrap_or_else(|e| panic!("value {value}: {e}"));
+    assert_eq!(
+        parsed, reported,
+        "the custom metrics API says {value}, the engine {reported}"
+    );
+    delete_service(&client, ns, "scraped").await;
+}
