@@ -43,6 +43,9 @@ impl Mat {
     }
 }
 
+/// One vector per position.
+type Rows = Vec<Vec<f64>>;
+
 struct Layer {
     attn_norm: Vec<f32>,
     q: Mat,
@@ -133,8 +136,7 @@ impl Reference {
         let c = &self.cfg;
         let (hd, group) = (c.head_dim, c.num_heads / c.num_kv_heads);
         // Per layer: keys and values of every position so far, `[pos][kv_dim]`.
-        let mut cache: Vec<(Vec<Vec<f64>>, Vec<Vec<f64>>)> =
-            vec![(Vec::new(), Vec::new()); c.num_layers];
+        let mut cache: Vec<(Rows, Rows)> = vec![(Vec::new(), Vec::new()); c.num_layers];
         let mut out = Vec::new();
         let mut margins = Vec::new();
         let mut next = prompt.to_vec();
