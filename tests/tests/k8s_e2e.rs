@@ -1615,7 +1615,12 @@ async fn n1_the_operator_rides_out_20s_without_the_api_server() {
             for p in &pods {
                 sum += operator_metric(&http, p, "sgl_operator_reconcile_failures_total")
                     .await
-                    .unwrap_or_else(|e| panic!("{e}"));
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "operator {} does not answer (did it exit?): {e}",
+                            p.name_any()
+                        )
+                    });
             }
             sum
         }
