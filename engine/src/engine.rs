@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::config::ServerArgs;
@@ -83,6 +84,11 @@ struct Inner {
 /// What the engine lets wait: requests submitted whose first event has not come yet, counted
 /// here at submission (the scheduler's own queue counter lags behind a burst, so a bound on
 /// it alone is soft).
+///
+/// Two hard bounds answer 429 (count and prompt tokens). Beyond them, a request that would
+/// not start before the queue deadline is answered 503 at once instead of after waiting the
+/// whole deadline: by Little's law its wait is about (requests waiting ahead of it) / (the
+/// rate at which waiting requests start). That rate is measured by [`StartRate`].
 struct Admission {
     /// Most waiting requests.
     max_requests: usize,
@@ -90,8 +96,96 @@ struct Admission {
     max_tokens: usize,
     /// How long a request may wait for its first event; `None`: as long as it takes.
     timeout: Option<Duration>,
-    requests: AtomicUsize,
-    tokens: AtomicUsize,
+    /// `--max-running-requests` as the model settled it.
+    max_running: usize,
+    queue: Mutex<WaitingQueue>,
+    metrics: Arc<Metrics>,
+}
+
+/// The waiting requests and how fast they leave, under one lock so that the rate's clock
+/// sees every change of the count.
+struct WaitingQueue {
+    requests: usize,
+    tokens: usize,
+    rate: StartRate,
+}
+
+/// Requests that start per second while requests wait: an exponentially weighted average
+/// over the last [`RATE_WINDOW`] of waiting time.
+///
+/// The clock runs only while at least one request waits. Idle time says nothing about how
+/// fast the engine starts requests (a quiet minute would otherwise read as a slow engine and
+/// refuse the next burst); while requests wait, starts are what the engine can do. With
+/// free running slots a waiting request starts after its prefill, so at light load this reads
+/// high (the estimate errs towards admitting); once the running batch is full it reads the
+/// rate at which the batch frees slots, which is what a waiting request waits for.
+struct StartRate {
+    /// Starts and seconds of waiting time, each weighted by exp(-age / RATE_WINDOW).
+    starts: f64,
+    waited: f64,
+    /// Starts seen since the process started (fewer than [`MIN_STARTS`]: no estimate).
+    seen: u64,
+    /// When `starts` and `waited` were last brought up to date.
+    updated: Instant,
+}
+
+/// Time constant of [`StartRate`]'s average (waiting time, not wall time).
+const RATE_WINDOW: f64 = 20.0;
+/// Starts measured before the rate is trusted; until then only the hard bounds apply.
+const MIN_STARTS: u64 = 4;
+/// A request whose estimated wait is past this fraction of the deadline is refused at once:
+/// the estimate is a mean, and the margin keeps most accepted requests clear of the deadline
+/// despite its spread (Poisson arrivals, the batch freeing slots in bunches).
+const SHED_AT: f64 = 0.75;
+
+impl StartRate {
+    fn new(now: Instant) -> StartRate {
+        StartRate {
+            starts: 0.0,
+            waited: 0.0,
+            seen: 0,
+            updated: now,
+        }
+    }
+
+    /// Brings the average up to `now`; `waiting` says whether requests waited since the last
+    /// update (the count changes only under the queue's lock, which calls this first).
+    fn advance(&mut self, now: Instant, waiting: bool) {
+        let dt = now.saturating_duration_since(self.updated).as_secs_f64();
+        self.updated = now;
+        if waiting && dt > 0.0 {
+            let keep = (-dt / RATE_WINDOW).exp();
+            self.starts *= keep;
+            // The weighted integral of the waiting time over the last dt seconds.
+            self.waited = self.waited * keep + RATE_WINDOW * (1.0 - keep);
+        }
+    }
+
+    fn started(&mut self) {
+        self.starts += 1.0;
+        self.seen += 1;
+    }
+
+    /// Starts per second, `None` until enough were measured.
+    fn per_sec(&self) -> Option<f64> {
+        (self.seen >= MIN_STARTS && self.waited > 0.0).then(|| self.starts / self.waited)
+    }
+}
+
+impl WaitingQueue {
+    /// Expected wait of a request that arrives now behind `self.requests` others: `None` when
+    /// nothing is measured yet, zero when none wait.
+    fn expected_wait(&self) -> Option<f64> {
+        if self.requests == 0 {
+            return Some(0.0);
+        }
+        let rate = self.rate.per_sec()?;
+        Some(if rate > 0.0 {
+            self.requests as f64 / rate
+        } else {
+            f64::INFINITY
+        })
+    }
 }
 
 impl Admission {
@@ -99,7 +193,7 @@ impl Admission {
     /// cache: waiting prompts may hold up to twice the cache's tokens (more would wait through
     /// several turnovers of the cache), and at most 4 × `--max-running-requests` of them (64
     /// at least, for a client's burst).
-    fn new(args: &ServerArgs, info: &ModelInfo) -> Admission {
+    fn new(args: &ServerArgs, info: &ModelInfo, metrics: Arc<Metrics>) -> Admission {
         let (max_requests, max_tokens) = match args.max_queued_requests {
             Some(n) => (n, usize::MAX),
             None => (
@@ -112,36 +206,78 @@ impl Admission {
             max_tokens,
             timeout: (args.queue_timeout_secs > 0)
                 .then(|| Duration::from_secs(args.queue_timeout_secs)),
-            requests: AtomicUsize::new(0),
-            tokens: AtomicUsize::new(0),
+            max_running: info.max_running_requests.max(1),
+            queue: Mutex::new(WaitingQueue {
+                requests: 0,
+                tokens: 0,
+                rate: StartRate::new(Instant::now()),
+            }),
+            metrics,
         }
     }
 
     /// Takes a place for a request of `tokens` prompt tokens, or says why there is none.
+    ///
+    /// The estimate refuses nothing while fewer requests wait than can run at once: those all
+    /// start in the scheduler's next steps however slow the measured rate is (it may come
+    /// from long requests of an earlier burst). A cache too small for the running bound
+    /// makes requests wait below that count; those still get the deadline's 503.
     fn enter(&self, tokens: usize) -> Result<()> {
-        let before = self.requests.fetch_add(1, Ordering::AcqRel);
-        if before >= self.max_requests {
-            self.requests.fetch_sub(1, Ordering::AcqRel);
+        let mut q = self.queue.lock();
+        let waiting = q.requests > 0;
+        q.rate.advance(Instant::now(), waiting);
+        if q.requests >= self.max_requests {
             return Err(EngineError::Overloaded(format!(
                 "too many waiting requests ({}, --max-queued-requests); retry later",
                 self.max_requests
             )));
         }
-        let held = self.tokens.fetch_add(tokens, Ordering::AcqRel);
-        if before > 0 && held.saturating_add(tokens) > self.max_tokens {
-            self.leave(tokens);
+        if q.requests > 0 && q.tokens.saturating_add(tokens) > self.max_tokens {
             return Err(EngineError::Overloaded(format!(
-                "the waiting requests already hold {held} prompt tokens (bound: {}, twice the KV \
+                "the waiting requests already hold {} prompt tokens (bound: {}, twice the KV \
                  cache); retry later",
-                self.max_tokens
+                q.tokens, self.max_tokens
             )));
         }
+        if let Some(timeout) = self.timeout
+            && q.requests >= self.max_running
+            && let Some(wait) = q.expected_wait()
+            && wait > SHED_AT * timeout.as_secs_f64()
+        {
+            self.publish(&q);
+            return Err(EngineError::Unavailable(format!(
+                "the request would wait about {wait:.0} s before it starts ({} requests ahead, \
+                 starting at {:.2}/s), past --queue-timeout-secs {}; retry later",
+                q.requests,
+                q.rate.per_sec().unwrap_or(0.0),
+                timeout.as_secs()
+            )));
+        }
+        q.requests += 1;
+        q.tokens += tokens;
+        self.publish(&q);
         Ok(())
     }
 
-    fn leave(&self, tokens: usize) {
-        self.requests.fetch_sub(1, Ordering::AcqRel);
-        self.tokens.fetch_sub(tokens, Ordering::AcqRel);
+    /// Gives a place back; `started`: the request left because it started running.
+    fn leave(&self, tokens: usize, started: bool) {
+        let mut q = self.queue.lock();
+        let waiting = q.requests > 0;
+        q.rate.advance(Instant::now(), waiting);
+        if started {
+            q.rate.started();
+        }
+        q.requests = q.requests.saturating_sub(1);
+        q.tokens = q.tokens.saturating_sub(tokens);
+        self.publish(&q);
+    }
+
+    /// The estimated wait of a request arriving now, as a metric (0 while none is measured).
+    fn publish(&self, q: &WaitingQueue) {
+        self.metrics
+            .estimated_queue_time
+            .with_label_values(&self.metrics.label())
+            .set(q.expected_wait().unwrap_or(0.0));
     }
 }
 
@@ -153,11 +289,19 @@ struct Waiting {
     inner: Arc<Inner>,
     tokens: usize,
     since: Instant,
+    /// Set when it leaves because its first event came (it started running).
+    started: bool,
 }
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        self.inner.admission.leave(self.tokens);
+        if self.started {
+            let m = &self.inner.metrics;
+            m.queue_time
+                .with_label_values(&m.label())
+                .observe(self.since.elapsed().as_secs_f64());
+        }
+        self.inner.admission.leave(self.tokens, self.started);
     }
 }
 
@@ -189,7 +333,7 @@ pub struct EngineParts {
 
 impl EngineHandle {
     pub fn from_parts(p: EngineParts) -> Self {
-        let admission = Admission::new(&p.args, &p.info);
+        let admission = Admission::new(&p.args, &p.info, p.metrics.clone());
         EngineHandle {
             inner: Arc::new(Inner {
                 tx: p.tx,
@@ -246,8 +390,9 @@ impl EngineHandle {
         (a.max_requests, a.max_tokens)
     }
 
-    /// Queue a request. Fails with 503/429-class errors when the scheduler is gone or the
-    /// waiting requests are at their bound; the request is then not queued at all.
+    /// Queue a request. Fails with 429 when the waiting requests are at their bound, with 503
+    /// when the scheduler is gone or the request would not start before the queue deadline;
+    /// the request is then not queued at all.
     pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream> {
         let stats = &self.inner.stats;
         if !stats.alive.load(Ordering::Acquire) {
@@ -261,6 +406,7 @@ impl EngineHandle {
             inner: self.inner.clone(),
             tokens,
             since: Instant::now(),
+            started: false,
         };
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, rx) = tmpsc::unbounded_channel();
@@ -331,7 +477,14 @@ impl RequestStream {
             },
             None => self.rx.recv().await,
         };
-        self.waiting = None;
+        if let Some(mut w) = self.waiting.take() {
+            w.started = matches!(
+                ev,
+                Some(StreamEvent::Tokens { .. })
+                    | Some(StreamEvent::PromptLogprobs { .. })
+                    | Some(StreamEvent::Finished { .. })
+            );
+        }
         match &ev {
             Some(StreamEvent::Finished { .. }) | Some(StreamEvent::Error { .. }) | None => {
                 self.done = true

@@ -24,12 +24,17 @@ pub struct Metrics {
     pub time_to_first_token: HistogramVec,
     pub time_per_output_token: HistogramVec,
     pub e2e_request_latency: HistogramVec,
+    /// Submission to first event (prefill included) of the requests that started.
+    pub queue_time: HistogramVec,
     pub num_running_reqs: GaugeVec,
     pub num_used_tokens: GaugeVec,
     pub token_usage: GaugeVec,
     pub gen_throughput: GaugeVec,
     pub num_queue_reqs: GaugeVec,
     pub cache_hit_rate: GaugeVec,
+    /// How long a request arriving now would wait before it starts: the waiting requests over
+    /// the rate at which they start (what admission refuses on; 0 until that rate is measured).
+    pub estimated_queue_time: GaugeVec,
 }
 
 const TTFT_BUCKETS: &[f64] = &[
@@ -99,6 +104,11 @@ impl Metrics {
                 "Histogram of End-to-end request latency in seconds",
                 E2E_BUCKETS,
             )?,
+            queue_time: histogram(
+                "sglang:queue_time_seconds",
+                "Histogram of queueing time in seconds (until the first token).",
+                E2E_BUCKETS,
+            )?,
             num_running_reqs: gauge("sglang:num_running_reqs", "The number of running requests.")?,
             num_used_tokens: gauge("sglang:num_used_tokens", "The number of used tokens.")?,
             token_usage: gauge("sglang:token_usage", "The token usage.")?,
@@ -111,6 +121,10 @@ impl Metrics {
                 "The number of requests in the waiting queue.",
             )?,
             cache_hit_rate: gauge("sglang:cache_hit_rate", "The prefix cache hit rate.")?,
+            estimated_queue_time: gauge(
+                "sglang:estimated_queue_time_seconds",
+                "Estimated wait before a request arriving now starts (waiting requests / start rate).",
+            )?,
             registry,
             model_name: model_name.to_string(),
         };
@@ -130,6 +144,7 @@ impl Metrics {
             &m.gen_throughput,
             &m.num_queue_reqs,
             &m.cache_hit_rate,
+            &m.estimated_queue_time,
         ] {
             g.with_label_values(&[&m.model_name]).set(0.0);
         }
@@ -137,6 +152,7 @@ impl Metrics {
             &m.time_to_first_token,
             &m.time_per_output_token,
             &m.e2e_request_latency,
+            &m.queue_time,
         ] {
             let _ = h.with_label_values(&[&m.model_name]);
         }

@@ -1,6 +1,8 @@
 //! Load shedding: beyond the waiting bound a request gets 429 at once, a request that waits
 //! past the queue deadline gets 503, both with `Retry-After`, and neither leaves anything
-//! behind in the server.
+//! behind in the server. Once the rate at which waiting requests start is measured, a request
+//! that would not start before the deadline gets its 503 at once; an idle or lightly loaded
+//! engine refuses nothing.
 
 #![allow(clippy::unwrap_used)]
 
@@ -10,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::Server;
 use futures::StreamExt;
-use serde_json::json;
+use serde_json::{Value, json};
 
 const QUEUE: usize = 4;
 const TIMEOUT_SECS: u64 = 3;
@@ -119,4 +121,266 @@ async fn beyond_the_bound_429_at_once_past_the_deadline_503() {
         )
         .await;
     assert_eq!(status, 200, "{body}");
+}
+
+/// One answer: status, `Retry-After`, body, and how long it took from the send.
+struct Answer {
+    status: u16,
+    retry_after: Option<String>,
+    body: Value,
+    took: Duration,
+}
+
+impl Answer {
+    fn message(&self) -> &str {
+        self.body["error"]["message"].as_str().unwrap_or_default()
+    }
+}
+
+/// `/generate` of `max_new` greedy tokens (EOS ignored, so every accepted one costs the same).
+async fn generate(s: &Server, client: &reqwest::Client, text: String, max_new: u32) -> Answer {
+    let started = Instant::now();
+    let resp = client
+        .post(s.url("/generate"))
+        .json(&json!({"text": text,
+                      "sampling_params": {"max_new_tokens": max_new, "temperature": 0,
+                                          "ignore_eos": true}}))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body: Value = resp.json().await.unwrap();
+    Answer {
+        status,
+        retry_after,
+        body,
+        took: started.elapsed(),
+    }
+}
+
+/// `n` requests sent at once.
+async fn burst(s: &Server, tag: &str, n: usize, max_new: u32) -> Vec<Answer> {
+    let client = s.client();
+    let sends = (0..n).map(|i| generate(s, &client, format!("{tag} request {i}:"), max_new));
+    futures::future::join_all(sends).await
+}
+
+/// The value of the series `name{model_name=...}` in `/metrics`.
+async fn metric(s: &Server, name: &str) -> f64 {
+    let (status, text) = s.get("/metrics").await;
+    assert_eq!(status, 200, "{text}");
+    let text = text.as_str().unwrap_or_default().to_string();
+    let prefix = format!("{name}{{");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("/metrics has no series {name}:\n{text}"));
+    line.rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("unparsable sample line {line:?}"))
+}
+
+/// Waits (with a deadline) until nothing waits or runs.
+async fn wait_idle(s: &Server) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (_, info) = s.get("/get_server_info").await;
+        if info["num_queue_reqs"] == 0 && info["num_running_reqs"] == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "still busy: {info}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn statuses(answers: &[Answer]) -> Vec<(u16, &str)> {
+    answers.iter().map(|a| (a.status, a.message())).collect()
+}
+
+/// 503s that the estimate gave at submission (not the deadline's).
+fn refused_at_once(answers: &[Answer]) -> Vec<&Answer> {
+    answers
+        .iter()
+        .filter(|a| a.status == 503 && a.message().contains("would wait"))
+        .collect()
+}
+
+#[tokio::test]
+async fn far_above_capacity_the_excess_gets_503_at_once() {
+    const DEADLINE: u64 = 20;
+    const TOKENS: u32 = 24;
+    // One request runs at a time; the count bound is far away, so only the estimate and the
+    // deadline can refuse.
+    let s = Server::start(
+        "admission-estimate",
+        &[
+            "--max-running-requests",
+            "1",
+            "--num-threads",
+            "1",
+            "--max-queued-requests",
+            "1000",
+            "--queue-timeout-secs",
+            &DEADLINE.to_string(),
+            "--enable-metrics",
+        ],
+    );
+
+    // Cold start: nothing measured, so a burst the engine serves well within the deadline is
+    // all accepted (only the hard bounds apply); its starts are the first measurement.
+    let cold = burst(&s, "cold", 8, TOKENS).await;
+    assert!(
+        cold.iter().all(|a| a.status == 200),
+        "cold burst: {:?}",
+        statuses(&cold)
+    );
+    wait_idle(&s).await;
+    assert_eq!(
+        metric(&s, "sglang:estimated_queue_time_seconds").await,
+        0.0,
+        "nothing waits"
+    );
+
+    // Far above capacity: what the measured rate cannot start in time is refused at once.
+    let n = 150;
+    let (answers, peak_estimate) = {
+        let watch = async {
+            let mut peak: f64 = 0.0;
+            let end = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < end {
+                peak = peak.max(metric(&s, "sglang:estimated_queue_time_seconds").await);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            peak
+        };
+        tokio::join!(burst(&s, "hot", n, TOKENS), watch)
+    };
+    assert!(
+        answers.iter().all(|a| a.status == 200 || a.status == 503),
+        "only 200 or 503 expected: {:?}",
+        statuses(&answers)
+    );
+    let at_once = refused_at_once(&answers);
+    let accepted: Vec<_> = answers.iter().filter(|a| a.status == 200).collect();
+    let late = answers.iter().filter(|a| a.status == 503).count() - at_once.len();
+    let slowest_refusal = at_once.iter().map(|a| a.took).max().unwrap_or_default();
+    println!(
+        "{n} at once: {} accepted, {} refused at once (slowest answer {slowest_refusal:?}), \
+         {late} after the deadline; peak estimate {peak_estimate:.1} s",
+        accepted.len(),
+        at_once.len()
+    );
+    assert!(
+        at_once.len() >= n / 3 && !accepted.is_empty(),
+        "{} refused at once, {} accepted, {late} after the deadline: {:?}",
+        at_once.len(),
+        accepted.len(),
+        statuses(&answers)
+    );
+    for a in &at_once {
+        assert_eq!(a.retry_after.as_deref(), Some("5"), "{}", a.body);
+        assert!(a.message().contains("--queue-timeout-secs"), "{}", a.body);
+        // Answered on arrival, nowhere near the deadline.
+        assert!(
+            a.took < Duration::from_secs(DEADLINE / 4),
+            "refused after {:?}",
+            a.took
+        );
+    }
+    for a in &accepted {
+        assert_eq!(
+            a.body["meta_info"]["completion_tokens"], TOKENS,
+            "{}",
+            a.body
+        );
+    }
+    assert!(
+        peak_estimate > 0.5 * DEADLINE as f64,
+        "/metrics showed an estimated wait of at most {peak_estimate} s"
+    );
+    let started = metric(&s, "sglang:queue_time_seconds_count").await;
+    assert!(
+        started >= (cold.len() + accepted.len()) as f64,
+        "{started} starts counted"
+    );
+    wait_idle(&s).await;
+}
+
+#[tokio::test]
+async fn an_idle_or_lightly_loaded_engine_refuses_nothing() {
+    const DEADLINE: u64 = 4;
+    const TOKENS: u32 = 24;
+    let s = Server::start(
+        "admission-light",
+        &[
+            "--max-running-requests",
+            "4",
+            "--num-threads",
+            "1",
+            "--max-queued-requests",
+            "1000",
+            "--queue-timeout-secs",
+            &DEADLINE.to_string(),
+        ],
+    );
+
+    // Measure, then overload until the estimate refuses: from here on it is armed.
+    let cold = burst(&s, "cold", 8, TOKENS).await;
+    assert!(
+        cold.iter().all(|a| a.status == 200 || a.status == 503),
+        "{:?}",
+        statuses(&cold)
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let hot = burst(&s, "hot", 60, TOKENS).await;
+        println!(
+            "60 at once: {} accepted, {} refused at once",
+            hot.iter().filter(|a| a.status == 200).count(),
+            refused_at_once(&hot).len()
+        );
+        if !refused_at_once(&hot).is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the estimate never refused: {:?}",
+            statuses(&hot)
+        );
+    }
+    wait_idle(&s).await;
+
+    // Idle: one request after another.
+    let client = s.client();
+    for i in 0..3 {
+        let a = generate(&s, &client, format!("alone {i}:"), TOKENS).await;
+        assert_eq!(a.status, 200, "{}", a.body);
+    }
+    // Light: three clients back to back on four running slots.
+    let clients = (0..3).map(|c| {
+        let (s, client) = (&s, &client);
+        async move {
+            let mut out = Vec::new();
+            for i in 0..4 {
+                out.push(generate(s, client, format!("client {c} request {i}:"), TOKENS).await);
+            }
+            out
+        }
+    });
+    let light: Vec<Answer> = futures::future::join_all(clients)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    assert!(
+        light.iter().all(|a| a.status == 200),
+        "light load: {:?}",
+        statuses(&light)
+    );
 }

@@ -7,11 +7,14 @@
    --duration seconds. Every request is /generate with a 64-token prompt of random ids and
    --max-new-tokens greedy tokens, with a 300 s client timeout.
 
-Prints, per level: sent, accepted (200), shed (429 or 503, with the time the answer took),
+Prints, per level: sent, accepted (200), shed (429: the waiting bound; 503: a request that
+would not start, or did not, before the queue deadline; each with the time its answer took),
 other failures, latency percentiles of the accepted requests, and the server's peak resident
 memory (VmHWM is per process, so the peak of the level's own samples of VmRSS is shown too).
-What a bounded server shows: shed answers within milliseconds, accepted latency bounded by the
-queue deadline (--queue-timeout-secs, 60 s by default) plus the service time, memory flat.
+What a bounded server shows: shed answers (429 and 503) within milliseconds, accepted latency
+bounded by the queue deadline (--queue-timeout-secs, 60 s by default) plus the service time,
+memory flat. --binary runs another build (e.g. a copy of an older one) for a comparison on the
+same machine.
 
     cargo build --release -p sgl-engine
     python3 scripts/bench/load_test.py --model "$(scripts/fetch-model.sh)" [--duration 60]
@@ -41,8 +44,7 @@ def rss_kib(pid, key):
 
 
 class Server:
-    def __init__(self, model, port, extra):
-        binary = os.path.join(ROOT, "target/release/sgl-engine")
+    def __init__(self, binary, model, port, extra):
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(os.path.join("/tmp", f"load_test_{port}.log"), "w")
         self.proc = subprocess.Popen(
@@ -146,9 +148,14 @@ def main():
     ap.add_argument("--levels", default="2,5")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--server-args", default="", help="extra engine flags, space separated")
+    ap.add_argument(
+        "--binary",
+        default=os.path.join(ROOT, "target/release/sgl-engine"),
+        help="the sgl-engine binary (to compare builds on the same machine)",
+    )
     args = ap.parse_args()
 
-    server = Server(args.model, args.port, args.server_args.split())
+    server = Server(args.binary, args.model, args.port, args.server_args.split())
     try:
         info = server.info()
         print(
@@ -163,10 +170,11 @@ def main():
         rate = asyncio.run(saturation(server.url, args.warm, args.max_new_tokens))
         print(f"sustainable: {rate:.2f} req/s (16 clients back to back, {args.warm:.0f} s)")
         print(
-            "| load | sent | accepted | shed (429/503) | shed answer p50 / p99 ms | other "
-            "| accepted latency p50 / p90 / p99 s | peak RSS MiB (level) | VmHWM MiB |"
+            "| load | sent | accepted | 429 | 429 answer p50 / p99 s | 503 "
+            "| 503 answer p50 / p99 s | other | accepted latency p50 / p90 / p99 s "
+            "| peak RSS MiB (level) | VmHWM MiB |"
         )
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for i, level in enumerate(float(x) for x in args.levels.split(",")):
             sampler = RssSampler(server.proc.pid)
             sampler.start()
@@ -175,13 +183,13 @@ def main():
             )
             sampler.running = False
             ok = [t for s, t in results if s == 200]
-            shed = [t for s, t in results if s in (429, 503)]
-            n429 = sum(1 for s, _ in results if s == 429)
-            other = len(results) - len(ok) - len(shed)
+            full = [t for s, t in results if s == 429]
+            late = [t for s, t in results if s == 503]
+            other = len(results) - len(ok) - len(full) - len(late)
             print(
                 f"| {level:g}x ({rate * level:.1f} req/s) | {len(results)} | {len(ok)} "
-                f"| {len(shed)} ({n429}/{len(shed) - n429}) "
-                f"| {pct(shed, 50) * 1e3:.1f} / {pct(shed, 99) * 1e3:.1f} | {other} "
+                f"| {len(full)} | {pct(full, 50):.3f} / {pct(full, 99):.3f} "
+                f"| {len(late)} | {pct(late, 50):.3f} / {pct(late, 99):.3f} | {other} "
                 f"| {pct(ok, 50):.1f} / {pct(ok, 90):.1f} / {pct(ok, 99):.1f} "
                 f"| {sampler.peak / 1024:.0f} | {rss_kib(server.proc.pid, 'VmHWM') / 1024:.0f} |",
                 flush=True,
