@@ -1665,10 +1665,18 @@ async fn n1_the_operator_rides_out_20s_without_the_api_server() {
     delete_service(&client, ns, "patient").await;
 }
 
-#[tokio::test]
-async fn o1_the_custom_metrics_api_serves_the_engines_queue_the_hpa_reads() {
-    let (c, _turn) = cluster!();
-    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+/// A metric value as the custom metrics API and the HPA's status write it (`3`, `2500m`).
+fn quantity(value: &str) -> Result<f64, String> {
+    match value.strip_suffix('m') {
+        Some(milli) => milli.parse::<f64>().map(|v| v / 1000.0),
+        None => value.parse::<f64>(),
+    }
+    .map_err(|e| format!("value {value}: {e}"))
+}
+
+/// Whether the cluster serves the custom metrics API (it does when a prometheus binary was
+/// there); prints a skip otherwise, and fails with `SGL_K8S_REQUIRED=1`.
+fn custom_metrics_served(c: &Cluster) -> bool {
     let served = c.kubectl_raw(
         &["get", "apiservice", "v1beta1.custom.metrics.k8s.io"],
         None,
@@ -1680,6 +1688,16 @@ async fn o1_the_custom_metrics_api_serves_the_engines_queue_the_hpa_reads() {
             "{why}"
         );
         eprintln!("SKIPPED: {why}");
+        return false;
+    }
+    true
+}
+
+#[tokio::test]
+async fn o1_the_custom_metrics_api_serves_the_engines_queue_the_hpa_reads() {
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    if !custom_metrics_served(c) {
         return;
     }
     ensure_chart(c, &client).await;
@@ -1781,14 +1799,358 @@ spec:
         },
     )
     .await;
-    let parsed: f64 = match value.strip_suffix('m') {
-        Some(milli) => milli.parse::<f64>().map(|v| v / 1000.0),
-        None => value.parse::<f64>(),
-    }
-    .unwrap_or_else(|e| panic!("value {value}: {e}"));
+    let parsed = quantity(&value).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         parsed, reported,
         "the custom metrics API says {value}, the engine {reported}"
     );
     delete_service(&client, ns, "scraped").await;
+}
+
+/// What the test sees of one autoscaled service at a moment.
+struct Scaling {
+    /// `spec.dpSize`, which the HPA sets through the scale subresource.
+    dp_size: i32,
+    /// The HPA's `status.desiredReplicas` while it reads its metrics (`ScalingActive`).
+    desired: Option<i32>,
+    /// The HPA's `ScalingActive` condition: status and reason.
+    active: Option<(String, String)>,
+    /// The queue metric's average per pod as the HPA last read it.
+    queue: Option<String>,
+}
+
+/// Samples a service and its HPA once a second, keeping a history of what changed for the
+/// failure messages (with `kubectl describe hpa`: conditions, metrics and events).
+struct ScalingWatch<'a> {
+    c: &'a Cluster,
+    services: Api<SGLangService>,
+    hpas: Api<HorizontalPodAutoscaler>,
+    ns: &'a str,
+    name: &'a str,
+    started: std::time::Instant,
+    last: String,
+    history: Vec<String>,
+}
+
+impl<'a> ScalingWatch<'a> {
+    fn new(c: &'a Cluster, client: &Client, ns: &'a str, name: &'a str) -> Self {
+        Self {
+            c,
+            services: Api::namespaced(client.clone(), ns),
+            hpas: Api::namespaced(client.clone(), ns),
+            ns,
+            name,
+            started: std::time::Instant::now(),
+            last: String::new(),
+            history: Vec::new(),
+        }
+    }
+
+    async fn sample(&mut self) -> Result<Scaling, String> {
+        let svc = self
+            .services
+            .get(self.name)
+            .await
+            .map_err(|e| e.to_string())?;
+        let hpa = self
+            .hpas
+            .get_opt(&format!("{}-engine", self.name))
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = hpa.and_then(|h| h.status);
+        let active = status.as_ref().and_then(|s| {
+            let c = s
+                .conditions
+                .iter()
+                .flatten()
+                .find(|c| c.type_ == "ScalingActive")?;
+            Some((c.status.clone(), c.reason.clone().unwrap_or_default()))
+        });
+        let queue = status.as_ref().and_then(|s| {
+            s.current_metrics.iter().flatten().find_map(|m| {
+                let p = m.pods.as_ref()?;
+                (p.metric.name == QUEUE_METRIC)
+                    .then(|| p.current.average_value.as_ref().map(|q| q.0.clone()))?
+            })
+        });
+        // desiredReplicas is a recommendation only once metrics were read (it is 0 before
+        // the first sync, and while the controller cannot reach the scale subresource yet).
+        let valid = active.as_ref().is_some_and(|(status, _)| status == "True");
+        let s = Scaling {
+            dp_size: svc.spec.dp_size,
+            desired: status
+                .as_ref()
+                .filter(|_| valid)
+                .map(|s| s.desired_replicas),
+            active,
+            queue,
+        };
+        let line = format!(
+            "dpSize {} desired {:?} ScalingActive {:?} queue {:?}",
+            s.dp_size, s.desired, s.active, s.queue
+        );
+        if line != self.last {
+            let at = self.started.elapsed().as_secs_f64();
+            self.history.push(format!("{at:6.1} s  {line}"));
+            self.last = line;
+        }
+        Ok(s)
+    }
+
+    fn report(&self) -> String {
+        let describe = self
+            .c
+            .kubectl_raw(&["describe", "hpa", "-n", self.ns], None);
+        format!(
+            "what the test saw (seconds since the service was applied):\n{}\n\
+             kubectl describe hpa:\n{}{}",
+            self.history.join("\n"),
+            String::from_utf8_lossy(&describe.stdout),
+            String::from_utf8_lossy(&describe.stderr)
+        )
+    }
+
+    /// Samples once a second until `check` says done (`Ok(true)`); fails at once on
+    /// `Err`, and after `timeout`, with the history and the HPA's description.
+    async fn until(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        mut check: impl FnMut(&Scaling) -> Result<bool, String>,
+    ) {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let last = match self.sample().await {
+                Ok(s) => match check(&s) {
+                    Ok(true) => return,
+                    Ok(false) => "not yet".to_string(),
+                    Err(e) => panic!("{what}: {e}\n{}", self.report()),
+                },
+                Err(e) => e,
+            };
+            if std::time::Instant::now() >= deadline {
+                panic!(
+                    "timed out after {timeout:?} waiting for {what} ({last})\n{}",
+                    self.report()
+                );
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+}
+
+/// The queue metric the operator's HPA reads (the test checks the HPA's own spec for it too).
+const QUEUE_METRIC: &str = "sglang_num_queue_reqs";
+
+/// Sends `/generate` requests to an engine, one after another, each with a prompt that starts
+/// with a number of its own (so no two share a cached prefix), until aborted (which closes
+/// the connection, and the engine drops the request). Counts the answered requests.
+fn generate_loop(
+    http: reqwest::Client,
+    url: String,
+    first: usize,
+    max_new_tokens: u32,
+    pause: Duration,
+    answered: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        for i in first.. {
+            let body = json!({
+                "text": format!("{i} is the number of the lighthouse. Tell its long story."),
+                "sampling_params": {
+                    "max_new_tokens": max_new_tokens,
+                    "temperature": 0,
+                    "ignore_eos": true,
+                },
+            });
+            let sent = http
+                .post(&url)
+                .json(&body)
+                .timeout(Duration::from_secs(300))
+                .send()
+                .await;
+            let ok = match sent {
+                Ok(r) => r.status().is_success() && r.bytes().await.is_ok(),
+                Err(_) => false,
+            };
+            if ok {
+                answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            } else {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            tokio::time::sleep(pause).await;
+        }
+    })
+}
+
+#[tokio::test]
+async fn p1_the_hpa_scales_a_cpu_service_up_on_its_queue_and_back_to_the_minimum() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    if !custom_metrics_served(c) {
+        return;
+    }
+    ensure_chart(c, &client).await;
+    let (ns, name) = ("hpa-load-e2e", "busy");
+    ensure_namespace(c, ns);
+    // One running request per engine, so concurrent requests wait in its queue; the HPA
+    // reads the queue, KV use, the scale-down brake and the cache miss rate.
+    c.apply(&format!(
+        r#"apiVersion: serving.sgl-rs.io/v1alpha1
+kind: SGLangService
+metadata:
+  name: {name}
+  namespace: {ns}
+spec:
+  model:
+    path: /models/SmolLM2-135M-Instruct.Q4_1.gguf
+  device: cpu
+  tpSize: 1
+  maxRunningRequests: 1
+  router: {{enabled: false}}
+  autoscaling:
+    enabled: true
+    minReplicas: 1
+    maxReplicas: 3
+    targetQueueLength: 2
+    targetCacheHitRate: 0.5
+    scaleDownStabilizationSeconds: 5
+"#
+    ));
+    let mut watch = ScalingWatch::new(c, &client, ns, name);
+    let at_min = |s: &Scaling| {
+        if s.dp_size != 1 || s.desired.is_some_and(|d| d != 1) {
+            return Err(format!(
+                "without load the service left its minimum: dpSize {}, desired {:?}",
+                s.dp_size, s.desired
+            ));
+        }
+        Ok(())
+    };
+    let engine = wait_for("a ready engine", WAIT, || async {
+        let pods = ready_pods(&client, ns, &format!("serving.sgl-rs.io/engine={name}")).await?;
+        (pods.len() == 1)
+            .then_some(pods.clone())
+            .ok_or(c.log_tail("pod-runner", 10))
+    })
+    .await
+    .remove(0);
+    let hpa = watch
+        .hpas
+        .get(&format!("{name}-engine"))
+        .await
+        .unwrap_or_else(|e| panic!("the service's HPA: {e}"));
+    let spec = hpa.spec;
+    assert!(
+        spec.metrics.iter().flatten().any(|m| m
+            .pods
+            .as_ref()
+            .is_some_and(|p| p.metric.name == QUEUE_METRIC)),
+        "the HPA does not read {QUEUE_METRIC}: {:?}",
+        spec.metrics
+    );
+    let window = spec
+        .behavior
+        .and_then(|b| b.scale_down?.stabilization_window_seconds);
+    assert_eq!(
+        window,
+        Some(5),
+        "scaleDownStabilizationSeconds not rendered"
+    );
+
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("http://{}:30000/generate", pod_ip(&engine));
+    // A trickle of requests with unique prompts (every prompt a cache miss) while the HPA
+    // acts on the metrics: the cache may brake a scale-down, never ask for a replica.
+    let trickled = Arc::new(AtomicUsize::new(0));
+    let trickle = generate_loop(
+        http.clone(),
+        url.clone(),
+        0,
+        16,
+        Duration::from_millis(500),
+        trickled.clone(),
+    );
+    watch
+        .until(
+            "the HPA to read its metrics through the adapter (ScalingActive=True)",
+            WAIT,
+            |s| {
+                at_min(s)?;
+                Ok(s.active
+                    .as_ref()
+                    .is_some_and(|(status, _)| status == "True")
+                    && s.queue.is_some())
+            },
+        )
+        .await;
+    // Three more HPA syncs (every 5 s) with valid metrics: still at the minimum.
+    let end = std::time::Instant::now() + Duration::from_secs(15);
+    watch
+        .until(
+            "15 s at the minimum with a trickle of cache misses",
+            Duration::from_secs(60),
+            |s| {
+                at_min(s)?;
+                if s.active.as_ref().is_none_or(|(status, _)| status != "True") {
+                    return Err(format!("ScalingActive left True: {:?}", s.active));
+                }
+                Ok(std::time::Instant::now() >= end)
+            },
+        )
+        .await;
+    trickle.abort();
+    let trickled = trickled.load(Ordering::Relaxed);
+    assert!(trickled > 0, "no trickle request was answered");
+
+    // Load: 12 clients, one running, the rest waiting: the queue is far above 2 per engine.
+    let answered = Arc::new(AtomicUsize::new(0));
+    let load: Vec<_> = (0..12)
+        .map(|k| {
+            generate_loop(
+                http.clone(),
+                url.clone(),
+                1_000_000 * (k + 1),
+                64,
+                Duration::ZERO,
+                answered.clone(),
+            )
+        })
+        .collect();
+    // Up to 3, and the HPA's own reading of the queue (average per engine) above target: it
+    // scaled on the queue (the status may trail the scale by one sync; the load goes on).
+    let mut peak = 0.0_f64;
+    watch
+        .until(
+            "the HPA to scale up to 3 on a queue above 2 per engine",
+            WAIT,
+            |s| {
+                if let Some(q) = &s.queue {
+                    peak = peak.max(quantity(q)?);
+                }
+                Ok(s.dp_size == 3 && peak > 2.0)
+            },
+        )
+        .await;
+    wait_engine_replicas(&client, ns, name, 3).await;
+    for l in &load {
+        l.abort();
+    }
+    eprintln!(
+        "p1: {trickled} trickle requests and {} under load answered",
+        answered.load(Ordering::Relaxed)
+    );
+    watch
+        .until("the HPA to scale back to 1 without load", WAIT, |s| {
+            Ok(s.dp_size == 1)
+        })
+        .await;
+    wait_engine_replicas(&client, ns, name, 1).await;
+    eprintln!("p1 scaling seen:\n{}", watch.history.join("\n"));
+    delete_service(&client, ns, name).await;
 }
