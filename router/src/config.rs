@@ -80,6 +80,14 @@ pub struct RouterConfig {
     /// is busy generating, and is probed again every time this passes. 0 turns it off.
     #[arg(long, default_value_t = 30)]
     pub first_byte_timeout_secs: u64,
+    /// Longest silence between two chunks of a worker's response body once its status line
+    /// has been accepted (a stream frozen mid-way: the engine hung, stopped or lost). Past it
+    /// the client's stream is ended (an SSE stream with an error event, then `[DONE]`), the
+    /// connection to the worker is dropped, which aborts the request there, and the worker's
+    /// health is probed. Engines send a keep-alive line every 5 s while a stream waits, so a
+    /// queued request is not silent. 0 turns it off.
+    #[arg(long, default_value_t = 60)]
+    pub stream_idle_timeout_secs: u64,
     /// API key: clients must send `Authorization: Bearer <key>` (except to /health and
     /// /metrics), and the router sends it to the workers.
     #[arg(long, env = "SGL_ROUTER_API_KEY")]
@@ -288,6 +296,12 @@ impl RouterConfig {
             .then(|| Duration::from_secs(self.first_byte_timeout_secs))
     }
 
+    /// `--stream-idle-timeout-secs`, unless turned off.
+    pub fn stream_idle_timeout(&self) -> Option<Duration> {
+        (self.stream_idle_timeout_secs > 0)
+            .then(|| Duration::from_secs(self.stream_idle_timeout_secs))
+    }
+
     pub fn queue_timeout(&self) -> Duration {
         Duration::from_secs(self.queue_timeout_secs)
     }
@@ -318,6 +332,7 @@ mod tests {
         assert_eq!(c.max_tree_size, 16_777_216);
         assert_eq!((c.queue_size, c.queue_timeout_secs), (100, 60));
         assert_eq!(c.first_byte_timeout(), Some(Duration::from_secs(30)));
+        assert_eq!(c.stream_idle_timeout(), Some(Duration::from_secs(60)));
         c.validate().unwrap();
     }
 
@@ -357,5 +372,7 @@ mod tests {
         assert_eq!(c.breaker().failure_threshold, 0);
         let c = parse(&["--first-byte-timeout-secs", "0"]).unwrap();
         assert_eq!(c.first_byte_timeout(), None, "0 turns it off");
+        let c = parse(&["--stream-idle-timeout-secs", "0"]).unwrap();
+        assert_eq!(c.stream_idle_timeout(), None, "0 turns it off");
     }
 }

@@ -32,6 +32,12 @@ pub enum RouterError {
     #[error("worker {url} did not answer within {secs} s (--request-timeout-secs)")]
     Timeout { url: String, secs: u64 },
 
+    #[error(
+        "worker {url} sent nothing for {secs} s in the middle of its response \
+         (--stream-idle-timeout-secs); the response is incomplete"
+    )]
+    StreamStalled { url: String, secs: u64 },
+
     #[error("request failed after {attempts} attempt(s); last error: {last}")]
     RetriesExhausted { attempts: u32, last: String },
 
@@ -68,7 +74,7 @@ impl RouterError {
             Self::NoHealthyWorker | Self::QueueFull { .. } | Self::QueueTimeout { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            Self::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::Timeout { .. } | Self::StreamStalled { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::RetriesExhausted { .. } | Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
             Self::WorkerExists(_) => StatusCode::CONFLICT,
             Self::WorkerNotFound(_) => StatusCode::NOT_FOUND,
@@ -87,6 +93,7 @@ impl RouterError {
             Self::QueueFull { .. } => "queue_full",
             Self::QueueTimeout { .. } => "queue_timeout",
             Self::Timeout { .. } => "timeout",
+            Self::StreamStalled { .. } => "stream_idle_timeout",
             Self::RetriesExhausted { .. } => "retries_exhausted",
             Self::Upstream { .. } => "upstream",
             Self::InvalidWorkerUrl { .. } => "invalid_worker_url",
@@ -118,10 +125,10 @@ fn error_type(status: StatusCode) -> &'static str {
     }
 }
 
-/// An error response in the engine's shape:
+/// An error body in the engine's shape:
 /// `{"object": "error", "error": {"message", "type", "param", "code"}}`.
-pub fn error_response(status: StatusCode, message: impl Into<String>) -> Response {
-    let body = json!({
+pub fn error_body(status: StatusCode, message: impl Into<String>) -> serde_json::Value {
+    json!({
         "object": "error",
         "error": {
             "message": message.into(),
@@ -129,8 +136,12 @@ pub fn error_response(status: StatusCode, message: impl Into<String>) -> Respons
             "param": null,
             "code": status.as_u16(),
         }
-    });
-    (status, Json(body)).into_response()
+    })
+}
+
+/// An error response with [`error_body`].
+pub fn error_response(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(error_body(status, message))).into_response()
 }
 
 impl IntoResponse for RouterError {

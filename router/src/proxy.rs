@@ -15,6 +15,9 @@
 //! status line has been accepted, its body is streamed to the client chunk by chunk as it
 //! arrives, and is never retried: the client may already hold part of it. The worker's load
 //! counts the request until the last chunk has been sent or the client has gone away. A
+//! body from which nothing comes for `--stream-idle-timeout-secs` (a worker frozen
+//! mid-stream) is ended there: an SSE stream with an error event and `[DONE]`, another body
+//! cut short; the connection to the worker is dropped and the worker's health probed. A
 //! generation response's prompt and cached token counts are read as it passes
 //! ([`crate::usage`]) and counted when it ends.
 
@@ -350,13 +353,25 @@ fn stream_back(
             headers.append(name.clone(), value.clone());
         }
     }
+    let sse = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("text/event-stream"));
+    let idle = state.config.stream_idle_timeout().map(|limit| IdleWatch {
+        limit,
+        timer: Box::pin(tokio::time::sleep(limit)),
+        rearm: true,
+        sse,
+    });
     let body = GuardedBody {
-        inner: Box::pin(resp.bytes_stream()),
+        inner: Some(Box::pin(resp.bytes_stream())),
         guard,
         state: state.clone(),
         route,
         started,
         scan,
+        idle,
     };
     let mut response = Response::new(Body::from_stream(body));
     *response.status_mut() = status;
@@ -364,24 +379,97 @@ fn stream_back(
     response
 }
 
+/// `--stream-idle-timeout-secs` on one response body: how long the worker has been asked
+/// for its next chunk (not since the last one: a client slow to read is not the worker's
+/// silence).
+struct IdleWatch {
+    limit: Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+    /// The last poll returned something: the next one starts a new wait.
+    rearm: bool,
+    /// An SSE stream is ended with an error event; another body can only be cut short.
+    sse: bool,
+}
+
 /// A worker's response body on its way to the client; holds the worker's load until the
 /// stream ends or the client drops it.
 struct GuardedBody {
-    inner: BoxStream<'static, reqwest::Result<Bytes>>,
+    /// `None` once the worker went silent past the idle timeout: dropping it closes the
+    /// connection to the worker, which aborts the request there.
+    inner: Option<BoxStream<'static, reqwest::Result<Bytes>>>,
     guard: LoadGuard,
     state: AppState,
     route: &'static str,
     started: Instant,
     /// Generation responses: their prompt and cached token counts, read on the way.
     scan: Option<UsageScan>,
+    idle: Option<IdleWatch>,
+}
+
+impl GuardedBody {
+    /// The worker sent nothing for the idle limit: let it go, count it, probe its health, and
+    /// give the client what ends its stream.
+    fn stalled(&mut self, limit: Duration, sse: bool) -> Option<std::io::Result<Bytes>> {
+        self.inner = None;
+        self.guard.failed();
+        let worker = self.guard.worker().clone();
+        let err = RouterError::StreamStalled {
+            url: worker.url().to_string(),
+            secs: limit.as_secs(),
+        };
+        self.state
+            .metrics
+            .errors
+            .with_label_values(&[self.route, err.metric_label()])
+            .inc();
+        tracing::warn!(worker = worker.url(), error = %err, "worker stream stalled");
+        // A worker that does not answer its health check either is frozen: out of rotation.
+        let state = self.state.clone();
+        tokio::spawn(async move {
+            if !state.probe(worker.url()).await {
+                state.mark_down(
+                    &worker,
+                    "a stream stalled and no answer to its health check",
+                );
+            }
+        });
+        if sse {
+            let event = crate::error::error_body(err.status(), err.to_string());
+            Some(Ok(Bytes::from(format!(
+                "data: {event}\n\ndata: [DONE]\n\n"
+            ))))
+        } else {
+            // Nothing in a JSON body can say it is incomplete: the client sees it cut short.
+            Some(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                err.to_string(),
+            )))
+        }
+    }
 }
 
 impl Stream for GuardedBody {
-    type Item = reqwest::Result<Bytes>;
+    type Item = std::io::Result<Bytes>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
-        let polled = this.inner.as_mut().poll_next(cx);
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = inner.as_mut().poll_next(cx);
+        if let Some(idle) = &mut this.idle {
+            if idle.rearm {
+                idle.rearm = false;
+                let next = tokio::time::Instant::now() + idle.limit;
+                idle.timer.as_mut().reset(next);
+            }
+            if polled.is_ready() {
+                idle.rearm = true;
+            } else if idle.timer.as_mut().poll(cx).is_ready() {
+                let (limit, sse) = (idle.limit, idle.sse);
+                return Poll::Ready(this.stalled(limit, sse));
+            }
+        }
         if let (Poll::Ready(Some(Ok(chunk))), Some(scan)) = (&polled, &mut this.scan) {
             scan.feed(chunk);
         }
@@ -398,7 +486,7 @@ impl Stream for GuardedBody {
                 "worker response broke off mid-stream"
             );
         }
-        polled
+        polled.map(|item| item.map(|r| r.map_err(std::io::Error::other)))
     }
 }
 
