@@ -292,6 +292,11 @@ pub struct MonitoringSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[0-9]+(ms|s|m)$"))]
     pub interval: Option<String>,
+    /// Extra labels on the ServiceMonitor, for a Prometheus that selects ServiceMonitors by
+    /// label (kube-prometheus-stack's selects `release: <its release name>` by default). The
+    /// operator's own `app.kubernetes.io/*` labels keep their values.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Observed state, computed from the objects that exist.

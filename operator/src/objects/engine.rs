@@ -6,8 +6,8 @@ use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     HTTPGetAction, KeyToPath, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, SecretKeySelector, Service, ServicePort, ServiceSpec, Toleration, Volume,
-    VolumeMount,
+    ResourceRequirements, SecretKeySelector, Service, ServicePort, ServiceSpec, Toleration,
+    TopologySpreadConstraint, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -398,6 +398,7 @@ fn pod_template(svc: &SGLangService, names: &Names) -> PodTemplateSpec {
             node_selector: Some(s.node_selector.clone()).filter(|m| !m.is_empty()),
             tolerations: Some(tolerations).filter(|t| !t.is_empty()),
             affinity: s.affinity.clone(),
+            topology_spread_constraints: Some(vec![spread_over_nodes(names)]),
             // In-flight streams finish within the grace period (after the preStop wait).
             termination_grace_period_seconds: Some(
                 s.termination_grace_period_seconds + super::PRE_STOP_SECONDS,
@@ -406,6 +407,23 @@ fn pod_template(svc: &SGLangService, names: &Names) -> PodTemplateSpec {
             security_context: Some(restricted_pod(ENGINE_UID, Some(ENGINE_UID))),
             ..PodSpec::default()
         }),
+    }
+}
+
+/// Engines of one service spread over nodes (so one node's loss takes at most its share of
+/// the replicas), as a preference: where one node has room for all of them, they still start.
+/// Rendered whatever `dpSize` is, so that scaling never changes the pod template (which would
+/// restart every engine).
+fn spread_over_nodes(names: &Names) -> TopologySpreadConstraint {
+    TopologySpreadConstraint {
+        max_skew: 1,
+        topology_key: "kubernetes.io/hostname".into(),
+        when_unsatisfiable: "ScheduleAnyway".into(),
+        label_selector: Some(LabelSelector {
+            match_labels: Some(selector_labels(names, "engine")),
+            ..LabelSelector::default()
+        }),
+        ..TopologySpreadConstraint::default()
     }
 }
 

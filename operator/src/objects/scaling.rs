@@ -140,7 +140,9 @@ pub fn service_monitor(svc: &SGLangService, names: &Names) -> Result<serde_json:
     if let Some(interval) = &svc.spec.monitoring.interval {
         endpoint["interval"] = json!(interval);
     }
-    let mut labels = common_labels(names, "engine");
+    // The spec's labels first, so that ours (which the selectors use) keep their values.
+    let mut labels = svc.spec.monitoring.labels.clone();
+    labels.extend(common_labels(names, "engine"));
     labels.remove("app.kubernetes.io/component");
     let mut selector = selector_labels(names, "engine");
     selector.remove("app.kubernetes.io/component");

@@ -205,7 +205,40 @@ fn pod_settings_follow_the_spec() {
     );
     assert_eq!(c["volumeMounts"][1]["mountPath"], "/cache");
     assert_eq!(pod["volumes"][0]["emptyDir"]["medium"], "Memory");
+    // Memory-backed: without a limit a process could fill the node's memory through it.
+    assert_eq!(pod["volumes"][0]["emptyDir"]["sizeLimit"], "1Gi");
     assert_eq!(c["volumeMounts"][0]["mountPath"], "/dev/shm");
+}
+
+#[test]
+fn engines_prefer_distinct_nodes_and_scaling_keeps_the_pod_template() {
+    let template = |dp: i32| {
+        let p = planned(json!({"dpSize": dp}));
+        object(&p, Kind::StatefulSet)["spec"]["template"].clone()
+    };
+    let t = template(1);
+    assert_eq!(
+        t["spec"]["topologySpreadConstraints"],
+        json!([{
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {
+                "app.kubernetes.io/name": "sglang",
+                "app.kubernetes.io/instance": "llama",
+                "app.kubernetes.io/component": "engine",
+            }},
+        }])
+    );
+    // The constraint selects exactly the engine pods of this service.
+    let pod_labels = t["metadata"]["labels"].as_object().unwrap();
+    for (k, v) in t["spec"]["topologySpreadConstraints"][0]["labelSelector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+    {
+        assert_eq!(pod_labels.get(k), Some(v), "{k}");
+    }
+    assert_eq!(template(4), t, "a scale changed the pod template");
 }
 
 #[test]
@@ -352,6 +385,21 @@ fn monitoring_adds_a_service_monitor() {
             .delete
             .contains(&(Kind::ServiceMonitor, "llama".into()))
     );
+}
+
+#[test]
+fn service_monitor_labels_are_added_and_ours_keep_their_values() {
+    let p = planned(json!({"monitoring": {"serviceMonitor": true, "labels": {
+        "release": "kube-prometheus-stack",
+        "app.kubernetes.io/instance": "other",
+    }}}));
+    let labels = &object(&p, Kind::ServiceMonitor)["metadata"]["labels"];
+    assert_eq!(labels["release"], "kube-prometheus-stack");
+    assert_eq!(labels["app.kubernetes.io/instance"], "llama");
+    assert_eq!(labels["app.kubernetes.io/managed-by"], "sgl-operator");
+    // Only the ServiceMonitor carries them.
+    let sts = object(&p, Kind::StatefulSet);
+    assert!(sts["metadata"]["labels"].get("release").is_none());
 }
 
 #[test]
