@@ -129,9 +129,22 @@ pub struct ServerArgs {
     /// Fraction of free GPU memory for weights and KV cache (CUDA).
     #[arg(long, default_value_t = 0.88)]
     pub mem_fraction_static: f32,
-    /// Tensor parallel size (GPUs per engine).
+    /// Tensor parallel size (GPUs per engine: 1, 2, 4 or 8 of one node; CUDA only).
     #[arg(long, default_value_t = 1)]
     pub tp_size: usize,
+    /// Tensor parallelism: every all-reduce through NCCL (no one-shot kernel over peer memory
+    /// for the small decode messages).
+    #[arg(long)]
+    pub disable_custom_all_reduce: bool,
+    /// Address of rank 0 for multi-node tensor parallelism (not supported yet: refused).
+    #[arg(long)]
+    pub dist_init_addr: Option<String>,
+    /// Nodes of a multi-node tensor-parallel engine (only 1 is supported).
+    #[arg(long, default_value_t = 1)]
+    pub nnodes: usize,
+    /// This node's index in a multi-node engine (only 0 is supported).
+    #[arg(long, default_value_t = 0)]
+    pub node_rank: usize,
     /// Data parallel size (engine replicas; run several engines behind the router).
     #[arg(long, default_value_t = 1)]
     pub dp_size: usize,
@@ -213,10 +226,16 @@ impl ServerArgs {
         if !(0.0..=1.0).contains(&self.mem_fraction_static) || self.mem_fraction_static == 0.0 {
             return bad("--mem-fraction-static must be in (0, 1]".into());
         }
-        if self.tp_size != 1 {
+        if self.tp_size == 0 || !self.tp_size.is_power_of_two() || self.tp_size > 8 {
             return bad(format!(
-                "--tp-size {} is not supported by this engine build (only 1); run data-parallel replicas behind sgl-router instead",
+                "--tp-size {} is not supported: expected 1, 2, 4 or 8 (GPUs of one node)",
                 self.tp_size
+            ));
+        }
+        if self.nnodes != 1 || self.node_rank != 0 || self.dist_init_addr.is_some() {
+            return bad(format!(
+                "multi-node tensor parallelism (--nnodes {}, --node-rank {}, --dist-init-addr) is not supported yet: one engine spans the GPUs of one node (--tp-size up to 8); run more engines behind sgl-router to use more nodes",
+                self.nnodes, self.node_rank
             ));
         }
         if self.num_threads == Some(0) {

@@ -45,6 +45,12 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// The tensor-parallel all-reduce alone on N GPUs: checked against host sums, timed from
+    /// 8 KB to 64 MB, bus bandwidth against the GPU-to-GPU copy peak: `--tp-size N`.
+    BenchAllReduce {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -206,11 +212,18 @@ async fn serve(mut args: ServerArgs) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    // Tensor parallelism: NCCL's NVLink multicast (NVLS) stays off unless the user asks for
+    // it; the ranks all-reduce over plain NVLink/PCIe peer transfers.
+    if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+        // SAFETY: no other thread exists yet (the runtime and the ranks start later).
+        unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::BenchOneBatch { args } => run_gpu_bench("one-batch", args),
         Command::BenchOfflineThroughput { args } => run_gpu_bench("offline", args),
         Command::CheckReference { args } => run_gpu_bench("check", args),
+        Command::BenchAllReduce { args } => run_gpu_bench("all-reduce", args),
         Command::Download(args) => download(args),
         Command::Serve(mut args) => {
             init_logging(args.log_level.as_filter());

@@ -294,3 +294,46 @@ mod connections {
         assert!(String::from_utf8_lossy(&buf[..n]).contains("200 OK"));
     }
 }
+
+/// Tensor-parallel flags are checked before anything loads, each refusal saying why: a size
+/// that is not a power of two up to 8, a CPU engine, a model whose heads do not split, and
+/// the multi-node flags (accepted by name, refused for now).
+#[test]
+fn tensor_parallel_flags_get_clear_errors() {
+    let model = common::model_path();
+    let check = |extra: &[&str]| -> (bool, String) {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sgl-engine"))
+            .args(["serve", "--check", "--model-path"])
+            .arg(&model)
+            .args(extra)
+            .output()
+            .expect("run sgl-engine serve --check");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    for (flags, says) in [
+        (&["--tp-size", "3"][..], "expected 1, 2, 4 or 8"),
+        (&["--tp-size", "16"][..], "expected 1, 2, 4 or 8"),
+        (&["--tp-size", "2", "--device", "cpu"][..], "--device cuda"),
+        // SmolLM2-135M has 9 attention heads (3 KV heads)
+        (
+            &["--tp-size", "2", "--device", "cuda"][..],
+            "9 attention heads",
+        ),
+        (&["--nnodes", "2"][..], "multi-node"),
+        (&["--dist-init-addr", "10.0.0.1:5000"][..], "multi-node"),
+    ] {
+        let (ok, text) = check(flags);
+        assert!(!ok, "{flags:?} was accepted: {text}");
+        assert!(
+            text.contains(says),
+            "{flags:?}: expected {says:?} in: {text}"
+        );
+    }
+    let (ok, text) = check(&["--tp-size", "1", "--device", "cpu"]);
+    assert!(ok, "tp 1 refused: {text}");
+}

@@ -117,6 +117,7 @@ pub struct Kernels {
     gemv_rms: [CudaFunction; 2],
     logit_edits: CudaFunction,
     copy_tokens: CudaFunction,
+    allreduce: CudaFunction,
     num_sms: u32,
     /// The device supports programmatic dependent launch (sm_90 and newer).
     pdl_supported: bool,
@@ -126,6 +127,47 @@ pub struct Kernels {
     pdl_early_trigger: bool,
     /// See [`Kernels::set_gemv_prefetch`].
     gemv_prefetch: u32,
+}
+
+/// Most ranks of a one-shot all-reduce group.
+pub const AR_MAX_RANKS: usize = 8;
+/// Blocks of every one-shot all-reduce launch (each owns a fixed share of the elements).
+pub const AR_BLOCKS: usize = 16;
+
+/// The device addresses of every rank's all-reduce receive buffer and flags (the kernel's
+/// `ArPeers` argument), and how many ranks there are.
+#[derive(Debug, Clone, Copy)]
+pub struct ArPeers {
+    table: ArTable,
+    ranks: usize,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct ArTable {
+    recv: [u64; AR_MAX_RANKS],
+    flags: [u64; AR_MAX_RANKS],
+}
+
+// SAFETY: plain integers laid out as the kernel's struct (16 x unsigned long long).
+unsafe impl DeviceRepr for ArTable {}
+
+impl ArPeers {
+    /// `recv[r]` and `flags[r]` are rank r's buffers (as device addresses valid on every
+    /// rank's device: one process, unified addressing, peer access on).
+    pub fn new(recv: &[u64], flags: &[u64]) -> Option<Self> {
+        let ranks = recv.len();
+        if ranks == 0 || ranks > AR_MAX_RANKS || flags.len() != ranks {
+            return None;
+        }
+        let mut table = ArTable {
+            recv: [0; AR_MAX_RANKS],
+            flags: [0; AR_MAX_RANKS],
+        };
+        table.recv[..ranks].copy_from_slice(recv);
+        table.flags[..ranks].copy_from_slice(flags);
+        Some(ArPeers { table, ranks })
+    }
 }
 
 /// A kernel argument as the driver takes it: the address of a value of the parameter's type.
@@ -207,6 +249,7 @@ impl Kernels {
             gemv_rms: [f("gemv_rms_bf16_r16")?, f("gemv_rms_bf16_r32")?],
             logit_edits: f("logit_edits_bf16")?,
             copy_tokens: f("copy_tokens_i32")?,
+            allreduce: f("allreduce_oneshot_bf16")?,
             num_sms,
             pdl_supported,
             pdl,
@@ -911,6 +954,48 @@ impl Kernels {
         let blocks = n.div_ceil(256).min(self.num_sms as usize * 8).max(1) as u32;
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
         unsafe { self.launch(s, &self.copy_tokens, (blocks, 1, 1), 256, &mut a) }
+    }
+
+    /// One-shot all-reduce (sum) of `x[..n]` across the ranks of `peers`, in place, on every
+    /// rank at once (each rank launches it on its own stream); see `cu/allreduce.cu`.
+    ///
+    /// # Safety
+    /// Every rank of the group launches the same sequence of these calls with the same `n`;
+    /// `peers` holds every rank's receive buffer (2 × ranks × `half_elems` bf16) and flags
+    /// ([`AR_BLOCKS`] × [`AR_MAX_RANKS`] u32, zeroed at first), all reachable from this device
+    /// (peer access on); `epochs` is this rank's [`AR_BLOCKS`] counters (zeroed at first);
+    /// `x` holds `n` elements.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn allreduce_oneshot(
+        &self,
+        s: &CudaStream,
+        peers: &ArPeers,
+        x: Dptr<bf16>,
+        epochs: Dptr<u32>,
+        n: usize,
+        rank: usize,
+        half_elems: usize,
+    ) -> Result<()> {
+        let ranks = peers.ranks;
+        if !n.is_multiple_of(8) || n > half_elems || rank >= ranks || ranks > AR_MAX_RANKS {
+            return Err(KernelError::Unsupported(format!(
+                "one-shot all-reduce of {n} elements (slots of {half_elems}, rank {rank} of {ranks})"
+            )));
+        }
+        let table = peers.table;
+        let (xa, ea) = (x.addr(), epochs.addr());
+        let (ni, ri, rs, hi) = (n as i32, rank as i32, ranks as i32, half_elems as i32);
+        let mut a = [
+            arg(&table),
+            arg(&xa),
+            arg(&ea),
+            arg(&ni),
+            arg(&ri),
+            arg(&rs),
+            arg(&hi),
+        ];
+        // SAFETY: argument types match the kernel; the caller guarantees the rest.
+        unsafe { self.launch(s, &self.allreduce, (AR_BLOCKS as u32, 1, 1), 512, &mut a) }
     }
 
     /// Partial-sum buffers for every [`Kernels::gemv_plan`] on this device.

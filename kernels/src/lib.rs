@@ -8,12 +8,14 @@
 
 mod gemm;
 mod launch;
+pub mod nccl;
 mod source;
 
 pub use gemm::Gemm;
 pub use launch::{
-    AttnShape, DecodeAttnPlan, GEMV_MAX_SPLITS, GEMV_MAX_TOKENS, GEMV_PREFETCH_STEPS, GemvEpilogue,
-    GemvPlan, GemvWorkspace, Kernels, LogitEdit, MAX_DECODE_SPLITS, prefill_tiles,
+    AR_BLOCKS, AR_MAX_RANKS, ArPeers, AttnShape, DecodeAttnPlan, GEMV_MAX_SPLITS, GEMV_MAX_TOKENS,
+    GEMV_PREFETCH_STEPS, GemvEpilogue, GemvPlan, GemvWorkspace, Kernels, LogitEdit,
+    MAX_DECODE_SPLITS, prefill_tiles,
 };
 pub use source::{KERNEL_NAMES, SOURCE, compile_ptx, nvrtc_available};
 

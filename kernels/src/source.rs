@@ -13,6 +13,7 @@ pub const SOURCE: &str = concat!(
     include_str!("cu/prefill_attn.cu"),
     include_str!("cu/sampling.cu"),
     include_str!("cu/gemv.cu"),
+    include_str!("cu/allreduce.cu"),
 );
 
 /// Every `extern "C"` entry point in [`SOURCE`].
@@ -56,6 +57,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "gemv_bf16_r32",
     "gemv_rms_bf16_r16",
     "gemv_rms_bf16_r32",
+    "allreduce_oneshot_bf16",
 ];
 
 /// Whether libnvrtc can be loaded on this machine.
@@ -114,7 +116,10 @@ pub(crate) fn cached_ptx(arch: &str) -> Result<String> {
     if let Some(d) = dir
         && std::fs::create_dir_all(&d).is_ok()
     {
-        let tmp = d.join(format!("{key}.{}", std::process::id()));
+        // A name of its own per writer: tensor-parallel ranks compile at once, one thread each.
+        static WRITERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = d.join(format!("{key}.{}.{n}", std::process::id()));
         if std::fs::write(&tmp, &ptx).is_ok() {
             let _ = std::fs::rename(&tmp, d.join(&key));
         }

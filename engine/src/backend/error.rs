@@ -31,6 +31,13 @@ pub enum BackendError {
     #[cfg(feature = "cuda")]
     #[error("CUDA kernels: {0}")]
     Kernels(#[from] sgl_kernels::KernelError),
+    /// Tensor parallelism: NCCL failed, or another rank did.
+    #[cfg(feature = "cuda")]
+    #[error("tensor parallel: {0}")]
+    Nccl(#[from] sgl_kernels::nccl::NcclError),
+    #[cfg(feature = "cuda")]
+    #[error("tensor parallel: {0}")]
+    Rank(String),
     /// `--device cuda` in a build without the `cuda` feature.
     #[error(
         "this sgl-engine was built without CUDA support; rebuild with `--features cuda` or use --device cpu"

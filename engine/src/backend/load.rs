@@ -26,6 +26,8 @@ pub struct LoadOptions {
     /// Largest decode batch served by a CUDA graph (`--cuda-graph-max-bs`).
     pub cuda_graph_max_bs: usize,
     pub disable_cuda_graph: bool,
+    /// Tensor parallelism: NCCL for every all-reduce (`--disable-custom-all-reduce`).
+    pub disable_custom_all_reduce: bool,
 }
 
 impl Default for LoadOptions {
@@ -39,15 +41,16 @@ impl Default for LoadOptions {
             mem_fraction_static: 0.88,
             cuda_graph_max_bs: 160,
             disable_cuda_graph: false,
+            disable_custom_all_reduce: false,
         }
     }
 }
 
 /// The backend of `device` with `model`'s weights on it.
 pub fn load(device: DeviceKind, model: &Model, opts: &LoadOptions) -> Result<Box<dyn Backend>> {
-    if opts.tensor_parallel.size > 1 {
+    if opts.tensor_parallel.size > 1 && device != DeviceKind::Cuda {
         return Err(BackendError::Unsupported(format!(
-            "tensor parallelism ({} ranks) is not supported yet",
+            "tensor parallelism ({} ranks) runs on GPUs (--device cuda)",
             opts.tensor_parallel.size
         ))
         .into());

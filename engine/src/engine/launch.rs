@@ -13,6 +13,7 @@ use crate::error::{EngineError, Result};
 use crate::metrics::Metrics;
 use crate::model::config::ModelConfig;
 use crate::model::files::ModelFiles;
+use crate::model::llama::TensorParallel;
 use crate::model::{self, Model};
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::tokenizer::Tokenizer;
@@ -67,6 +68,7 @@ pub fn check(mut args: ServerArgs) -> Result<String> {
     let cfg = &model.config;
     let context_length = resolve_context_length(&args, cfg)?;
     let device = args.device();
+    check_tensor_parallel(&args, cfg)?;
     if device == DeviceKind::Cuda {
         if !cfg!(feature = "cuda") {
             return Err(backend::BackendError::NotCompiled.into());
@@ -93,6 +95,20 @@ pub fn check(mut args: ServerArgs) -> Result<String> {
     ))
 }
 
+/// `--tp-size` against the device and the model's shapes.
+fn check_tensor_parallel(args: &ServerArgs, cfg: &ModelConfig) -> Result<()> {
+    if args.tp_size == 1 {
+        return Ok(());
+    }
+    if args.device() != DeviceKind::Cuda {
+        return Err(EngineError::InvalidArgument(format!(
+            "--tp-size {} splits the model across GPUs (--device cuda); the CPU backend runs one rank",
+            args.tp_size
+        )));
+    }
+    TensorParallel::check(args.tp_size, cfg).map_err(EngineError::InvalidArgument)
+}
+
 /// Load everything and start the scheduler thread.
 pub fn launch(mut args: ServerArgs) -> Result<EngineHandle> {
     args.validate()?;
@@ -106,6 +122,7 @@ pub fn launch(mut args: ServerArgs) -> Result<EngineHandle> {
     let tokenizer = load_tokenizer(&args, &model)?;
     let cfg = model.config.clone();
     let context_length = resolve_context_length(&args, &cfg)?;
+    check_tensor_parallel(&args, &cfg)?;
     let opts = LoadOptions {
         max_total_tokens: args.max_total_tokens,
         context_length,
@@ -113,6 +130,11 @@ pub fn launch(mut args: ServerArgs) -> Result<EngineHandle> {
         mem_fraction_static: args.mem_fraction_static,
         cuda_graph_max_bs: args.cuda_graph_max_bs,
         disable_cuda_graph: args.disable_cuda_graph,
+        disable_custom_all_reduce: args.disable_custom_all_reduce,
+        tensor_parallel: TensorParallel {
+            rank: 0,
+            size: args.tp_size,
+        },
         ..LoadOptions::default()
     };
     let backend = backend::load(args.device(), &model, &opts)?;

@@ -34,13 +34,18 @@ pub enum Part {
 
 impl Part {
     /// How tensor parallelism splits this part: q, k, v, gate, up (and the biases) by output
-    /// rows, o and down by input columns; the norms stay whole.
-    fn shard(self, tp: TensorParallel) -> Shard {
+    /// rows, o and down by input columns; the norms stay whole. With more ranks than KV heads,
+    /// k and v are split by head and each head is replicated on `size / kv_heads` ranks.
+    fn shard(self, tp: TensorParallel, kv_heads: usize) -> Shard {
         if tp.size <= 1 {
             return Shard::Whole;
         }
         let (rank, parts) = (tp.rank, tp.size);
         match self {
+            Part::K | Part::V | Part::KBias | Part::VBias if parts > kv_heads => Shard::Rows {
+                rank: rank * kv_heads / parts,
+                parts: kv_heads,
+            },
             Part::Q
             | Part::K
             | Part::V
@@ -131,6 +136,45 @@ impl Default for TensorParallel {
     }
 }
 
+/// Most ranks of one tensor-parallel group (one node).
+pub const MAX_TP_SIZE: usize = 8;
+
+impl TensorParallel {
+    /// Whether `size` ranks can split `cfg`: a power of two up to [`MAX_TP_SIZE`] that divides
+    /// the attention heads and the MLP width, and either divides the KV heads or is a multiple
+    /// of them (each KV head then lives on several ranks).
+    pub fn check(size: usize, cfg: &ModelConfig) -> Result<(), String> {
+        if size == 0 || !size.is_power_of_two() || size > MAX_TP_SIZE {
+            return Err(format!(
+                "--tp-size {size}: expected 1, 2, 4 or 8 (GPUs of one node)"
+            ));
+        }
+        let kv = cfg.num_kv_heads;
+        let why = if !cfg.num_heads.is_multiple_of(size) {
+            format!("its {} attention heads", cfg.num_heads)
+        } else if !cfg.intermediate_size.is_multiple_of(size) {
+            format!("its MLP width {}", cfg.intermediate_size)
+        } else if !(kv.is_multiple_of(size) || size.is_multiple_of(kv)) {
+            format!("its {kv} KV heads (neither divides the other)")
+        } else {
+            return Ok(());
+        };
+        Err(format!(
+            "--tp-size {size} does not split this model: {size} ranks cannot share {why}"
+        ))
+    }
+
+    /// The shapes one rank computes with: its share of the attention heads, KV heads (at least
+    /// one) and MLP width; hidden size and vocabulary stay whole.
+    pub fn local_config(size: usize, cfg: &ModelConfig) -> ModelConfig {
+        let mut c = cfg.clone();
+        c.num_heads = cfg.num_heads / size;
+        c.num_kv_heads = (cfg.num_kv_heads / size).max(1);
+        c.intermediate_size = cfg.intermediate_size / size;
+        c
+    }
+}
+
 /// A Llama-family checkpoint's tensors, read by part with their shapes checked against the
 /// config (the shapes of this rank's shards).
 pub struct LlamaTensors<'a> {
@@ -192,7 +236,7 @@ impl<'a> LlamaTensors<'a> {
         let name = self.naming.layer(i, part);
         let shape = self.shape(part);
         let t = self.src.read(&name, Shard::Whole)?.expect_shape(&shape)?;
-        t.shard(part.shard(self.tp))
+        t.shard(part.shard(self.tp, self.cfg.num_kv_heads))
     }
 
     /// The token embedding `[vocab, hidden]` (every rank holds it whole).
@@ -221,5 +265,87 @@ impl<'a> LlamaTensors<'a> {
         self.src
             .read(self.naming.lm_head(), Shard::Whole)?
             .expect_shape(&shape)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(heads: usize, kv: usize, inter: usize) -> ModelConfig {
+        ModelConfig {
+            architecture: "LlamaForCausalLM".into(),
+            hidden_size: 64 * heads,
+            intermediate_size: inter,
+            num_layers: 2,
+            num_heads: heads,
+            num_kv_heads: kv,
+            head_dim: 64,
+            vocab_size: 1000,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            rope_scaling: None,
+            max_position_embeddings: 2048,
+            tie_word_embeddings: false,
+            attention_bias: false,
+            rope_interleaved: false,
+        }
+    }
+
+    #[test]
+    fn tp_sizes_must_split_heads_width_and_kv_heads() {
+        let llama8b = cfg(32, 8, 14336);
+        for tp in [1, 2, 4, 8] {
+            assert!(TensorParallel::check(tp, &llama8b).is_ok(), "tp {tp}");
+        }
+        for tp in [0, 3, 6, 16] {
+            let e = TensorParallel::check(tp, &llama8b).expect_err("refused");
+            assert!(e.contains("expected 1, 2, 4 or 8"), "{e}");
+        }
+        // SmolLM2-135M: 9 attention heads, 3 KV heads.
+        let e = TensorParallel::check(2, &cfg(9, 3, 1536)).expect_err("refused");
+        assert!(e.contains("9 attention heads"), "{e}");
+        let e = TensorParallel::check(4, &cfg(12, 6, 1536)).expect_err("refused");
+        assert!(e.contains("6 KV heads"), "{e}");
+        // More ranks than KV heads: each KV head lives on several ranks.
+        assert!(TensorParallel::check(8, &cfg(32, 2, 14336)).is_ok());
+    }
+
+    #[test]
+    fn a_rank_computes_its_share_of_heads_and_width() {
+        let c = TensorParallel::local_config(4, &cfg(32, 8, 14336));
+        assert_eq!(
+            (
+                c.num_heads,
+                c.num_kv_heads,
+                c.intermediate_size,
+                c.hidden_size
+            ),
+            (8, 2, 3584, 2048)
+        );
+        let c = TensorParallel::local_config(8, &cfg(32, 2, 14336));
+        assert_eq!((c.num_heads, c.num_kv_heads), (4, 1));
+    }
+
+    #[test]
+    fn kv_heads_are_split_or_replicated_by_rank() {
+        let at = |rank, size, kv| Part::K.shard(TensorParallel { rank, size }, kv);
+        assert_eq!(at(0, 1, 8), Shard::Whole);
+        assert_eq!(at(3, 4, 8), Shard::Rows { rank: 3, parts: 4 });
+        // 8 ranks, 2 KV heads: ranks 0-3 hold head 0, ranks 4-7 head 1
+        for rank in 0..8 {
+            assert_eq!(
+                at(rank, 8, 2),
+                Shard::Rows {
+                    rank: rank / 4,
+                    parts: 2
+                }
+            );
+        }
+        // q rows follow the ranks; o and down split their inputs
+        let tp = TensorParallel { rank: 5, size: 8 };
+        assert_eq!(Part::Q.shard(tp, 2), Shard::Rows { rank: 5, parts: 8 });
+        assert_eq!(Part::Down.shard(tp, 2), Shard::Cols { rank: 5, parts: 8 });
+        assert_eq!(Part::AttnNorm.shard(tp, 2), Shard::Whole);
     }
 }

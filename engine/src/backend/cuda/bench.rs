@@ -69,6 +69,10 @@ fn open(args: &[String]) -> Result<CudaBackend> {
         mem_fraction_static: arg(args, "--mem-fraction-static")
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.88),
+        tensor_parallel: crate::model::llama::TensorParallel {
+            rank: 0,
+            size: arg_usize(args, "--tp-size", 1)?,
+        },
         ..CudaOptions::default()
     };
     CudaBackend::load(&model, &opts)
@@ -130,6 +134,26 @@ pub fn bench_main(args: &[String]) -> Result<()> {
             }
             let first = modes[0];
             b.set_decode_form(first.0, first.1, first.2, first.3)?;
+            if b.tp_size() > 1
+                && let Some(with) = reports.first()
+            {
+                // The same batch with the all-reduces left out (timing only: wrong numbers).
+                b.set_skip_all_reduce(true)?;
+                let without = bench_one_batch(&mut b, &a);
+                b.set_skip_all_reduce(false)?;
+                let without = without?;
+                println!(
+                    "| all-reduce share of a decode step (tp {}, batch {}) | {:.3} ms/step with, {:.3} without | {:.1}% | {:.1} µs per all-reduce ({} per step) |",
+                    b.tp_size(),
+                    a.batch_size,
+                    with.decode_ms_per_step,
+                    without.decode_ms_per_step,
+                    100.0 * (1.0 - without.decode_ms_per_step / with.decode_ms_per_step),
+                    1000.0 * (with.decode_ms_per_step - without.decode_ms_per_step)
+                        / (2 * b.config().num_layers) as f64,
+                    2 * b.config().num_layers
+                );
+            }
             if let [with, without] = &reports[..] {
                 let e = gemv_consistency(&mut b)?;
                 println!(
@@ -161,6 +185,7 @@ pub fn bench_main(args: &[String]) -> Result<()> {
             }
             Ok(())
         }
+        "all-reduce" => super::bench_comm::all_reduce_bench(arg_usize(args, "--tp-size", 2)?),
         "check" => {
             let mut b = open(args)?;
             let prompts = arg(args, "--prompts")
@@ -186,7 +211,7 @@ pub fn bench_main(args: &[String]) -> Result<()> {
             Ok(())
         }
         other => Err(EngineError::InvalidArgument(format!(
-            "unknown bench command {other:?} (one-batch, check, offline)"
+            "unknown bench command {other:?} (one-batch, check, offline, all-reduce)"
         ))),
     }
 }
@@ -577,6 +602,23 @@ struct CheckFile {
 struct CheckOut {
     name: String,
     tokens: Vec<Vec<u32>>,
+    /// Per sequence and step, the gap between the two largest logits (how near a tie the
+    /// greedy choice was).
+    margins: Vec<Vec<f32>>,
+}
+
+/// The gap between the largest and the second largest value.
+fn top2_margin(v: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &x in v {
+        if x > a {
+            b = a;
+            a = x;
+        } else if x > b {
+            b = x;
+        }
+    }
+    a - b
 }
 
 fn argmax(v: &[f32]) -> u32 {
@@ -638,6 +680,7 @@ fn check(b: &mut CudaBackend, prompts: &Path, out: &Path) -> Result<()> {
         std::fs::write(out.join(format!("ours_{}.f32", case.name)), bytes)
             .map_err(|e| EngineError::Internal(e.to_string()))?;
         let mut generated: Vec<Vec<u32>> = logits.chunks(v).map(|r| vec![argmax(r)]).collect();
+        let mut margins: Vec<Vec<f32>> = logits.chunks(v).map(|r| vec![top2_margin(r)]).collect();
         for step in 1..f.steps {
             let toks: Vec<[u32; 1]> = generated.iter().map(|g| [g[step - 1]]).collect();
             let batch: Vec<SeqInput> = case
@@ -656,8 +699,13 @@ fn check(b: &mut CudaBackend, prompts: &Path, out: &Path) -> Result<()> {
                 })
                 .collect();
             let logits = b.forward(&batch)?;
-            for (g, r) in generated.iter_mut().zip(logits.chunks(v)) {
+            for ((g, m), r) in generated
+                .iter_mut()
+                .zip(margins.iter_mut())
+                .zip(logits.chunks(v))
+            {
                 g.push(argmax(r));
+                m.push(top2_margin(r));
             }
         }
         eprintln!(
@@ -669,6 +717,7 @@ fn check(b: &mut CudaBackend, prompts: &Path, out: &Path) -> Result<()> {
         results.push(CheckOut {
             name: case.name.clone(),
             tokens: generated,
+            margins,
         });
     }
     let j = serde_json::to_string(&results).map_err(|e| EngineError::Internal(e.to_string()))?;

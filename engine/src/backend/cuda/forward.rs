@@ -221,6 +221,8 @@ impl CudaBackend {
     /// Run the batch; logits of the rows that need them end in `scratch.logits` (bf16).
     /// Returns the buffer rows holding each sequence's last `num_logits` tokens, in order.
     pub(super) fn run(&mut self, batch: &[SeqInput<'_>]) -> Result<Vec<usize>> {
+        // Tensor parallelism: every worker rank runs the same batch (see `tp`).
+        self.peers.run(batch)?;
         let tokens: usize = batch.iter().map(|s| s.tokens.len()).sum();
         if batch.iter().all(|s| s.tokens.len() == 1)
             && let Some(bs) = self.graphs.bucket(batch.len())
@@ -328,6 +330,10 @@ impl CudaBackend {
             attn,
         };
         self.layers(&inputs)?;
+        if self.rank() != 0 {
+            // Only rank 0 computes logits.
+            return Ok(Vec::new());
+        }
         // final norm + LM head on the rows that need logits, LOGIT_ROWS at a time
         let n = last_rows.len();
         if n > self.scratch.logit_rows() {
@@ -393,6 +399,59 @@ impl CudaBackend {
                 .map_err(cuda_err)?;
         }
         self.linear(normed, self.w.lm_head_ptr(s), logits, rows, h, v)
+    }
+
+    /// Tensor parallelism: `buf[..n] = sum over ranks` (nothing on one GPU).
+    fn all_reduce(&self, buf: Dptr<bf16>, n: usize) -> Result<()> {
+        let Some(c) = &self.comm else {
+            return Ok(());
+        };
+        if self.skip_all_reduce {
+            return Ok(());
+        }
+        if let Some(ar) = &self.custom_ar
+            && n <= ar.half_elems
+            && n.is_multiple_of(8)
+        {
+            // SAFETY: every rank runs the same layer loop, so the calls match; the buffers were
+            // set up for this group (tp::custom_all_reduce).
+            return unsafe {
+                self.kernels.allreduce_oneshot(
+                    &self.stream,
+                    &ar.peers,
+                    buf,
+                    dptr(&ar.epochs, &self.stream),
+                    n,
+                    c.rank(),
+                    ar.half_elems,
+                )
+            }
+            .map_err(cuda_err);
+        }
+        // SAFETY: buf holds n elements on this rank's device; every rank runs the same layer
+        // loop, so the collectives match.
+        unsafe { c.all_reduce_sum(buf, n, &self.stream) }
+            .map_err(|e| EngineError::from(crate::backend::BackendError::Nccl(e)))
+    }
+
+    /// `x += inp · wᵀ` for a row-parallel weight (o_proj, down_proj): on one GPU the
+    /// accumulating GEMM; with tensor parallelism rank 0 accumulates its partial product into
+    /// `x`, the other ranks store theirs there, and the all-reduce leaves the sum on every rank.
+    fn row_parallel_add(
+        &self,
+        inp: Dptr<bf16>,
+        w: Dptr<bf16>,
+        x: Dptr<bf16>,
+        tokens: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<()> {
+        if self.comm.is_none() || self.rank() == 0 {
+            self.linear_add(inp, w, x, tokens, k, n)?;
+        } else {
+            self.linear(inp, w, x, tokens, k, n)?;
+        }
+        self.all_reduce(x, tokens * n)
     }
 
     /// Whether a GEMM of `tokens` rows takes the GEMV kernel.
@@ -585,6 +644,12 @@ impl CudaBackend {
         // SAFETY: every buffer was sized for at least `t` tokens (Scratch, Graphs); inputs were
         // validated (slots inside the pool, ids inside the vocabulary).
         let fused = self.fused_norm(t);
+        if let Some(comm) = &self.comm {
+            // Rank 0's token ids (under the overlap schedule some exist only on its GPU).
+            // SAFETY: the ids buffer holds t tokens on every rank.
+            unsafe { comm.broadcast(inp.ids, t, 0, s) }
+                .map_err(|e| EngineError::from(crate::backend::BackendError::Nccl(e)))?;
+        }
         unsafe {
             k.embedding(s, x, dptr(&self.w.embed, s), inp.ids, t, h, c.vocab_size)
                 .map_err(cuda_err)?;
@@ -704,7 +769,7 @@ impl CudaBackend {
                     }
                 }
                 if fused {
-                    self.linear_add(attn, dptr(&lw.o, s), x, t, q_w, h)?;
+                    self.row_parallel_add(attn, dptr(&lw.o, s), x, t, q_w, h)?;
                     self.norm_linear(
                         x,
                         dptr(&lw.post_norm, s),
@@ -716,13 +781,15 @@ impl CudaBackend {
                         2 * inter,
                         GemvEpilogue::SwiGlu,
                     )?;
-                    self.linear_add(act, dptr(&lw.down, s), x, t, inter, h)?;
+                    self.row_parallel_add(act, dptr(&lw.down, s), x, t, inter, h)?;
                 } else {
                     self.linear(attn, dptr(&lw.o, s), delta, t, q_w, h)?;
+                    self.all_reduce(delta, t * h)?;
                     k.add_rmsnorm(s, normed, x, Some(delta), dptr(&lw.post_norm, s), t, h, e)
                         .map_err(cuda_err)?;
                     self.gate_up_act(normed, dptr(&lw.gate_up, s), gate_up, act, t, h, inter)?;
                     self.linear(act, dptr(&lw.down, s), delta, t, inter, h)?;
+                    self.all_reduce(delta, t * h)?;
                 }
                 if let (Some(d), AttnInputs::Prefill { .. }) = (&self.dump, inp.attn) {
                     self.dump_layer(d, l, x, delta, t)?;
@@ -842,11 +909,21 @@ impl CudaBackend {
         let x = dptr(&self.scratch.x, s);
         let d = (!self.fused_norm(bs)).then(|| dptr(&self.scratch.delta, s));
         let n = dptr(&self.scratch.normed, s);
-        self.head(x, d, n, bs, 0)?;
-        s.synchronize().map_err(cuda_err)?;
+        // Only rank 0 computes logits (tensor parallelism).
+        let logits = self.rank() == 0;
+        if logits {
+            self.head(x, d, n, bs, 0)?;
+        }
+        self.wait_stream()?;
         s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(cuda_err)?;
-        let body = self.layers(&inputs).and_then(|_| self.head(x, d, n, bs, 0));
+        let body = self.layers(&inputs).and_then(|_| {
+            if logits {
+                self.head(x, d, n, bs, 0)
+            } else {
+                Ok(())
+            }
+        });
         let graph = s
             .end_capture(sys::CUgraphInstantiate_flags(0))
             .map_err(cuda_err);
@@ -876,7 +953,7 @@ impl CudaBackend {
                 )
             }
             .map_err(cuda_err)?;
-            self.stream.synchronize().map_err(cuda_err)?;
+            self.wait_stream()?;
             out.extend(buf.iter().map(|x| x.to_f32()));
             i = j;
         }
@@ -895,7 +972,7 @@ impl CudaBackend {
         // SAFETY: host holds n ints.
         unsafe { dres::memcpy_dtoh_async(&mut host, out.addr(), s.cu_stream()) }
             .map_err(cuda_err)?;
-        s.synchronize().map_err(cuda_err)?;
+        self.wait_stream()?;
         Ok(rows.iter().map(|&r| host[r] as u32).collect())
     }
 

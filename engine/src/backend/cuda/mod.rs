@@ -12,8 +12,10 @@
 //! padded batch size (inputs live at fixed device addresses; padding rows write a spare slot).
 
 mod bench;
+mod bench_comm;
 mod forward;
 mod overlap;
+mod tp;
 mod weights;
 
 use std::cell::Cell;
@@ -49,6 +51,8 @@ pub struct CudaOptions {
     pub max_forward_tokens: usize,
     pub quantization: Quantization,
     pub tensor_parallel: TensorParallel,
+    /// Tensor parallelism: NCCL for every all-reduce, no one-shot kernel.
+    pub disable_custom_all_reduce: bool,
 }
 
 impl Default for CudaOptions {
@@ -61,6 +65,7 @@ impl Default for CudaOptions {
             max_forward_tokens: 8192,
             quantization: Quantization::AsStored,
             tensor_parallel: TensorParallel::default(),
+            disable_custom_all_reduce: false,
         }
     }
 }
@@ -79,6 +84,7 @@ impl From<&LoadOptions> for CudaOptions {
             disable_cuda_graph: o.disable_cuda_graph,
             quantization: o.quantization,
             tensor_parallel: o.tensor_parallel,
+            disable_custom_all_reduce: o.disable_custom_all_reduce,
             ..CudaOptions::default()
         }
     }
@@ -116,33 +122,183 @@ pub struct CudaBackend {
     outputs: overlap::PassOutputs,
     /// Input tokens the pass being launched takes from the previous one.
     pending_prev: Cell<Vec<(usize, u32)>>,
+    /// The checkpoint's shapes; `cfg` holds this rank's share of them.
+    model_cfg: ModelConfig,
+    /// This rank's NCCL communicator (tensor parallelism; `None` on one GPU).
+    comm: Option<sgl_kernels::nccl::Comm>,
+    /// Rank 0's worker ranks (see `tp`).
+    peers: tp::Peers,
+    /// The one-shot all-reduce for small messages (tensor parallelism with peer access).
+    custom_ar: Option<tp::CustomAllReduce>,
+    /// Timing only (`bench-one-batch` at tp > 1): skip the layers' all-reduces, which leaves
+    /// wrong numbers, to measure their share of a step.
+    skip_all_reduce: bool,
+}
+
+/// A rank's device state before its KV pool is sized (see [`CudaBackend::load_rank`]).
+struct Prepared {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    kernels: Kernels,
+    gemm: Gemm,
+    gemv_ws: GemvWorkspace,
+    use_gemv: bool,
+    cfg: ModelConfig,
+    w: weights::Weights,
+    inv_freq: CudaSlice<f32>,
+    scratch: forward::Scratch,
+    device_name: String,
+    max_bs: usize,
+    per_slot: usize,
+    /// KV slots this rank's memory holds.
+    capacity: usize,
 }
 
 impl CudaBackend {
-    /// Loads `model` onto GPU 0 and sizes the KV pool.
+    /// Loads `model` onto GPU 0 and sizes the KV pool; with `--tp-size N`, onto GPUs 0..N
+    /// with rank 0 returned (see `tp`).
     pub fn load(model: &Model, opts: &CudaOptions) -> Result<Self> {
-        let cfg = &model.config;
+        if opts.tensor_parallel.size > 1 {
+            return tp::load_group(model, opts);
+        }
+        Self::load_rank(model, opts, 0, None)
+    }
+
+    /// Loads rank `rank`'s share onto GPU `rank`; in a group, agrees on the KV capacity with
+    /// the other ranks and joins their NCCL communicator.
+    fn load_rank(
+        model: &Model,
+        opts: &CudaOptions,
+        rank: usize,
+        group: Option<&tp::Join>,
+    ) -> Result<Self> {
+        let prepared = Self::prepare(model, opts, rank);
+        let (p, capacity) = match group {
+            None => {
+                let p = prepared?;
+                let c = p.capacity;
+                (p, c)
+            }
+            Some(j) => {
+                let mine = prepared
+                    .as_ref()
+                    .map(|p| p.capacity)
+                    .map_err(|e| e.to_string());
+                let agreed = j.agree(rank, mine);
+                let p = prepared?;
+                let c = agreed.map_err(|e| EngineError::from(BackendError::Rank(e)))?;
+                (p, c)
+            }
+        };
+        let cfg = p.cfg.clone();
+        let stream = p.stream.clone();
+        let ctx = p.ctx.clone();
+        let rest = (|| -> Result<_> {
+            // SAFETY: every slot is written (rope_kv_store) before attention reads it.
+            let kv = unsafe { stream.alloc::<bf16>((capacity + 1) * p.per_slot / 2) }
+                .map_err(cuda_err)?;
+            if rank == 0 {
+                tracing::info!(
+                    "KV pool: {capacity} tokens ({:.1} GB{})",
+                    (capacity * p.per_slot) as f64 / 1e9,
+                    if group.is_some() { " per GPU" } else { "" }
+                );
+            }
+            let graphs = forward::Graphs::new(&stream, p.max_bs, capacity, &cfg)?;
+            let staging = overlap::Staging::new(&ctx)?;
+            let outputs = overlap::PassOutputs::new(&ctx, &stream, opts.max_forward_tokens.max(1))?;
+            Ok((kv, graphs, staging, outputs))
+        })();
+        let (comm, custom_ar) = match group {
+            None => (None, None),
+            Some(j) => {
+                let ready = rest.as_ref().map(|_| 0).map_err(|e| e.to_string());
+                j.agree(rank, ready)
+                    .map_err(|e| EngineError::from(BackendError::Rank(e)))?;
+                let comm = sgl_kernels::nccl::Comm::init(&stream, j.id, rank, j.size)
+                    .map_err(|e| EngineError::from(BackendError::Nccl(e)))?;
+                let ar = tp::custom_all_reduce(
+                    &ctx,
+                    &stream,
+                    j,
+                    rank,
+                    opts.disable_custom_all_reduce
+                        || std::env::var("SGL_DISABLE_CUSTOM_ALL_REDUCE").as_deref() == Ok("1"),
+                )?;
+                (Some(comm), ar)
+            }
+        };
+        let (kv, graphs, staging, outputs) = rest?;
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            kernels: p.kernels,
+            gemm: p.gemm,
+            gemv_ws: p.gemv_ws,
+            use_gemv: p.use_gemv,
+            fuse_norm: std::env::var("SGL_DISABLE_GEMV_NORM").as_deref() != Ok("1"),
+            fuse_attn: std::env::var("SGL_DECODE_ATTN_FUSION").as_deref() != Ok("0"),
+            cfg,
+            w: p.w,
+            kv,
+            capacity,
+            inv_freq: p.inv_freq,
+            scratch: p.scratch,
+            graphs,
+            opts: opts.clone(),
+            device_name: p.device_name,
+            dump: if rank == 0 {
+                forward::Dump::from_env()
+            } else {
+                None
+            },
+            staging,
+            outputs,
+            pending_prev: Cell::new(Vec::new()),
+            model_cfg: model.config.clone(),
+            comm,
+            peers: tp::Peers::default(),
+            custom_ar,
+            skip_all_reduce: false,
+        })
+    }
+
+    /// Weights, kernels and scratch of rank `rank` on GPU `rank`, and how many KV slots the
+    /// rest of its memory share holds.
+    fn prepare(model: &Model, opts: &CudaOptions, rank: usize) -> Result<Prepared> {
+        let full = &model.config;
         if let ModelFiles::Gguf(_) = model.files {
             return Err(EngineError::from(BackendError::Unsupported(
                 "--device cuda serves Hugging Face folders (safetensors); GGUF files run on --device cpu".into(),
             )));
         }
-        tracing::info!(
-            "RoPE theta {} scaling {:?}",
-            cfg.rope_theta,
-            cfg.rope_scaling
-        );
-        if cfg.rope_interleaved {
+        if rank == 0 {
+            tracing::info!(
+                "RoPE theta {} scaling {:?}",
+                full.rope_theta,
+                full.rope_scaling
+            );
+        }
+        if full.rope_interleaved {
             return Err(EngineError::from(BackendError::Unsupported(
                 "the CUDA backend runs Hugging Face checkpoints (rotate-half RoPE)".into(),
             )));
         }
+        let tp = TensorParallel {
+            rank,
+            size: opts.tensor_parallel.size.max(1),
+        };
+        if tp.size > 1 {
+            TensorParallel::check(tp.size, full).map_err(EngineError::InvalidArgument)?;
+        }
+        let cfg = TensorParallel::local_config(tp.size, full);
         if !cfg.hidden_size.is_multiple_of(8) || !cfg.intermediate_size.is_multiple_of(8) {
             return Err(EngineError::from(BackendError::Unsupported(
-                "hidden and intermediate sizes must be multiples of 8".into(),
+                "hidden and intermediate sizes (per rank) must be multiples of 8".into(),
             )));
         }
-        let ctx = CudaContext::new(0).map_err(|e| EngineError::from(BackendError::NoDevice(e)))?;
+        let ctx =
+            CudaContext::new(rank).map_err(|e| EngineError::from(BackendError::NoDevice(e)))?;
         // SAFETY: one stream does all the work, so cudarc's cross-stream events are not needed
         // (and would get in the way of graph capture).
         unsafe { ctx.disable_event_tracking() };
@@ -151,19 +307,26 @@ impl CudaBackend {
         let device_name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
         let t_kernels = std::time::Instant::now();
         let kernels = Kernels::load(&ctx).map_err(cuda_err)?;
-        tracing::info!(
-            "kernels ready in {:.1}s (NVRTC, or its PTX from the kernel cache, then the driver's JIT)",
-            t_kernels.elapsed().as_secs_f64()
-        );
+        if rank == 0 {
+            tracing::info!(
+                "kernels ready in {:.1}s (NVRTC, or its PTX from the kernel cache, then the driver's JIT)",
+                t_kernels.elapsed().as_secs_f64()
+            );
+        }
         let gemm = Gemm::new(stream.clone()).map_err(cuda_err)?;
         let gemv_ws = kernels.gemv_workspace(&stream).map_err(cuda_err)?;
         let use_gemv = std::env::var("SGL_DISABLE_GEMV").as_deref() != Ok("1");
         let t0 = std::time::Instant::now();
-        let tensors = model.llama(opts.tensor_parallel);
+        let tensors = model.llama(tp);
         let w = weights::load(&tensors, opts.quantization, &stream)?;
         let secs = t0.elapsed().as_secs_f64();
         tracing::info!(
-            "loaded {:.2} GB of weights onto {device_name} in {secs:.1}s ({:.1} GB/s)",
+            "{}loaded {:.2} GB of weights onto {device_name} in {secs:.1}s ({:.1} GB/s)",
+            if tp.size > 1 {
+                format!("rank {rank}: ")
+            } else {
+                String::new()
+            },
             w.bytes as f64 / 1e9,
             w.bytes as f64 / 1e9 / secs.max(1e-9)
         );
@@ -175,70 +338,49 @@ impl CudaBackend {
             opts.cuda_graph_max_bs
         };
         let scratch =
-            forward::Scratch::new(&stream, cfg, opts.max_forward_tokens.max(max_bs).max(1))?;
+            forward::Scratch::new(&stream, &cfg, opts.max_forward_tokens.max(max_bs).max(1))?;
 
         // KV pool: what is left of mem_fraction_static of the card after weights and scratch.
         let (free, total) = ctx.mem_get_info().map_err(cuda_err)?;
         let used = total - free;
         let per_slot = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2;
         let budget = (opts.mem_fraction_static as f64 * total as f64) as usize;
-        let reserve = 256 << 20; // graphs, cuBLAS plans, merge buffers
+        let reserve = 256 << 20; // graphs, cuBLAS plans, merge buffers, NCCL buffers
         let mut capacity = budget.saturating_sub(used + reserve) / per_slot;
         if let Some(m) = opts.max_total_tokens {
             capacity = capacity.min(m);
         }
         if capacity < 16 {
             return Err(EngineError::from(BackendError::OutOfMemory(format!(
-                "no room for the KV cache: {:.1} GB used of {:.1} GB with --mem-fraction-static {}",
+                "no room for the KV cache on GPU {rank}: {:.1} GB used of {:.1} GB with --mem-fraction-static {}",
                 used as f64 / 1e9,
                 total as f64 / 1e9,
                 opts.mem_fraction_static
             ))));
         }
-        // SAFETY: every slot is written (rope_kv_store) before attention reads it.
-        let kv =
-            unsafe { stream.alloc::<bf16>((capacity + 1) * per_slot / 2) }.map_err(cuda_err)?;
-        tracing::info!(
-            "KV pool: {capacity} tokens ({:.1} GB)",
-            (capacity * per_slot) as f64 / 1e9
-        );
-        let graphs = forward::Graphs::new(&stream, max_bs, capacity, cfg)?;
-        let staging = overlap::Staging::new(&ctx)?;
-        let outputs = overlap::PassOutputs::new(&ctx, &stream, opts.max_forward_tokens.max(1))?;
-        Ok(CudaBackend {
+        Ok(Prepared {
             ctx,
             stream,
             kernels,
             gemm,
             gemv_ws,
             use_gemv,
-            fuse_norm: std::env::var("SGL_DISABLE_GEMV_NORM").as_deref() != Ok("1"),
-            fuse_attn: std::env::var("SGL_DECODE_ATTN_FUSION").as_deref() != Ok("0"),
-            cfg: cfg.clone(),
+            cfg,
             w,
-            kv,
-            capacity,
             inv_freq,
             scratch,
-            graphs,
-            opts: opts.clone(),
             device_name,
-            dump: forward::Dump::from_env(),
-            staging,
-            outputs,
-            pending_prev: Cell::new(Vec::new()),
+            max_bs,
+            per_slot,
+            capacity,
         })
     }
 
     /// Whether decode-sized GEMMs take the GEMV kernel (the default unless
     /// `SGL_DISABLE_GEMV=1`). Drops the captured decode graphs when it changes.
     pub fn set_gemv(&mut self, on: bool) -> Result<()> {
-        if on != self.use_gemv {
-            self.stream.synchronize().map_err(cuda_err)?;
-            self.graphs.clear();
-            self.use_gemv = on;
-        }
-        Ok(())
+        let (f, a, p) = (self.fuse_norm, self.fuse_attn, self.kernels.pdl());
+        self.set_decode_form(on, f, a, p)
     }
 
     pub fn gemv_enabled(&self) -> bool {
@@ -266,12 +408,26 @@ impl CudaBackend {
             self.kernels.pdl(),
         );
         if (gemv, fuse_norm, fuse_attn, pdl) != now {
-            self.stream.synchronize().map_err(cuda_err)?;
+            // Every rank must capture the same graphs: the workers change form too.
+            self.peers.decode_form(gemv, fuse_norm, fuse_attn, pdl)?;
+            self.wait_stream()?;
             self.graphs.clear();
             self.use_gemv = gemv;
             self.fuse_norm = fuse_norm;
             self.fuse_attn = fuse_attn;
             self.kernels.set_pdl(pdl);
+        }
+        Ok(())
+    }
+
+    /// Timing only: run the layers without their all-reduces (wrong results) on every rank,
+    /// to measure what the all-reduces cost (see `bench-one-batch`). Drops the decode graphs.
+    pub fn set_skip_all_reduce(&mut self, on: bool) -> Result<()> {
+        if on != self.skip_all_reduce {
+            self.peers.skip_all_reduce(on)?;
+            self.wait_stream()?;
+            self.graphs.clear();
+            self.skip_all_reduce = on;
         }
         Ok(())
     }
@@ -297,8 +453,14 @@ impl CudaBackend {
         &self.ctx
     }
 
+    /// The checkpoint's shapes (every rank's together).
     pub fn config(&self) -> &ModelConfig {
-        &self.cfg
+        &self.model_cfg
+    }
+
+    /// GPUs this backend runs on (`--tp-size`).
+    pub fn tp_size(&self) -> usize {
+        self.comm.as_ref().map_or(1, |c| c.size())
     }
 
     fn validate(&self, batch: &[SeqInput<'_>]) -> Result<()> {
@@ -447,8 +609,12 @@ impl Backend for CudaBackend {
 
     fn describe(&self) -> String {
         format!(
-            "cuda ({}), bf16, {} KV slots, decode GEMV {}{}, fused decode attention {}, PDL {}, cuda graphs {}",
+            "cuda ({}{}), bf16, {} KV slots, decode GEMV {}{}, fused decode attention {}, PDL {}, cuda graphs {}",
             self.device_name,
+            match self.tp_size() {
+                1 => String::new(),
+                n => format!(" x{n}, tensor parallel"),
+            },
             self.capacity,
             if self.use_gemv { "on" } else { "off" },
             if self.use_gemv && self.fuse_norm {
@@ -492,7 +658,7 @@ impl Overlap for CudaBackend {
     }
 
     fn discard_launched(&mut self) {
-        if let Err(e) = self.stream.synchronize() {
+        if let Err(e) = self.wait_stream() {
             tracing::error!("CUDA: {e}");
         }
         self.discard_passes();

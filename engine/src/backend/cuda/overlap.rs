@@ -411,7 +411,7 @@ impl CudaBackend {
         let Some((parity, n, event)) = self.outputs.queue.pop_front() else {
             return Err(EngineError::Internal("no pass was launched".into()));
         };
-        event.synchronize().map_err(cuda_err)?;
+        self.wait_event(&event)?;
         // SAFETY: the copy into this pinned buffer finished (event above); it holds n ints.
         let host = unsafe { std::slice::from_raw_parts(self.outputs.host_ptr[parity], n) };
         Ok(host.iter().map(|&t| t as u32).collect())

@@ -206,15 +206,30 @@ impl<'a> Tensor<'a> {
                 }
             }
         } else {
-            let row = self.dtype.bytes_of(cols);
+            let row = self.dtype.bytes_of(cols).max(1);
             let part = self.dtype.bytes_of(share);
-            Cow::Owned(
-                self.bytes
-                    .chunks_exact(row.max(1))
-                    .flat_map(|r| &r[rank * part..(rank + 1) * part])
-                    .copied()
-                    .collect(),
-            )
+            let rows = self.bytes.len() / row;
+            let mut out = vec![0u8; rows * part];
+            // Several threads copy (the source is usually a memory-mapped checkpoint, so the
+            // reads are page-cache copies that one core cannot keep up with).
+            let threads = std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(8)
+                .min(rows.div_ceil(64))
+                .max(1);
+            let per = rows.div_ceil(threads).max(1);
+            let src: &[u8] = &self.bytes;
+            std::thread::scope(|scope| {
+                for (i, chunk) in out.chunks_mut((per * part).max(1)).enumerate() {
+                    scope.spawn(move || {
+                        for (r, dst) in chunk.chunks_exact_mut(part.max(1)).enumerate() {
+                            let at = (i * per + r) * row + rank * part;
+                            dst.copy_from_slice(&src[at..at + part]);
+                        }
+                    });
+                }
+            });
+            Cow::Owned(out)
         };
         Ok(Tensor {
             name: self.name,
