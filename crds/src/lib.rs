@@ -64,6 +64,7 @@ pub enum CrdError {
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new(served::GGUF_ON_CPU_RULE).message(served::GGUF_ON_CPU_MESSAGE))]
+#[x_kube(validation = Rule::new(served::TP_ON_CUDA_RULE).message(served::TP_ON_CUDA_MESSAGE))]
 pub struct SGLangServiceSpec {
     /// Which model to serve.
     pub model: ModelSpec,
@@ -76,13 +77,12 @@ pub struct SGLangServiceSpec {
     /// Where the engine runs: `cuda` requests `tpSize` NVIDIA GPUs per pod, `cpu` none.
     #[serde(default)]
     pub device: Device,
-    /// Tensor-parallel degree: GPUs per engine pod (`--tp-size`). This engine version serves
-    /// only 1; use `dpSize` for more replicas.
+    /// Tensor-parallel degree: GPUs per engine pod (`--tp-size`), 1, 2, 4 or 8 GPUs of one
+    /// node (multi-node engines are not served yet); `device: cuda` only. One engine splits
+    /// every layer across its GPUs: for a model that does not fit one GPU, or to cut the time
+    /// per token; `dpSize` adds replicas.
     #[serde(default = "one")]
-    #[x_kube(
-        validation = Rule::new("self in [1, 2, 4, 8]").message("tpSize must be 1, 2, 4 or 8"),
-        validation = Rule::new(served::TP_SIZE_RULE).message(served::TP_SIZE_MESSAGE)
-    )]
+    #[x_kube(validation = Rule::new("self in [1, 2, 4, 8]").message("tpSize must be 1, 2, 4 or 8"))]
     pub tp_size: i32,
     /// Data-parallel degree: number of engine pods; the scale subresource (`kubectl scale
     /// sgls`). With autoscaling the HPA sets it through that subresource: leave it out of the

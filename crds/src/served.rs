@@ -10,8 +10,8 @@
 
 use crate::{GrammarBackend, KvCacheDtype, Quantization, SchedulePolicy};
 
-/// `tpSize` values the engine serves (`--tp-size`).
-pub const TP_SIZES: &[i32] = &[1];
+/// `tpSize` values the engine serves (`--tp-size`: the GPUs of one node; on `device: cuda`).
+pub const TP_SIZES: &[i32] = &[1, 2, 4, 8];
 /// `quantization` values the engine serves (`--quantization`).
 pub const QUANTIZATIONS: &[Quantization] = &[];
 /// `kvCacheDtype` values the engine serves (`--kv-cache-dtype`).
@@ -26,8 +26,9 @@ pub const GRAMMAR_BACKENDS: &[GrammarBackend] = &[
     GrammarBackend::Xgrammar,
 ];
 
-pub const TP_SIZE_RULE: &str = "self == 1";
-pub const TP_SIZE_MESSAGE: &str = "tpSize > 1 needs tensor parallelism, which this engine version does not serve yet; use tpSize: 1 and dpSize for more replicas";
+pub const TP_ON_CUDA_RULE: &str =
+    "!has(self.tpSize) || self.tpSize == 1 || !has(self.device) || self.device == 'cuda'";
+pub const TP_ON_CUDA_MESSAGE: &str = "tpSize > 1 splits the model across GPUs: it needs device: cuda (a CPU engine runs one rank; use dpSize for more replicas)";
 
 // Always false when the field is set: no quantization method is served yet.
 pub const QUANTIZATION_RULE: &str = "size(self) == 0";

@@ -175,7 +175,7 @@ fn cel_rules_refuse_exactly_what_the_engine_does_not_serve() {
         served_or_refused(
             &format!("tpSize: {tp}"),
             served::TP_SIZES.contains(&tp),
-            "tpSize > 1 needs tensor parallelism, which this engine version does not serve yet; use tpSize: 1 and dpSize",
+            "tpSize must be 1, 2, 4 or 8",
         );
     }
     for q in Quantization::ALL {
@@ -207,7 +207,22 @@ fn cel_rules_refuse_exactly_what_the_engine_does_not_serve() {
         );
     }
     // Something is refused, so the loops above are not vacuous.
-    assert!(with("tpSize: 4").validate().is_err());
+    assert!(with("quantization: fp8").validate().is_err());
+}
+
+#[test]
+fn tensor_parallelism_needs_gpus() {
+    let on = |tp: i32, device: &str| {
+        parse(&GOOD.replace("tpSize: 1", &format!("tpSize: {tp}\n  device: {device}"))).validate()
+    };
+    assert!(on(4, "cuda").is_ok());
+    assert!(
+        with("tpSize: 8").validate().is_ok(),
+        "the default device is cuda"
+    );
+    let e = on(2, "cpu").expect_err("tpSize 2 on cpu");
+    assert!(e.to_string().contains("needs device: cuda"), "{e}");
+    assert!(on(1, "cpu").is_ok());
 }
 
 #[test]

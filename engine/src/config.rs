@@ -232,6 +232,12 @@ impl ServerArgs {
                 self.tp_size
             ));
         }
+        if self.tp_size > 1 && self.device == Some(DeviceKind::Cpu) {
+            return bad(format!(
+                "--tp-size {} splits the model across GPUs (--device cuda); the CPU backend runs one rank",
+                self.tp_size
+            ));
+        }
         if self.nnodes != 1 || self.node_rank != 0 || self.dist_init_addr.is_some() {
             return bad(format!(
                 "multi-node tensor parallelism (--nnodes {}, --node-rank {}, --dist-init-addr) is not supported yet: one engine spans the GPUs of one node (--tp-size up to 8); run more engines behind sgl-router to use more nodes",

@@ -360,7 +360,7 @@ async fn a_bad_spec_is_degraded_and_applies_nothing() {
 
 #[tokio::test]
 async fn a_spec_the_engine_would_refuse_applies_nothing_and_says_why() {
-    let svc = service(json!({"tpSize": 4, "quantization": "fp8"}));
+    let svc = service(json!({"tpSize": 4, "device": "cpu", "quantization": "fp8"}));
     let (ctx, api) = FakeApi::start(&svc, not_ready(), no_override());
     timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
     assert!(!api.calls().iter().any(|c| c.is("PATCH", "/statefulsets/")));
@@ -370,7 +370,7 @@ async fn a_spec_the_engine_would_refuse_applies_nothing_and_says_why() {
         .unwrap()
         .to_string();
     for expected in [
-        "tpSize > 1 needs tensor parallelism, which this engine version does not serve yet",
+        "tpSize > 1 splits the model across GPUs: it needs device: cuda",
         "quantization is not served by this engine version yet",
     ] {
         assert!(message.contains(expected), "{message}");

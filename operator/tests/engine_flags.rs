@@ -89,6 +89,12 @@ fn the_served_lists_are_what_the_engine_accepts() {
             "tpSize {tp}: {result:?}"
         );
     }
+    // The CRD refuses tpSize > 1 on device: cpu (TP_ON_CUDA_RULE), and so does the engine.
+    let cpu = engine_accepts_spec(json!({"tpSize": 2, "device": "cpu"}));
+    assert!(
+        cpu.as_ref().is_err_and(|e| e.contains("--device cuda")),
+        "{cpu:?}"
+    );
     check_served(
         "quantization",
         Quantization::ALL,
@@ -163,7 +169,6 @@ fn a_spec_with_every_engine_field_renders_flags_the_engine_accepts() {
 const REFUSED_EXAMPLES: &[(&str, &[&str])] = &[(
     "llama-70b-tp4.yaml",
     &[
-        "tpSize > 1 needs tensor parallelism, which this engine version does not serve yet",
         "quantization is not served by this engine version yet",
         "kvCacheDtype fp8_e5m2 and fp8_e4m3 are not served",
     ],
