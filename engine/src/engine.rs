@@ -81,6 +81,16 @@ struct Inner {
     admission: Admission,
 }
 
+impl Inner {
+    /// Whether the scheduler last reported a request it could not start, or every running
+    /// slot taken.
+    fn scheduler_full(&self) -> bool {
+        let s = &self.stats;
+        s.num_queue_reqs.load(Ordering::Relaxed) > 0
+            || s.num_running_reqs.load(Ordering::Relaxed) >= self.info.max_running_requests
+    }
+}
+
 /// What the engine lets wait: requests submitted whose first event has not come yet, counted
 /// here at submission (the scheduler's own queue counter lags behind a burst, so a bound on
 /// it alone is soft).
@@ -110,15 +120,16 @@ struct WaitingQueue {
     rate: StartRate,
 }
 
-/// Requests that start per second while requests wait: an exponentially weighted average
-/// over the last [`RATE_WINDOW`] of waiting time.
+/// Requests that a full engine starts per second: an exponentially weighted average over the
+/// last [`RATE_WINDOW`] of time when requests waited and the scheduler was full (a request it
+/// could not start, or every running slot taken).
 ///
-/// The clock runs only while at least one request waits. Idle time says nothing about how
-/// fast the engine starts requests (a quiet minute would otherwise read as a slow engine and
-/// refuse the next burst); while requests wait, starts are what the engine can do. With
-/// free running slots a waiting request starts after its prefill, so at light load this reads
-/// high (the estimate errs towards admitting); once the running batch is full it reads the
-/// rate at which the batch frees slots, which is what a waiting request waits for.
+/// The clock runs only then. Idle time says nothing about how fast the engine starts
+/// requests (a quiet minute would otherwise read as a slow engine and refuse the next burst),
+/// and neither does time with free slots, when a request starts right after its prefill (a
+/// batch filling up would read as a fast engine and admit far too many behind it). A full
+/// engine starts a request each time the batch frees a slot, which is what a waiting request
+/// waits for, and only a full engine has the estimate applied (see [`Admission::enter`]).
 struct StartRate {
     /// Starts and seconds of waiting time, each weighted by exp(-age / RATE_WINDOW).
     starts: f64,
@@ -131,7 +142,8 @@ struct StartRate {
 
 /// Time constant of [`StartRate`]'s average (waiting time, not wall time).
 const RATE_WINDOW: f64 = 20.0;
-/// Starts measured before the rate is trusted; until then only the hard bounds apply.
+/// Starts of a full engine measured before the rate is trusted; until then only the hard
+/// bounds apply.
 const MIN_STARTS: u64 = 4;
 /// A request whose estimated wait is past this fraction of the deadline is refused at once:
 /// the estimate is a mean, and the margin keeps most accepted requests clear of the deadline
@@ -148,12 +160,13 @@ impl StartRate {
         }
     }
 
-    /// Brings the average up to `now`; `waiting` says whether requests waited since the last
-    /// update (the count changes only under the queue's lock, which calls this first).
-    fn advance(&mut self, now: Instant, waiting: bool) {
+    /// Brings the average up to `now`; `counts` says whether the time since the last update
+    /// was full and had requests waiting (the count changes only under the queue's lock,
+    /// which calls this first; fullness is the scheduler's last report).
+    fn advance(&mut self, now: Instant, counts: bool) {
         let dt = now.saturating_duration_since(self.updated).as_secs_f64();
         self.updated = now;
-        if waiting && dt > 0.0 {
+        if counts && dt > 0.0 {
             let keep = (-dt / RATE_WINDOW).exp();
             self.starts *= keep;
             // The weighted integral of the waiting time over the last dt seconds.
@@ -218,14 +231,16 @@ impl Admission {
 
     /// Takes a place for a request of `tokens` prompt tokens, or says why there is none.
     ///
-    /// The estimate refuses nothing while fewer requests wait than can run at once: those all
-    /// start in the scheduler's next steps however slow the measured rate is (it may come
-    /// from long requests of an earlier burst). A cache too small for the running bound
-    /// makes requests wait below that count; those still get the deadline's 503.
-    fn enter(&self, tokens: usize) -> Result<()> {
+    /// The estimate refuses nothing while the engine has room for what arrives. It applies
+    /// once the scheduler last reported a request it could not start or every running slot
+    /// taken (`scheduler_full`), or once more requests wait than can run at once (a burst
+    /// gets there before the scheduler reports). Before that, whatever arrives starts in the
+    /// next steps, however slow the measured rate (it may come from long requests of an
+    /// earlier burst).
+    fn enter(&self, tokens: usize, scheduler_full: bool) -> Result<()> {
         let mut q = self.queue.lock();
-        let waiting = q.requests > 0;
-        q.rate.advance(Instant::now(), waiting);
+        let counts = q.requests > 0 && scheduler_full;
+        q.rate.advance(Instant::now(), counts);
         if q.requests >= self.max_requests {
             return Err(EngineError::Overloaded(format!(
                 "too many waiting requests ({}, --max-queued-requests); retry later",
@@ -240,7 +255,7 @@ impl Admission {
             )));
         }
         if let Some(timeout) = self.timeout
-            && q.requests >= self.max_running
+            && (scheduler_full || q.requests >= self.max_running)
             && let Some(wait) = q.expected_wait()
             && wait > SHED_AT * timeout.as_secs_f64()
         {
@@ -259,12 +274,13 @@ impl Admission {
         Ok(())
     }
 
-    /// Gives a place back; `started`: the request left because it started running.
-    fn leave(&self, tokens: usize, started: bool) {
+    /// Gives a place back; `started`: the request left because it started running;
+    /// `scheduler_full` as for [`Admission::enter`].
+    fn leave(&self, tokens: usize, started: bool, scheduler_full: bool) {
         let mut q = self.queue.lock();
-        let waiting = q.requests > 0;
-        q.rate.advance(Instant::now(), waiting);
-        if started {
+        let counts = q.requests > 0 && scheduler_full;
+        q.rate.advance(Instant::now(), counts);
+        if started && scheduler_full {
             q.rate.started();
         }
         q.requests = q.requests.saturating_sub(1);
@@ -301,7 +317,8 @@ impl Drop for Waiting {
                 .with_label_values(&m.label())
                 .observe(self.since.elapsed().as_secs_f64());
         }
-        self.inner.admission.leave(self.tokens, self.started);
+        let full = self.inner.scheduler_full();
+        self.inner.admission.leave(self.tokens, self.started, full);
     }
 }
 
@@ -401,7 +418,9 @@ impl EngineHandle {
             ));
         }
         let tokens = req.input_ids.len();
-        self.inner.admission.enter(tokens)?;
+        self.inner
+            .admission
+            .enter(tokens, self.inner.scheduler_full())?;
         let waiting = Waiting {
             inner: self.inner.clone(),
             tokens,

@@ -18,6 +18,7 @@ same machine.
 
     cargo build --release -p sgl-engine
     python3 scripts/bench/load_test.py --model "$(scripts/fetch-model.sh)" [--duration 60]
+        [--rate R --binary OTHER_BUILD]
 """
 import argparse
 import asyncio
@@ -149,6 +150,12 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--server-args", default="", help="extra engine flags, space separated")
     ap.add_argument(
+        "--rate",
+        type=float,
+        help="take this as the sustainable rate (req/s) instead of measuring it, so that "
+        "two builds get the same offered load",
+    )
+    ap.add_argument(
         "--binary",
         default=os.path.join(ROOT, "target/release/sgl-engine"),
         help="the sgl-engine binary (to compare builds on the same machine)",
@@ -167,10 +174,13 @@ def main():
         print(
             f"workload: /generate, 64-token prompts, {args.max_new_tokens} greedy tokens each"
         )
-        rate = asyncio.run(saturation(server.url, args.warm, args.max_new_tokens))
-        print(f"sustainable: {rate:.2f} req/s (16 clients back to back, {args.warm:.0f} s)")
+        measured = asyncio.run(saturation(server.url, args.warm, args.max_new_tokens))
+        print(f"sustainable: {measured:.2f} req/s (16 clients back to back, {args.warm:.0f} s)")
+        rate = args.rate or measured
+        if args.rate:
+            print(f"levels are multiples of --rate {rate:.2f} req/s")
         print(
-            "| load | sent | accepted | 429 | 429 answer p50 / p99 s | 503 "
+            "| load | sent | accepted | 429 | 429 answer p50 / p99 s | 503 (of them after 1 s) "
             "| 503 answer p50 / p99 s | other | accepted latency p50 / p90 / p99 s "
             "| peak RSS MiB (level) | VmHWM MiB |"
         )
@@ -189,7 +199,8 @@ def main():
             print(
                 f"| {level:g}x ({rate * level:.1f} req/s) | {len(results)} | {len(ok)} "
                 f"| {len(full)} | {pct(full, 50):.3f} / {pct(full, 99):.3f} "
-                f"| {len(late)} | {pct(late, 50):.3f} / {pct(late, 99):.3f} | {other} "
+                f"| {len(late)} ({sum(1 for t in late if t >= 1.0)}) "
+                f"| {pct(late, 50):.3f} / {pct(late, 99):.3f} | {other} "
                 f"| {pct(ok, 50):.1f} / {pct(ok, 90):.1f} / {pct(ok, 99):.1f} "
                 f"| {sampler.peak / 1024:.0f} | {rss_kib(server.proc.pid, 'VmHWM') / 1024:.0f} |",
                 flush=True,
