@@ -18,19 +18,7 @@ E=$D/sgl-engine
 TP=${TP:-2}
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-540}
-elapsed() { echo $(( $(date +%s) - T0 )); }
-stage() {
-  local name=$1 limit=$2; shift 2
-  local left=$(( BUDGET_S - $(elapsed) ))
-  if [ "$left" -lt 20 ]; then echo "== $name: SKIPPED (budget of ${BUDGET_S}s spent)" >&2; return 99; fi
-  [ "$limit" -gt "$left" ] && limit=$left
-  echo "== $name (limit ${limit}s, at $(elapsed)s)" >&2
-  timeout --kill-after=10 "$limit" "$@"
-  local rc=$?
-  [ $rc -eq 124 ] && echo "== $name: TIMED OUT after ${limit}s" >&2
-  [ $rc -ne 0 ] && [ $rc -ne 124 ] && echo "== $name: exit $rc" >&2
-  return $rc
-}
+. scripts/gpu/stage.sh
 keep() { grep --line-buffered -E "^\||^\{|panicked|[Ee]rror|tensor parallel|KV pool|loaded|TP PARITY|all-reduce"; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader

@@ -360,14 +360,22 @@ fn time_graph(
     count: usize,
     iters: usize,
 ) -> Result<f64> {
+    // SAFETY: as in `time_eager`; captured, run at launch.
+    time_in_graph(s, iters, || {
+        unsafe { comm.all_reduce_sum(p, count, s) }.map_err(nccl_err)
+    })
+}
+
+/// Microseconds per call of `call`, captured `iters` times into one CUDA graph and replayed
+/// (after one replay to warm up).
+fn time_in_graph(s: &Arc<CudaStream>, iters: usize, call: impl Fn() -> Result<()>) -> Result<f64> {
     s.synchronize().map_err(cuda_err)?;
     s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .map_err(cuda_err)?;
     let mut body = Ok(());
     for _ in 0..iters {
-        // SAFETY: as in `time_eager`; captured, run at launch.
-        if let Err(e) = unsafe { comm.all_reduce_sum(p, count, s) } {
-            body = Err(nccl_err(e));
+        if let Err(e) = call() {
+            body = Err(e);
             break;
         }
     }
@@ -411,25 +419,5 @@ fn time_custom(
     for _ in 0..5 {
         call()?;
     }
-    s.synchronize().map_err(cuda_err)?;
-    s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .map_err(cuda_err)?;
-    let mut body = Ok(());
-    for _ in 0..iters {
-        if let Err(e) = call() {
-            body = Err(e);
-            break;
-        }
-    }
-    let graph = s
-        .end_capture(sys::CUgraphInstantiate_flags(0))
-        .map_err(cuda_err);
-    body?;
-    let graph = graph?.ok_or_else(|| EngineError::Internal("empty graph".into()))?;
-    graph.launch().map_err(cuda_err)?;
-    s.synchronize().map_err(cuda_err)?;
-    let t = Instant::now();
-    graph.launch().map_err(cuda_err)?;
-    s.synchronize().map_err(cuda_err)?;
-    Ok(t.elapsed().as_secs_f64() * 1e6 / iters as f64)
+    time_in_graph(s, iters, call)
 }
