@@ -45,6 +45,21 @@ fn float_value(r: usize, i: usize) -> f32 {
 /// What a rank measured: the timings, the link peak (rank 0) and its device's name.
 type RankResult = (Vec<Row>, Option<f64>, String);
 
+/// The largest difference of `got[i]` from the exact sum of every rank's bf16 value `i`, in
+/// units of `roundings` bf16 roundings (2^-8 relative) of the sum of the magnitudes.
+fn rounding_error(got: &[bf16], size: usize, roundings: f32) -> f32 {
+    let mut worst = 0.0f32;
+    for (i, g) in got.iter().enumerate() {
+        let terms: Vec<f32> = (0..size)
+            .map(|r| bf16::from_f32(float_value(r, i)).to_f32())
+            .collect();
+        let exact: f32 = terms.iter().sum();
+        let scale: f32 = terms.iter().map(|t| t.abs()).sum::<f32>().max(1e-3);
+        worst = worst.max((g.to_f32() - exact).abs() / (scale * roundings * 2f32.powi(-8)));
+    }
+    worst
+}
+
 struct Row {
     bytes: usize,
     eager_us: f64,
@@ -175,17 +190,8 @@ fn rank_main(
     // SAFETY: as above.
     unsafe { comm.all_reduce_sum(dptr(&d_floats, &s), n, &s) }.map_err(nccl_err)?;
     let got = s.clone_dtoh(&d_floats).map_err(cuda_err)?;
-    let mut worst = 0.0f32;
-    for (i, g) in got.iter().enumerate() {
-        let terms: Vec<f32> = (0..size)
-            .map(|r| bf16::from_f32(float_value(r, i)).to_f32())
-            .collect();
-        let exact: f32 = terms.iter().sum();
-        let scale: f32 = terms.iter().map(|t| t.abs()).sum::<f32>().max(1e-3);
-        // one bf16 rounding (2^-8 relative) per add
-        let err = (g.to_f32() - exact).abs() / (scale * (size as f32) * 2f32.powi(-8));
-        worst = worst.max(err);
-    }
+    // one bf16 rounding per add
+    let worst = rounding_error(&got, size, size as f32);
     if worst > 1.0 {
         return Err(EngineError::Internal(format!(
             "bf16 all-reduce: error {worst:.2}x the rounding bound"
@@ -222,15 +228,8 @@ fn rank_main(
         }
         .map_err(cuda_err)?;
         let got = s.clone_dtoh(&d).map_err(cuda_err)?;
-        let mut worst = 0.0f32;
-        for (i, g) in got.iter().enumerate() {
-            let terms: Vec<f32> = (0..size)
-                .map(|r| bf16::from_f32(float_value(r, i)).to_f32())
-                .collect();
-            let exact: f32 = terms.iter().sum();
-            let scale: f32 = terms.iter().map(|t| t.abs()).sum::<f32>().max(1e-3);
-            worst = worst.max((g.to_f32() - exact).abs() / (scale * 2f32.powi(-8)));
-        }
+        // a sum in f32, rounded once
+        let worst = rounding_error(&got, size, 1.0);
         // Same bits everywhere: the sum over ranks of (mine - rank 0's) must be zero, with rank
         // 0's result broadcast by NCCL first.
         let d0 = s.clone_htod(&got).map_err(cuda_err)?;
