@@ -364,12 +364,36 @@ while True:
   start prometheus "$prometheus" --config.file "$work/prometheus/prometheus.yml" \
     --storage.tsdb.path "$work/prometheus/data" --web.listen-address "127.0.0.1:$prom_port"
   wait_for prometheus 60 curl -sf "http://127.0.0.1:$prom_port/-/ready"
+  # The adapter acts as its own ServiceAccount with the RBAC of prometheus-adapter-rbac.yaml
+  # (delegated authentication and authorization, the front proxy's CA, reading pods and
+  # namespaces), never as admin: a token of that account is its only credential.
+  kubectl apply -f "$here/prometheus-adapter-rbac.yaml" > /dev/null
+  adapter_token=$(kubectl create token custom-metrics-apiserver -n custom-metrics --duration 48h) ||
+    die "no token for the adapter's service account"
+  cat > "$work/prometheus-adapter.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: sgl-test
+  cluster:
+    server: $server
+    certificate-authority: $pki/ca.crt
+users:
+- name: custom-metrics-apiserver
+  user:
+    token: $adapter_token
+contexts:
+- name: sgl-test
+  context: {cluster: sgl-test, user: custom-metrics-apiserver, namespace: custom-metrics}
+current-context: sgl-test
+EOF
+  chmod 600 "$work/prometheus-adapter.kubeconfig"
   start prometheus-adapter "$bin/prometheus-adapter" \
     --bind-address 127.0.0.1 --secure-port "$adapter_port" \
     --tls-cert-file "$pki/custom-metrics.crt" --tls-private-key-file "$pki/custom-metrics.key" \
-    --lister-kubeconfig "$work/admin.kubeconfig" \
-    --authentication-kubeconfig "$work/admin.kubeconfig" \
-    --authorization-kubeconfig "$work/admin.kubeconfig" \
+    --lister-kubeconfig "$work/prometheus-adapter.kubeconfig" \
+    --authentication-kubeconfig "$work/prometheus-adapter.kubeconfig" \
+    --authorization-kubeconfig "$work/prometheus-adapter.kubeconfig" \
     --prometheus-url "http://127.0.0.1:$prom_port" \
     --config "$root/helm/files/prometheus-adapter-rules.yaml" \
     --metrics-relist-interval 5s --v=1
@@ -378,10 +402,6 @@ PROMETHEUS_URL=http://127.0.0.1:$prom_port
 CUSTOM_METRICS_PORT=$adapter_port
 EOF
   cat <<EOF | kubectl apply -f - > /dev/null
-apiVersion: v1
-kind: Namespace
-metadata: {name: custom-metrics}
----
 apiVersion: v1
 kind: Service
 metadata: {name: custom-metrics-apiserver, namespace: custom-metrics}

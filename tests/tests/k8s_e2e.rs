@@ -1693,8 +1693,195 @@ fn custom_metrics_served(c: &Cluster) -> bool {
     true
 }
 
+/// The numbers of one engine's `/metrics` (the first series of each name: an engine exports
+/// one `model_name`).
+async fn engine_metrics(
+    http: &reqwest::Client,
+    url: &str,
+) -> Result<BTreeMap<String, f64>, String> {
+    let text = http
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .text()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (Some(name), Some(value)) = (
+            line.split(['{', ' ']).next(),
+            line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()),
+        ) else {
+            continue;
+        };
+        out.entry(name.to_string()).or_insert(value);
+    }
+    Ok(out)
+}
+
+/// One engine number by name, or an error naming it.
+fn engine_value(m: &BTreeMap<String, f64>, name: &str) -> Result<f64, String> {
+    m.get(name)
+        .copied()
+        .ok_or(format!("the engine reports no {name}"))
+}
+
+/// A per-pod custom metric of one pod as the custom metrics API serves it (through the
+/// aggregation layer, the adapter and Prometheus).
+fn served_pod_metric(
+    c: &Cluster,
+    ns: &str,
+    selector: &str,
+    metric: &str,
+    pod: &str,
+) -> Result<f64, String> {
+    let path = format!(
+        "/apis/custom.metrics.k8s.io/v1beta1/namespaces/{ns}/pods/*/{metric}?labelSelector={}",
+        selector.replace('=', "%3D")
+    );
+    let out = c.kubectl_raw(&["get", "--raw", &path], None);
+    if !out.status.success() {
+        return Err(format!(
+            "{metric}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let list: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    let item = list["items"]
+        .as_array()
+        .and_then(|items| items.iter().find(|i| i["describedObject"]["name"] == pod))
+        .ok_or(format!("{metric}: no item for pod {pod}: {list}"))?;
+    if item["metricName"] != metric || item["describedObject"]["kind"] != "Pod" {
+        return Err(format!("{metric}: unexpected item {item}"));
+    }
+    quantity(
+        item["value"]
+            .as_str()
+            .ok_or(format!("{metric}: no value in {item}"))?,
+    )
+}
+
+/// What one engine reported just before and just after the custom metrics API was read.
+struct EngineReadings {
+    before: BTreeMap<String, f64>,
+    after: BTreeMap<String, f64>,
+}
+
+/// Whether the custom metrics API's value of `metric` is what the adapter's rule makes of the
+/// engine's own numbers (before and after the read: the API serves a scrape at most a few
+/// seconds old, and the engine keeps decoding). Every metric the operator's HPA reads must
+/// have a check here, so a metric added to the HPA without one fails the test.
+fn check_served_metric(metric: &str, served: f64, e: &EngineReadings) -> Result<(), String> {
+    // The adapter writes values in thousandths, truncated.
+    const MILLI: f64 = 0.001;
+    // How far the KV use may grow between the scrape the API serves and the read before it.
+    const DRIFT: f64 = 0.05;
+    let value = |m: &BTreeMap<String, f64>, name: &str| engine_value(m, name);
+    // The hit rate over the rule's 2-minute window: the engine's counters since it started,
+    // as long as the counters stood still around the read (the window holds the scrape
+    // before any request, with both counters at 0).
+    let hit_rate = || -> Result<f64, String> {
+        let (cached, prompt) = (
+            value(&e.before, "sglang:cached_tokens_total")?,
+            value(&e.before, "sglang:prompt_tokens_total")?,
+        );
+        if value(&e.after, "sglang:cached_tokens_total")? != cached
+            || value(&e.after, "sglang:prompt_tokens_total")? != prompt
+        {
+            return Err("the engine's token counters moved during the read".into());
+        }
+        if cached <= 0.0 || prompt <= 0.0 {
+            return Err(format!(
+                "no cache hits yet ({cached} of {prompt} prompt tokens)"
+            ));
+        }
+        Ok((cached / prompt).min(1.0))
+    };
+    let usage = (
+        value(&e.before, "sglang:token_usage")?,
+        value(&e.after, "sglang:token_usage")?,
+    );
+    let (ok, expected) = match metric {
+        // Requests waiting: the engine's own gauge, exactly.
+        "sglang_num_queue_reqs" => {
+            let (before, after) = (
+                value(&e.before, "sglang:num_queue_reqs")?,
+                value(&e.after, "sglang:num_queue_reqs")?,
+            );
+            (
+                served > 0.0 && served == before && served == after,
+                format!("{before} (before) and {after} (after), above 0"),
+            )
+        }
+        // KV utilisation: the engine's gauge at the scrape, between what it was a little
+        // before the read and what it is after.
+        "sglang_token_usage" => (
+            served > 0.0 && served >= usage.0 - DRIFT && served <= usage.1 + MILLI,
+            format!("above 0, in {:.3} - {DRIFT} ..= {:.3}", usage.0, usage.1),
+        ),
+        // Windowed hit rate times the busy share of the window: above 0 while cache hits
+        // are served, never above the hit rate.
+        "sglang_scale_down_brake" => {
+            let hit = hit_rate()?;
+            (
+                served > 0.0 && served <= hit + MILLI,
+                format!("in 0 <..= the hit rate {hit:.3}"),
+            )
+        }
+        // Miss rate weighted by KV utilisation.
+        "sglang_cache_miss_rate" => {
+            let miss = 1.0 - hit_rate()?;
+            let (lo, hi) = (
+                (usage.0 - DRIFT).max(0.0) * miss - MILLI,
+                usage.1 * miss + MILLI,
+            );
+            (
+                served > 0.0 && served >= lo && served <= hi,
+                format!("above 0, in {lo:.3} ..= {hi:.3} (KV use x miss rate {miss:.3})"),
+            )
+        }
+        other => {
+            return Err(format!(
+                "the HPA reads {other}, which this test has no check for"
+            ));
+        }
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{metric} is served as {served}, expected {expected}"
+        ))
+    }
+}
+
+/// Sends the same `/generate` request to an engine, one after another, until aborted.
+fn same_prompt_loop(
+    http: reqwest::Client,
+    url: String,
+    body: Value,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let sent = http
+                .post(&url)
+                .json(&body)
+                .timeout(Duration::from_secs(300))
+                .send()
+                .await;
+            if !matches!(&sent, Ok(r) if r.status().is_success()) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            if let Ok(r) = sent {
+                let _ = r.bytes().await;
+            }
+        }
+    })
+}
+
 #[tokio::test]
-async fn o1_the_custom_metrics_api_serves_the_engines_queue_the_hpa_reads() {
+async fn o1_the_custom_metrics_api_serves_every_metric_the_hpa_reads_with_the_engines_values() {
     let (c, _turn) = cluster!();
     let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
     if !custom_metrics_served(c) {
@@ -1703,6 +1890,9 @@ async fn o1_the_custom_metrics_api_serves_the_engines_queue_the_hpa_reads() {
     ensure_chart(c, &client).await;
     let ns = "metrics-e2e";
     ensure_namespace(c, ns);
+    // One running request at a time, so the others wait in the queue; a small KV cache, so
+    // the running request's share of it is well above the API's thousandths. The targets
+    // are far from what the test's load reaches: the HPA keeps one replica.
     c.apply(&format!(
         r#"apiVersion: serving.sgl-rs.io/v1alpha1
 kind: SGLangService
@@ -1715,18 +1905,27 @@ spec:
   device: cpu
   tpSize: 1
   dpSize: 1
-  autoscaling: {{enabled: true, minReplicas: 1, maxReplicas: 2, targetQueueLength: 4}}
+  maxRunningRequests: 1
+  maxTotalTokens: 8192
+  router: {{enabled: false}}
+  autoscaling:
+    enabled: true
+    minReplicas: 1
+    maxReplicas: 2
+    targetQueueLength: 4
+    targetCacheHitRate: 0.5
 "#
     ));
+    let selector = "serving.sgl-rs.io/engine=scraped";
     let engines = wait_for("a ready engine", WAIT, || async {
-        let pods = ready_pods(&client, ns, "serving.sgl-rs.io/engine=scraped").await?;
+        let pods = ready_pods(&client, ns, selector).await?;
         (pods.len() == 1)
             .then_some(pods.clone())
             .ok_or(c.log_tail("pod-runner", 10))
     })
     .await;
     let engine = engines[0].name_any();
-    // The queue metric is the one the operator's HPA asks for, not a name copied here.
+    // The metrics are the ones the operator's HPA asks for, not names copied here.
     let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), ns);
     let hpa = wait_for("the service's HPA", WAIT, || async {
         let list = hpas
@@ -1739,71 +1938,140 @@ spec:
             .ok_or_else(|| "no HPA".to_string())
     })
     .await;
-    let pod_metrics: Vec<String> = hpa
+    let hpa_name = hpa.name_any();
+    let metrics: Vec<String> = hpa
         .spec
         .metrics
         .iter()
         .flatten()
         .filter_map(|m| Some(m.pods.as_ref()?.metric.name.clone()))
         .collect();
-    let queue = pod_metrics
-        .iter()
-        .find(|m| m.contains("queue"))
-        .unwrap_or_else(|| panic!("the HPA reads no per-pod queue metric: {pod_metrics:?}"))
-        .clone();
+    for wanted in ["queue", "token_usage", "brake", "miss"] {
+        assert!(
+            metrics.iter().any(|m| m.contains(wanted)),
+            "the HPA reads no per-pod {wanted} metric: {metrics:?}"
+        );
+    }
     let http = reqwest::Client::builder()
         .no_proxy()
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
-    let engine_url = format!("http://{}:30000/metrics", pod_ip(&engines[0]));
-    let path = format!(
-        "/apis/custom.metrics.k8s.io/v1beta1/namespaces/{ns}/pods/*/{queue}?labelSelector=serving.sgl-rs.io/engine%3Dscraped"
-    );
-    // Prometheus scrapes the engine, the adapter's rule turns sglang:num_queue_reqs into the
-    // per-pod metric, and the aggregation layer serves it, with the engine's own value.
-    let (value, reported) = wait_for(
-        "the engine's queue metric through the custom metrics API",
+    let metrics_url = format!("http://{}:30000/metrics", pod_ip(&engines[0]));
+    let generate_url = format!("http://{}:30000/generate", pod_ip(&engines[0]));
+    // Every metric served for the idle engine first: Prometheus then holds a scrape with the
+    // token counters at 0, so the rules' 2-minute windows cover all the traffic that follows.
+    wait_for(
+        "every HPA metric served for the idle engine",
         WAIT,
         || async {
-            let out = c.kubectl_raw(&["get", "--raw", &path], None);
-            if !out.status.success() {
-                return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+            let idle = engine_metrics(&http, &metrics_url).await?;
+            if engine_value(&idle, "sglang:prompt_tokens_total")? != 0.0 {
+                return Err(format!("the idle engine counted prompt tokens: {idle:?}"));
             }
-            let list: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
-            let item = list["items"]
-                .as_array()
-                .and_then(|items| {
-                    items
-                        .iter()
-                        .find(|i| i["describedObject"]["name"] == engine.as_str())
-                })
-                .ok_or(format!("no item for pod {engine}: {list}"))?;
-            if item["metricName"] != queue.as_str() || item["describedObject"]["kind"] != "Pod" {
-                return Err(format!("unexpected item {item}"));
+            for m in &metrics {
+                served_pod_metric(c, ns, selector, m, &engine)?;
             }
-            let value = item["value"].as_str().ok_or("no value")?.to_string();
-            let text = http
-                .get(&engine_url)
-                .send()
-                .await
-                .map_err(|e| e.to_string())?
-                .text()
-                .await
-                .map_err(|e| e.to_string())?;
-            let reported = text
-                .lines()
-                .find(|l| l.starts_with("sglang:num_queue_reqs"))
-                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .ok_or("the engine reports no sglang:num_queue_reqs")?;
-            Ok((value, reported))
+            Ok(())
         },
     )
     .await;
-    let parsed = quantity(&value).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        parsed, reported,
-        "the custom metrics API says {value}, the engine {reported}"
+
+    // One request puts a long prompt in the prefix cache; then three clients send it again
+    // and again with a long generation: one runs (its prompt found in the cache, its KV
+    // growing), two wait.
+    let prompt = "The keeper of the lighthouse wrote the weather, the ships and the tides in \
+                  his log every evening. "
+        .repeat(24);
+    let body = |max_new_tokens: u32| {
+        json!({
+            "text": prompt,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": true},
+        })
+    };
+    let first = http
+        .post(&generate_url)
+        .json(&body(1))
+        .timeout(Duration::from_secs(120))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("the first request: {e}"));
+    assert!(
+        first.status().is_success(),
+        "the first request: {}",
+        first.status()
     );
+    let clients: Vec<_> = (0..3)
+        .map(|_| same_prompt_loop(http.clone(), generate_url.clone(), body(4000)))
+        .collect();
+    // Each metric as the custom metrics API serves it is what the adapter's rule makes of the
+    // engine's own numbers (all above 0: the rules' windows and ratios at work, not their
+    // fallbacks).
+    let served = wait_for(
+        "every HPA metric served with the engine's values",
+        Duration::from_secs(120),
+        || async {
+            let before = engine_metrics(&http, &metrics_url).await?;
+            let mut served = BTreeMap::new();
+            for m in &metrics {
+                served.insert(m.clone(), served_pod_metric(c, ns, selector, m, &engine)?);
+            }
+            let readings = EngineReadings {
+                before,
+                after: engine_metrics(&http, &metrics_url).await?,
+            };
+            let mut wrong = Vec::new();
+            for (m, v) in &served {
+                if let Err(e) = check_served_metric(m, *v, &readings) {
+                    wrong.push(e);
+                }
+            }
+            if wrong.is_empty() {
+                Ok(served)
+            } else {
+                Err(wrong.join("; "))
+            }
+        },
+    )
+    .await;
+    eprintln!("o1: served {served:?}");
+    // The HPA controller reads each of them through the same API: its status holds a current
+    // value for every metric of its spec, not only the queue.
+    let current = wait_for(
+        "the HPA's status to hold every metric it reads",
+        WAIT,
+        || async {
+            let h = hpas.get(&hpa_name).await.map_err(|e| e.to_string())?;
+            let current: BTreeMap<String, String> = h
+                .status
+                .iter()
+                .flat_map(|s| s.current_metrics.iter().flatten())
+                .filter_map(|m| {
+                    let p = m.pods.as_ref()?;
+                    Some((
+                        p.metric.name.clone(),
+                        p.current.average_value.as_ref()?.0.clone(),
+                    ))
+                })
+                .collect();
+            let missing: Vec<&String> = metrics
+                .iter()
+                .filter(|m| !current.contains_key(*m))
+                .collect();
+            if missing.is_empty() {
+                Ok(current)
+            } else {
+                Err(format!(
+                    "no current value for {missing:?} in {current:?}; conditions {:?}",
+                    h.status.map(|s| s.conditions)
+                ))
+            }
+        },
+    )
+    .await;
+    eprintln!("o1: the HPA read {current:?}");
+    for task in &clients {
+        task.abort();
+    }
     delete_service(&client, ns, "scraped").await;
 }
 
