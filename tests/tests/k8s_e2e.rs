@@ -17,19 +17,22 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
-use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use sgl_crds::SGLangService;
+use sgl_e2e_tests::default_model;
 use sgl_e2e_tests::k8s::cluster::{Cluster, WAIT, wait_for};
-use sgl_e2e_tests::{default_model, workspace_root};
 
+#[path = "k8s/common.rs"]
+mod common;
 #[path = "k8s/hub.rs"]
 mod hub;
+#[path = "k8s/metrics.rs"]
+mod metrics;
 
-const RUNNER: &str = env!("CARGO_BIN_EXE_k8s-pod-runner");
-const CHART_NS: &str = "sgl-system";
-const RELEASE: &str = "sgl";
+use common::*;
+use metrics::*;
 
 macro_rules! cluster {
     () => {
@@ -38,191 +41,6 @@ macro_rules! cluster {
             None => return,
         }
     };
-}
-
-fn chart_dir() -> String {
-    workspace_root().join("helm").display().to_string()
-}
-
-/// Installs the chart once (release `sgl` in `sgl-system`) and waits for the operator.
-async fn ensure_chart(c: &Cluster, client: &Client) {
-    if !c
-        .helm_raw(&["status", RELEASE, "-n", CHART_NS])
-        .status
-        .success()
-    {
-        c.helm(&[
-            "install",
-            RELEASE,
-            &chart_dir(),
-            "-n",
-            CHART_NS,
-            "--create-namespace",
-            "--wait",
-            "--timeout",
-            "5m",
-        ]);
-    }
-    wait_for("the operator Deployment to be available", WAIT, || async {
-        let d = operator_deployment(client).await;
-        let want = d.spec.replicas.unwrap_or(1);
-        let ready = d
-            .status
-            .as_ref()
-            .and_then(|s| s.ready_replicas)
-            .unwrap_or(0);
-        (ready >= want)
-            .then_some(())
-            .ok_or(format!("{ready}/{want} ready"))
-    })
-    .await;
-}
-
-/// The operator Deployment of the main release.
-async fn operator_deployment(client: &Client) -> Deployment {
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), CHART_NS);
-    let list = deployments
-        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}")))
-        .await
-        .unwrap_or_else(|e| panic!("listing deployments: {e}"));
-    list.items
-        .into_iter()
-        .next()
-        .unwrap_or_else(|| panic!("no operator Deployment for release {RELEASE}"))
-}
-
-fn ensure_namespace(c: &Cluster, ns: &str) {
-    c.apply(&format!(
-        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n"
-    ));
-}
-
-async fn ready_pods(client: &Client, ns: &str, selector: &str) -> Result<Vec<Pod>, String> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let list = pods
-        .list(&ListParams::default().labels(selector))
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(list
-        .items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none() && pod_ready(p))
-        .collect())
-}
-
-fn pod_ready(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-fn pod_ip(p: &Pod) -> String {
-    p.status
-        .as_ref()
-        .and_then(|s| s.pod_ip.clone())
-        .unwrap_or_else(|| panic!("pod {} has no IP", p.name_any()))
-}
-
-fn example(name: &str) -> String {
-    let path = workspace_root().join("examples").join(name);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// Waits until `n` engine pods and one router pod of service `name` are ready.
-async fn wait_serving(c: &Cluster, client: &Client, ns: &str, name: &str, n: usize) -> Vec<Pod> {
-    let engines = format!("serving.sgl-rs.io/engine={name}");
-    let what = format!("{n} ready engine pods of {ns}/{name}");
-    let pods = wait_for(&what, WAIT, || async {
-        let pods = ready_pods(client, ns, &engines).await?;
-        (pods.len() == n).then_some(pods.clone()).ok_or_else(|| {
-            format!(
-                "{} ready; runner log:\n{}",
-                pods.len(),
-                c.log_tail("pod-runner", 15)
-            )
-        })
-    })
-    .await;
-    wait_for("a ready router pod", WAIT, || async {
-        let routers = router_pods(client, ns, name).await?;
-        (!routers.is_empty())
-            .then_some(())
-            .ok_or_else(|| "no ready router pod".to_string())
-    })
-    .await;
-    pods
-}
-
-async fn router_pods(client: &Client, ns: &str, name: &str) -> Result<Vec<Pod>, String> {
-    ready_pods(
-        client,
-        ns,
-        &format!("app.kubernetes.io/instance={name},app.kubernetes.io/component=router"),
-    )
-    .await
-}
-
-async fn chat(
-    http: &reqwest::Client,
-    ip: &str,
-    model: &str,
-    prompt: &str,
-) -> Result<Value, String> {
-    let resp = http
-        .post(format!("http://{ip}:30000/v1/chat/completions"))
-        .json(&json!({
-            "model": model,
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": 8,
-            "temperature": 0,
-        }))
-        .timeout(Duration::from_secs(120))
-        .send()
-        .await
-        .map_err(|e| e.to_string())?;
-    let status = resp.status();
-    let body: Value = resp.json().await.map_err(|e| e.to_string())?;
-    if !status.is_success() {
-        return Err(format!("{status}: {body}"));
-    }
-    Ok(body)
-}
-
-/// Deletes a service and waits until it is gone.
-async fn delete_service(client: &Client, ns: &str, name: &str) {
-    let api: Api<SGLangService> = Api::namespaced(client.clone(), ns);
-    let _ = api.delete(name, &DeleteParams::foreground()).await;
-    wait_for(&format!("{ns}/{name} to be deleted"), WAIT, || async {
-        match api.get_opt(name).await {
-            Ok(None) => Ok(()),
-            Ok(Some(_)) => Err("still there".into()),
-            Err(e) => Err(e.to_string()),
-        }
-    })
-    .await;
-}
-
-/// A service of an image that is not ours: kwok reports its pods Running and Ready without
-/// running anything, so the operator's objects are checked without loading engines.
-fn fake_service(ns: &str, name: &str, dp: i32, extra: &str) -> String {
-    format!(
-        r#"apiVersion: serving.sgl-rs.io/v1alpha1
-kind: SGLangService
-metadata:
-  name: {name}
-  namespace: {ns}
-spec:
-  model:
-    path: /models/fake.gguf
-  image: example.com/fake-engine:1
-  device: cpu
-  tpSize: 1
-  dpSize: {dp}
-  router:
-    image: example.com/fake-router:1
-{extra}"#
-    )
 }
 
 #[tokio::test]
@@ -455,53 +273,6 @@ async fn c1_cpu_example_serves_chat_through_the_router_and_scales_to_three() {
     )
     .await;
     c.kubectl(&["scale", "sgls", name, "-n", ns, "--replicas=1"]);
-}
-
-/// Waits until the service is Ready and its top-level `reason` and `message` are cleared.
-async fn wait_ready_without_reason(client: &Client, ns: &str, name: &str) {
-    let api: Api<SGLangService> = Api::namespaced(client.clone(), ns);
-    wait_for(
-        "the service to be Ready with no reason or message",
-        WAIT,
-        || async {
-            let st = api
-                .get(name)
-                .await
-                .map_err(|e| e.to_string())?
-                .status
-                .unwrap_or_default();
-            let ready = st
-                .conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
-            (ready && st.reason.is_none() && st.message.is_none())
-                .then_some(())
-                .ok_or(format!(
-                    "ready {ready}, reason {:?}, message {:?}",
-                    st.reason, st.message
-                ))
-        },
-    )
-    .await;
-}
-
-/// Each engine's prompt-token counter, read from its own /metrics on its pod IP.
-async fn engine_request_counts(http: &reqwest::Client, engines: &[Pod]) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
-    for p in engines {
-        let url = format!("http://{}:30000/metrics", pod_ip(p));
-        let text = match http.get(&url).send().await {
-            Ok(r) => r.text().await.unwrap_or_default(),
-            Err(_) => String::new(),
-        };
-        let total: f64 = text
-            .lines()
-            .filter(|l| l.starts_with("sglang:prompt_tokens_total"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum();
-        out.insert(p.name_any(), total);
-    }
-    out
 }
 
 #[tokio::test]
@@ -758,26 +529,6 @@ async fn g1_autoscaling_a_dp4_service_never_lowers_its_replicas() {
         "replicas went below 4: {seen:?}"
     );
     delete_service(&client, ns, "wide").await;
-}
-
-/// Waits until the operator has reconciled the service's current generation.
-async fn wait_observed(client: &Client, ns: &str, name: &str) {
-    let api: Api<SGLangService> = Api::namespaced(client.clone(), ns);
-    wait_for(
-        "the operator to observe the new generation",
-        WAIT,
-        || async {
-            let s = api.get(name).await.map_err(|e| e.to_string())?;
-            let observed = s.status.as_ref().and_then(|st| st.observed_generation);
-            (observed == s.metadata.generation)
-                .then_some(())
-                .ok_or(format!(
-                    "generation {:?}, observed {observed:?}",
-                    s.metadata.generation
-                ))
-        },
-    )
-    .await;
 }
 
 #[tokio::test]
@@ -1062,63 +813,6 @@ async fn j1_gpu_examples_are_admitted_or_refused_and_say_why_they_do_not_serve()
     }
 }
 
-/// A PersistentVolume on a host folder and a claim bound to it (what a cluster's RWX storage
-/// gives): the pod runner mounts that folder in every pod of the claim.
-async fn host_path_claim(c: &Cluster, client: &Client, ns: &str, name: &str, dir: &str) {
-    c.apply(&format!(
-        r#"apiVersion: v1
-kind: PersistentVolume
-metadata:
-  name: {ns}-{name}
-spec:
-  capacity: {{storage: 1Gi}}
-  accessModes: [ReadWriteMany]
-  persistentVolumeReclaimPolicy: Retain
-  storageClassName: ""
-  hostPath: {{path: "{dir}", type: DirectoryOrCreate}}
----
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: {name}
-  namespace: {ns}
-spec:
-  accessModes: [ReadWriteMany]
-  storageClassName: ""
-  volumeName: {ns}-{name}
-  resources: {{requests: {{storage: 1Gi}}}}
-"#
-    ));
-    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
-        Api::namespaced(client.clone(), ns);
-    wait_for("the model cache claim to be bound", WAIT, || async {
-        let phase = claims
-            .get(name)
-            .await
-            .map_err(|e| e.to_string())?
-            .status
-            .and_then(|s| s.phase);
-        (phase.as_deref() == Some("Bound"))
-            .then_some(())
-            .ok_or(format!("phase {phase:?}"))
-    })
-    .await;
-}
-
-/// The `model-download` init container's final state in an engine pod.
-fn download_state(p: &Pod) -> Option<k8s_openapi::api::core::v1::ContainerStateTerminated> {
-    p.status
-        .as_ref()?
-        .init_container_statuses
-        .as_ref()?
-        .iter()
-        .find(|s| s.name == "model-download")?
-        .state
-        .as_ref()?
-        .terminated
-        .clone()
-}
-
 #[tokio::test]
 async fn k1_a_hub_model_is_downloaded_once_into_the_cache_and_every_replica_starts_from_it() {
     let (c, _turn) = cluster!();
@@ -1170,16 +864,14 @@ spec:
         let engines = engines.clone();
         let client = client.clone();
         async move {
-            wait_for(&format!("{n} ready engine pods"), WAIT, || async {
-                let pods = ready_pods(&client, ns, &engines).await?;
-                (pods.len() == n).then_some(pods.clone()).ok_or_else(|| {
-                    format!(
-                        "{} ready; runner log:\n{}",
-                        pods.len(),
-                        c.log_tail("pod-runner", 15)
-                    )
-                })
-            })
+            wait_ready_pods(
+                c,
+                &client,
+                ns,
+                &engines,
+                n,
+                &format!("{n} ready engine pods"),
+            )
             .await
         }
     };
@@ -1270,73 +962,6 @@ spec:
     delete_service(&client, ns, name).await;
     c.kubectl(&["delete", "pvc", "hf-cache", "-n", ns, "--wait=false"]);
     c.kubectl(&["delete", "pv", &format!("{ns}-hf-cache"), "--wait=false"]);
-}
-
-/// The operator pods of the main release, ready or not (not being deleted).
-async fn operator_pods(client: &Client) -> Result<Vec<Pod>, String> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), CHART_NS);
-    let list = pods
-        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}")))
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(list
-        .items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect())
-}
-
-/// The sum of every series of `metric` on an operator pod's /metrics.
-async fn operator_metric(http: &reqwest::Client, pod: &Pod, metric: &str) -> Result<f64, String> {
-    let text = http
-        .get(format!("http://{}:8080/metrics", pod_ip(pod)))
-        .timeout(Duration::from_secs(10))
-        .send()
-        .await
-        .map_err(|e| e.to_string())?
-        .text()
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(text
-        .lines()
-        .filter(|l| {
-            l.strip_prefix(metric)
-                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum())
-}
-
-/// The holder of the operator's leader Lease (`<fullname>-leader` in the chart's namespace).
-async fn lease_holder(client: &Client) -> Result<String, String> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), CHART_NS);
-    let list = leases
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| e.to_string())?;
-    list.items
-        .iter()
-        .filter(|l| l.name_any().ends_with("-leader"))
-        .find_map(|l| l.spec.as_ref()?.holder_identity.clone())
-        .filter(|h| !h.is_empty())
-        .ok_or_else(|| "no operator lease is held".to_string())
-}
-
-/// Waits until the engine StatefulSet of `name` asks for `replicas`.
-async fn wait_engine_replicas(client: &Client, ns: &str, name: &str, replicas: i32) {
-    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
-    let what = format!("{ns}/{name}-engine to ask for {replicas} replicas");
-    wait_for(&what, WAIT, || async {
-        let s = sts
-            .get(&format!("{name}-engine"))
-            .await
-            .map_err(|e| e.to_string())?;
-        let r = s.spec.replicas;
-        (r == Some(replicas))
-            .then_some(())
-            .ok_or(format!("replicas {r:?}"))
-    })
-    .await;
 }
 
 #[tokio::test]
@@ -1558,38 +1183,6 @@ spec:
     delete_service(&client, ns, "contested").await;
 }
 
-/// Runs `tests/k8s/cluster.sh <cmd>` on the test cluster.
-fn cluster_script(c: &Cluster, cmd: &str) {
-    let out = std::process::Command::new(workspace_root().join("tests/k8s/cluster.sh"))
-        .arg(cmd)
-        .arg("--work")
-        .arg(&c.work)
-        .output()
-        .unwrap_or_else(|e| panic!("cluster.sh {cmd}: {e}"));
-    assert!(
-        out.status.success(),
-        "cluster.sh {cmd} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Restart counts of the operator pods, by pod name.
-async fn operator_restarts(client: &Client) -> BTreeMap<String, i32> {
-    operator_pods(client)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .iter()
-        .map(|p| {
-            let restarts = p
-                .status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .map_or(0, |cs| cs.iter().map(|c| c.restart_count).sum());
-            (p.name_any(), restarts)
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn n1_the_operator_rides_out_20s_without_the_api_server() {
     let (c, _turn) = cluster!();
@@ -1665,221 +1258,6 @@ async fn n1_the_operator_rides_out_20s_without_the_api_server() {
     delete_service(&client, ns, "patient").await;
 }
 
-/// A metric value as the custom metrics API and the HPA's status write it (`3`, `2500m`).
-fn quantity(value: &str) -> Result<f64, String> {
-    match value.strip_suffix('m') {
-        Some(milli) => milli.parse::<f64>().map(|v| v / 1000.0),
-        None => value.parse::<f64>(),
-    }
-    .map_err(|e| format!("value {value}: {e}"))
-}
-
-/// Whether the cluster serves the custom metrics API (it does when a prometheus binary was
-/// there); prints a skip otherwise, and fails with `SGL_K8S_REQUIRED=1`.
-fn custom_metrics_served(c: &Cluster) -> bool {
-    let served = c.kubectl_raw(
-        &["get", "apiservice", "v1beta1.custom.metrics.k8s.io"],
-        None,
-    );
-    if !served.status.success() {
-        let why = "the test cluster serves no custom metrics API (no prometheus binary)";
-        assert!(
-            std::env::var(sgl_e2e_tests::k8s::cluster::REQUIRED_ENV).as_deref() != Ok("1"),
-            "{why}"
-        );
-        eprintln!("SKIPPED: {why}");
-        return false;
-    }
-    true
-}
-
-/// The numbers of one engine's `/metrics` (the first series of each name: an engine exports
-/// one `model_name`).
-async fn engine_metrics(
-    http: &reqwest::Client,
-    url: &str,
-) -> Result<BTreeMap<String, f64>, String> {
-    let text = http
-        .get(url)
-        .send()
-        .await
-        .map_err(|e| e.to_string())?
-        .text()
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let (Some(name), Some(value)) = (
-            line.split(['{', ' ']).next(),
-            line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()),
-        ) else {
-            continue;
-        };
-        out.entry(name.to_string()).or_insert(value);
-    }
-    Ok(out)
-}
-
-/// One engine number by name, or an error naming it.
-fn engine_value(m: &BTreeMap<String, f64>, name: &str) -> Result<f64, String> {
-    m.get(name)
-        .copied()
-        .ok_or(format!("the engine reports no {name}"))
-}
-
-/// A per-pod custom metric of one pod as the custom metrics API serves it (through the
-/// aggregation layer, the adapter and Prometheus).
-fn served_pod_metric(
-    c: &Cluster,
-    ns: &str,
-    selector: &str,
-    metric: &str,
-    pod: &str,
-) -> Result<f64, String> {
-    let path = format!(
-        "/apis/custom.metrics.k8s.io/v1beta1/namespaces/{ns}/pods/*/{metric}?labelSelector={}",
-        selector.replace('=', "%3D")
-    );
-    let out = c.kubectl_raw(&["get", "--raw", &path], None);
-    if !out.status.success() {
-        return Err(format!(
-            "{metric}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    let list: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
-    let item = list["items"]
-        .as_array()
-        .and_then(|items| items.iter().find(|i| i["describedObject"]["name"] == pod))
-        .ok_or(format!("{metric}: no item for pod {pod}: {list}"))?;
-    if item["metricName"] != metric || item["describedObject"]["kind"] != "Pod" {
-        return Err(format!("{metric}: unexpected item {item}"));
-    }
-    quantity(
-        item["value"]
-            .as_str()
-            .ok_or(format!("{metric}: no value in {item}"))?,
-    )
-}
-
-/// What one engine reported just before and just after the custom metrics API was read.
-struct EngineReadings {
-    before: BTreeMap<String, f64>,
-    after: BTreeMap<String, f64>,
-}
-
-/// Whether the custom metrics API's value of `metric` is what the adapter's rule makes of the
-/// engine's own numbers (before and after the read: the API serves a scrape at most a few
-/// seconds old, and the engine keeps decoding). Every metric the operator's HPA reads must
-/// have a check here, so a metric added to the HPA without one fails the test.
-fn check_served_metric(metric: &str, served: f64, e: &EngineReadings) -> Result<(), String> {
-    // The adapter writes values in thousandths, truncated.
-    const MILLI: f64 = 0.001;
-    // How far the KV use may grow between the scrape the API serves and the read before it.
-    const DRIFT: f64 = 0.05;
-    let value = |m: &BTreeMap<String, f64>, name: &str| engine_value(m, name);
-    // The hit rate over the rule's 2-minute window: the engine's counters since it started,
-    // as long as the counters stood still around the read (the window holds the scrape
-    // before any request, with both counters at 0).
-    let hit_rate = || -> Result<f64, String> {
-        let (cached, prompt) = (
-            value(&e.before, "sglang:cached_tokens_total")?,
-            value(&e.before, "sglang:prompt_tokens_total")?,
-        );
-        if value(&e.after, "sglang:cached_tokens_total")? != cached
-            || value(&e.after, "sglang:prompt_tokens_total")? != prompt
-        {
-            return Err("the engine's token counters moved during the read".into());
-        }
-        if cached <= 0.0 || prompt <= 0.0 {
-            return Err(format!(
-                "no cache hits yet ({cached} of {prompt} prompt tokens)"
-            ));
-        }
-        Ok((cached / prompt).min(1.0))
-    };
-    let usage = (
-        value(&e.before, "sglang:token_usage")?,
-        value(&e.after, "sglang:token_usage")?,
-    );
-    let (ok, expected) = match metric {
-        // Requests waiting: the engine's own gauge, exactly.
-        "sglang_num_queue_reqs" => {
-            let (before, after) = (
-                value(&e.before, "sglang:num_queue_reqs")?,
-                value(&e.after, "sglang:num_queue_reqs")?,
-            );
-            (
-                served > 0.0 && served == before && served == after,
-                format!("{before} (before) and {after} (after), above 0"),
-            )
-        }
-        // KV utilisation: the engine's gauge at the scrape, between what it was a little
-        // before the read and what it is after.
-        "sglang_token_usage" => (
-            served > 0.0 && served >= usage.0 - DRIFT && served <= usage.1 + MILLI,
-            format!("above 0, in {:.3} - {DRIFT} ..= {:.3}", usage.0, usage.1),
-        ),
-        // Windowed hit rate times the busy share of the window: above 0 while cache hits
-        // are served, never above the hit rate.
-        "sglang_scale_down_brake" => {
-            let hit = hit_rate()?;
-            (
-                served > 0.0 && served <= hit + MILLI,
-                format!("in 0 <..= the hit rate {hit:.3}"),
-            )
-        }
-        // Miss rate weighted by KV utilisation.
-        "sglang_cache_miss_rate" => {
-            let miss = 1.0 - hit_rate()?;
-            let (lo, hi) = (
-                (usage.0 - DRIFT).max(0.0) * miss - MILLI,
-                usage.1 * miss + MILLI,
-            );
-            (
-                served > 0.0 && served >= lo && served <= hi,
-                format!("above 0, in {lo:.3} ..= {hi:.3} (KV use x miss rate {miss:.3})"),
-            )
-        }
-        other => {
-            return Err(format!(
-                "the HPA reads {other}, which this test has no check for"
-            ));
-        }
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "{metric} is served as {served}, expected {expected}"
-        ))
-    }
-}
-
-/// Sends the same `/generate` request to an engine, one after another, until aborted.
-fn same_prompt_loop(
-    http: reqwest::Client,
-    url: String,
-    body: Value,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        loop {
-            let sent = http
-                .post(&url)
-                .json(&body)
-                .timeout(Duration::from_secs(300))
-                .send()
-                .await;
-            if !matches!(&sent, Ok(r) if r.status().is_success()) {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            if let Ok(r) = sent {
-                let _ = r.bytes().await;
-            }
-        }
-    })
-}
-
 #[tokio::test]
 async fn o1_the_custom_metrics_api_serves_every_metric_the_hpa_reads_with_the_engines_values() {
     let (c, _turn) = cluster!();
@@ -1917,13 +1295,7 @@ spec:
 "#
     ));
     let selector = "serving.sgl-rs.io/engine=scraped";
-    let engines = wait_for("a ready engine", WAIT, || async {
-        let pods = ready_pods(&client, ns, selector).await?;
-        (pods.len() == 1)
-            .then_some(pods.clone())
-            .ok_or(c.log_tail("pod-runner", 10))
-    })
-    .await;
+    let engines = wait_ready_pods(c, &client, ns, selector, 1, "a ready engine").await;
     let engine = engines[0].name_any();
     // The metrics are the ones the operator's HPA asks for, not names copied here.
     let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), ns);
@@ -2075,182 +1447,6 @@ spec:
     delete_service(&client, ns, "scraped").await;
 }
 
-/// What the test sees of one autoscaled service at a moment.
-struct Scaling {
-    /// `spec.dpSize`, which the HPA sets through the scale subresource.
-    dp_size: i32,
-    /// The HPA's `status.desiredReplicas` while it reads its metrics (`ScalingActive`).
-    desired: Option<i32>,
-    /// The HPA's `ScalingActive` condition: status and reason.
-    active: Option<(String, String)>,
-    /// The queue metric's average per pod as the HPA last read it.
-    queue: Option<String>,
-}
-
-/// Samples a service and its HPA once a second, keeping a history of what changed for the
-/// failure messages (with `kubectl describe hpa`: conditions, metrics and events).
-struct ScalingWatch<'a> {
-    c: &'a Cluster,
-    services: Api<SGLangService>,
-    hpas: Api<HorizontalPodAutoscaler>,
-    ns: &'a str,
-    name: &'a str,
-    started: std::time::Instant,
-    last: String,
-    history: Vec<String>,
-}
-
-impl<'a> ScalingWatch<'a> {
-    fn new(c: &'a Cluster, client: &Client, ns: &'a str, name: &'a str) -> Self {
-        Self {
-            c,
-            services: Api::namespaced(client.clone(), ns),
-            hpas: Api::namespaced(client.clone(), ns),
-            ns,
-            name,
-            started: std::time::Instant::now(),
-            last: String::new(),
-            history: Vec::new(),
-        }
-    }
-
-    async fn sample(&mut self) -> Result<Scaling, String> {
-        let svc = self
-            .services
-            .get(self.name)
-            .await
-            .map_err(|e| e.to_string())?;
-        let hpa = self
-            .hpas
-            .get_opt(&format!("{}-engine", self.name))
-            .await
-            .map_err(|e| e.to_string())?;
-        let status = hpa.and_then(|h| h.status);
-        let active = status.as_ref().and_then(|s| {
-            let c = s
-                .conditions
-                .iter()
-                .flatten()
-                .find(|c| c.type_ == "ScalingActive")?;
-            Some((c.status.clone(), c.reason.clone().unwrap_or_default()))
-        });
-        let queue = status.as_ref().and_then(|s| {
-            s.current_metrics.iter().flatten().find_map(|m| {
-                let p = m.pods.as_ref()?;
-                (p.metric.name == QUEUE_METRIC)
-                    .then(|| p.current.average_value.as_ref().map(|q| q.0.clone()))?
-            })
-        });
-        // desiredReplicas is a recommendation only once metrics were read (it is 0 before
-        // the first sync, and while the controller cannot reach the scale subresource yet).
-        let valid = active.as_ref().is_some_and(|(status, _)| status == "True");
-        let s = Scaling {
-            dp_size: svc.spec.dp_size,
-            desired: status
-                .as_ref()
-                .filter(|_| valid)
-                .map(|s| s.desired_replicas),
-            active,
-            queue,
-        };
-        let line = format!(
-            "dpSize {} desired {:?} ScalingActive {:?} queue {:?}",
-            s.dp_size, s.desired, s.active, s.queue
-        );
-        if line != self.last {
-            let at = self.started.elapsed().as_secs_f64();
-            self.history.push(format!("{at:6.1} s  {line}"));
-            self.last = line;
-        }
-        Ok(s)
-    }
-
-    fn report(&self) -> String {
-        let describe = self
-            .c
-            .kubectl_raw(&["describe", "hpa", "-n", self.ns], None);
-        format!(
-            "what the test saw (seconds since the service was applied):\n{}\n\
-             kubectl describe hpa:\n{}{}",
-            self.history.join("\n"),
-            String::from_utf8_lossy(&describe.stdout),
-            String::from_utf8_lossy(&describe.stderr)
-        )
-    }
-
-    /// Samples once a second until `check` says done (`Ok(true)`); fails at once on
-    /// `Err`, and after `timeout`, with the history and the HPA's description.
-    async fn until(
-        &mut self,
-        what: &str,
-        timeout: Duration,
-        mut check: impl FnMut(&Scaling) -> Result<bool, String>,
-    ) {
-        let deadline = std::time::Instant::now() + timeout;
-        loop {
-            let last = match self.sample().await {
-                Ok(s) => match check(&s) {
-                    Ok(true) => return,
-                    Ok(false) => "not yet".to_string(),
-                    Err(e) => panic!("{what}: {e}\n{}", self.report()),
-                },
-                Err(e) => e,
-            };
-            if std::time::Instant::now() >= deadline {
-                panic!(
-                    "timed out after {timeout:?} waiting for {what} ({last})\n{}",
-                    self.report()
-                );
-            }
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-    }
-}
-
-/// The queue metric the operator's HPA reads (the test checks the HPA's own spec for it too).
-const QUEUE_METRIC: &str = "sglang_num_queue_reqs";
-
-/// Sends `/generate` requests to an engine, one after another, each with a prompt that starts
-/// with a number of its own (so no two share a cached prefix), until aborted (which closes
-/// the connection, and the engine drops the request). Counts the answered requests.
-fn generate_loop(
-    http: reqwest::Client,
-    url: String,
-    first: usize,
-    max_new_tokens: u32,
-    pause: Duration,
-    answered: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        for i in first.. {
-            let body = json!({
-                "text": format!("{i} is the number of the lighthouse. Tell its long story."),
-                "sampling_params": {
-                    "max_new_tokens": max_new_tokens,
-                    "temperature": 0,
-                    "ignore_eos": true,
-                },
-            });
-            let sent = http
-                .post(&url)
-                .json(&body)
-                .timeout(Duration::from_secs(300))
-                .send()
-                .await;
-            let ok = match sent {
-                Ok(r) => r.status().is_success() && r.bytes().await.is_ok(),
-                Err(_) => false,
-            };
-            if ok {
-                answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            } else {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            tokio::time::sleep(pause).await;
-        }
-    })
-}
-
 #[tokio::test]
 async fn p1_the_hpa_scales_a_cpu_service_up_on_its_queue_and_back_to_the_minimum() {
     use std::sync::Arc;
@@ -2297,14 +1493,10 @@ spec:
         }
         Ok(())
     };
-    let engine = wait_for("a ready engine", WAIT, || async {
-        let pods = ready_pods(&client, ns, &format!("serving.sgl-rs.io/engine={name}")).await?;
-        (pods.len() == 1)
-            .then_some(pods.clone())
-            .ok_or(c.log_tail("pod-runner", 10))
-    })
-    .await
-    .remove(0);
+    let selector = format!("serving.sgl-rs.io/engine={name}");
+    let engine = wait_ready_pods(c, &client, ns, &selector, 1, "a ready engine")
+        .await
+        .remove(0);
     let hpa = watch
         .hpas
         .get(&format!("{name}-engine"))
