@@ -180,6 +180,11 @@ impl Scheduler {
                 r.fail(format!("the engine failed to run this request: {e}"));
                 self.release(&mut r);
             }
+            // The failed passes did not write the KV of the tokens just handed to the radix
+            // cache (nor of the prompts an overlapped pass cached at its launch): drop it.
+            if let Err(e) = self.cache.reset(&mut self.pool) {
+                tracing::error!("dropping the prefix cache after a failed pass: {e}");
+            }
         }
         self.publish_stats();
     }

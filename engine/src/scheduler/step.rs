@@ -13,7 +13,9 @@
 //!   on the device from pass N's output (`DeviceSampling::prev`). A request that finishes
 //!   with pass N (EOS, stop string) has run one extra token in pass N+1, which is dropped; its
 //!   slot is freed (the pass writes it before any later pass can be given it, as passes run
-//!   in order on the device).
+//!   in order on the device). A pass's prompt tokens go to the radix cache when it is
+//!   launched, not when it lands, so that pass N+1 reads the same KV slots as after a
+//!   synchronous step (where the cache held a recomputed token already, its copy).
 //!
 //! Passes refer to requests by id and admission number, so a request aborted or retracted
 //! while its pass is in flight is simply skipped when the pass lands.
@@ -25,6 +27,7 @@ use std::time::Instant;
 use super::req::{GrammarState, Req};
 use super::{Planned, Scheduler};
 use crate::backend::{DeviceSampling, LogitEdit, SampleInput, SeqInput};
+use crate::cache::{KvPool, RadixCache};
 use crate::error::{EngineError, Result};
 use crate::request::FinishReason;
 
@@ -278,6 +281,18 @@ impl Scheduler {
         };
         overlap.launch_sample(&inputs, sampling)?;
         drop(inputs);
+        // The pass's prompt tokens go to the radix cache now, as a synchronous step's do once
+        // it ran, so that the next pass (prepared before this one lands) reads the same slots
+        // as it would after a synchronous step: where the cache already held some of these
+        // tokens (a request recomputing the last token of a cached prompt, for its logits),
+        // its copies replace the request's own. The device runs passes in order, so every
+        // pass that can read these slots, or be given the duplicates freed here, runs after
+        // this one has written them.
+        for e in prep.entries.iter().filter(|e| e.prefill) {
+            if let Some(&i) = at.get(&e.id) {
+                Self::cache_prompt(&mut self.running[i], e, &mut self.cache, &mut self.pool);
+            }
+        }
         self.passes += 1;
         let pass = self.passes;
         for (j, e) in prep.entries.iter().filter(|e| e.completes).enumerate() {
@@ -294,6 +309,17 @@ impl Scheduler {
         match self.flight.replace(flight) {
             Some(prev) => self.land(prev),
             None => Ok(()),
+        }
+    }
+
+    /// Hand the KV of a request's tokens up to the end of its prompt work in pass entry `e` to
+    /// the radix cache (see [`super::lease::KvLease::cache_computed`]). Slots past them belong
+    /// to a later pass and stay as they are.
+    fn cache_prompt(r: &mut Req, e: &Entry, cache: &mut RadixCache, pool: &mut KvPool) {
+        let n = e.start + e.n;
+        let toks: Vec<u32> = (0..n).map(|i| r.token_at(i)).collect();
+        if let Err(err) = r.kv.cache_computed(&toks, cache, pool) {
+            tracing::error!("caching request {}: {err}", r.id);
         }
     }
 
@@ -425,14 +451,10 @@ impl Scheduler {
             {
                 r.inflight = None;
             }
-            if e.prefill {
-                // Make the computed prompt shareable right away (also for chunks). Slots
-                // past this pass's tokens belong to a later pass and stay as they are.
-                let n = e.start + e.n;
-                let toks: Vec<u32> = (0..n).map(|i| r.token_at(i)).collect();
-                if let Err(err) = r.kv.cache_computed(&toks, &mut self.cache, &mut self.pool) {
-                    tracing::error!("caching request {}: {err}", r.id);
-                }
+            if e.prefill && pass.is_none() {
+                // Make the computed prompt shareable right away (also for chunks). An
+                // overlapped pass's prompt went to the cache when it was launched.
+                Self::cache_prompt(r, e, &mut self.cache, &mut self.pool);
             }
             // This sequence's rows are those of positions `end - nrows .. end`; all but a
             // completing pass's last row are prompt rows (prompt logprobs).

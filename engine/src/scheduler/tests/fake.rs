@@ -1,12 +1,18 @@
 //! A deterministic backend that needs no model.
 //!
 //! Each KV slot holds one 64-bit value: the hash of the token written there, its position and
-//! the value in the slot of the position before it, read through the sequence's `kv_slots` as
-//! attention reads its keys. The logits row of a position is one-hot at `hash % vocab`, so a
-//! greedy request continues its prompt with [`reference`]'s tokens exactly when the scheduler
+//! the values in the slots of every position before it, read through the sequence's `kv_slots`
+//! as attention reads its keys. The logits row of a position is one-hot at a hash of these, so
+//! a greedy request continues its prompt with [`reference`]'s tokens exactly when the scheduler
 //! gave every position the right slot and kept every slot it reads intact: a slot handed to
-//! two requests, a cached prefix reused for the wrong tokens, or a placeholder token left in
-//! an overlapped pass all change the output.
+//! two requests, a cached prefix reused for the wrong tokens, a slot overwritten after it was
+//! read once, or a placeholder token left in an overlapped pass all change the output.
+//!
+//! With `shape_dependent_kv` the value stored also depends on how many tokens the sequence ran
+//! in that pass, as a real device's rounding does (a prompt token computed in a long prefill
+//! and the same token recomputed alone differ in their last bits); the logits of the pass do
+//! not. Then two copies of the same token's KV (the radix cache's and a request's recomputed
+//! one) are told apart by whatever reads them later.
 
 use std::sync::{Arc, Mutex};
 
@@ -28,19 +34,24 @@ fn next_token(h: u64, vocab: usize) -> u32 {
     (h % vocab as u64) as u32
 }
 
+/// Folds the value of one more position into the running digest of a sequence.
+fn fold(acc: u64, value: u64) -> u64 {
+    mix(acc, (value >> 32) as u32, value as u32 as usize)
+}
+
 /// The greedy continuation of `prompt`, `n` tokens long, as the fake model computes it.
 pub fn reference(prompt: &[u32], n: usize, vocab: usize) -> Vec<u32> {
-    let mut h = SEED;
+    let mut acc = SEED;
     let mut out = Vec::with_capacity(n);
     let mut pos = 0;
     for &t in prompt {
-        h = mix(h, t, pos);
+        acc = fold(acc, mix(acc, t, pos));
         pos += 1;
     }
     for _ in 0..n {
-        let t = next_token(h, vocab);
+        let t = next_token(acc, vocab);
         out.push(t);
-        h = mix(h, t, pos);
+        acc = fold(acc, mix(acc, t, pos));
         pos += 1;
     }
     out
@@ -61,14 +72,16 @@ pub(super) struct FakeModel {
     vocab: usize,
     kv: Vec<Option<u64>>,
     log: PassLog,
+    shape_dependent_kv: bool,
 }
 
 impl FakeModel {
-    pub fn new(vocab: usize, kv_capacity: usize, log: PassLog) -> Self {
+    pub fn new(vocab: usize, kv_capacity: usize, log: PassLog, shape_dependent_kv: bool) -> Self {
         FakeModel {
             vocab,
             kv: vec![None; kv_capacity],
             log,
+            shape_dependent_kv,
         }
     }
 
@@ -104,18 +117,23 @@ impl Backend for FakeModel {
             let mut hashes = Vec::with_capacity(s.tokens.len());
             for (k, &token) in s.tokens.iter().enumerate() {
                 let pos = s.start_pos + k;
-                let prev = if pos == 0 {
-                    SEED
-                } else {
-                    let slot = self.slot(s, pos - 1)?;
-                    self.kv[slot].ok_or_else(|| {
+                // Every earlier position's slot is read, as attention reads every key.
+                let mut acc = SEED;
+                for i in 0..pos {
+                    let slot = self.slot(s, i)?;
+                    let v = self.kv[slot].ok_or_else(|| {
                         EngineError::Internal(format!("KV slot {slot} read before it was written"))
-                    })?
-                };
-                let h = mix(prev, token, pos);
+                    })?;
+                    acc = fold(acc, v);
+                }
+                let v = mix(acc, token, pos);
                 let slot = self.slot(s, pos)?;
-                self.kv[slot] = Some(h);
-                hashes.push(h);
+                self.kv[slot] = Some(if self.shape_dependent_kv {
+                    v ^ (s.tokens.len() as u64).wrapping_mul(0xd6e8_feb8_6659_fd93)
+                } else {
+                    v
+                });
+                hashes.push(fold(acc, v));
             }
             let rows = s.num_logits.min(hashes.len());
             for &h in &hashes[hashes.len() - rows..] {

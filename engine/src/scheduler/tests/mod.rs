@@ -49,6 +49,8 @@ pub(super) struct Setup {
     pub max_running_requests: usize,
     pub context_length: usize,
     pub disable_radix_cache: bool,
+    /// The fake model's stored KV depends on the pass's shape (see [`fake`]).
+    pub shape_dependent_kv: bool,
 }
 
 impl Default for Setup {
@@ -62,6 +64,7 @@ impl Default for Setup {
             max_running_requests: 16,
             context_length: 200,
             disable_radix_cache: false,
+            shape_dependent_kv: false,
         }
     }
 }
@@ -69,7 +72,12 @@ impl Default for Setup {
 impl Setup {
     pub fn build(self) -> Harness {
         let log = PassLog::default();
-        let fake = Box::new(FakeModel::new(self.vocab, self.capacity, log.clone()));
+        let fake = Box::new(FakeModel::new(
+            self.vocab,
+            self.capacity,
+            log.clone(),
+            self.shape_dependent_kv,
+        ));
         let backend: Box<dyn Backend> = match self.mode {
             Mode::Plain => fake,
             Mode::DeviceSampling => Box::new(HostSampling::new(fake, false)),

@@ -344,3 +344,47 @@ fn samples_of_one_prompt_share_one_prefill() {
     assert_eq!(prompt_work, vec![(0, 60), (59, 1), (59, 1), (59, 1)]);
     h.assert_everything_released();
 }
+
+/// A prompt run cold, then again with all but its last token in the radix cache, continues
+/// the same way in every mode, on a model whose stored KV depends on the pass's shape (as a
+/// GPU's does). The second run recomputes the prompt's last token into a slot of its own; once
+/// that pass lands, the radix cache's copy (from the first run's prefill) replaces it. With
+/// the overlap schedule, the first decode is launched before that pass lands: it must read
+/// the copy that every later decode reads, as a synchronous step's does, not the recomputed
+/// one.
+#[test]
+fn a_cached_prompt_continues_as_it_did_cold_with_passes_overlapped() {
+    // Chunks change the stored KV (the pass shapes), so each chunk size is compared apart.
+    for chunked_prefill_size in [None, Some(64)] {
+        let mut synchronous = None;
+        for mode in [Mode::Plain, Mode::DeviceSampling, Mode::Overlap] {
+            let mut h = Setup {
+                mode,
+                capacity: 1000,
+                context_length: 600,
+                chunked_prefill_size,
+                shape_dependent_kv: true,
+                ..Setup::default()
+            }
+            .build();
+            let p = prompt(200, 7);
+            let mut cold = h.submit(p.clone(), greedy(40));
+            h.run_to_idle();
+            let mut cached = h.submit(p.clone(), greedy(40));
+            h.run_to_idle();
+            assert_eq!(cached.usage().cached_tokens, 199);
+            let (cold, cached) = (cold.output(), cached.output());
+            assert_eq!(cold.len(), 40);
+            assert_eq!(
+                cold, cached,
+                "{mode:?}, chunks {chunked_prefill_size:?}: the cached run differs from the cold one"
+            );
+            h.assert_everything_released();
+            let reference = synchronous.get_or_insert_with(|| cold.clone());
+            assert_eq!(
+                &cold, reference,
+                "{mode:?}, chunks {chunked_prefill_size:?}: differs from synchronous steps"
+            );
+        }
+    }
+}
