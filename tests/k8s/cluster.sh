@@ -142,6 +142,8 @@ done
 stop_all
 rm -rf "$work"
 mkdir -p "$work/pids" "$work/logs" "$work/pki"
+# A start that fails stops what it had started (the watchdog is started only at the end).
+trap 'rc=$?; if [ "$rc" -ne 0 ]; then stop_all; fi; exit "$rc"' EXIT
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -434,5 +436,6 @@ if [ -n "$owner_pid" ]; then
     "$owner_pid" "$here/cluster.sh" "$work" > "$work/logs/watchdog.log" 2>&1 < /dev/null &
 fi
 
+trap - EXIT
 log "up in $(($(date +%s) - start_time)) s (work dir $work, bin $bin)"
 print_env
