@@ -275,6 +275,13 @@ impl PodWorker {
         }
     }
 
+    /// The pod's Ready condition as the API holds it, when it has one.
+    fn api_ready(&self) -> Option<bool> {
+        let conditions = self.pod.status.as_ref()?.conditions.as_ref()?;
+        let ready = conditions.iter().find(|c| c.type_ == "Ready")?;
+        Some(ready.status == "True")
+    }
+
     fn container(&self) -> Option<&Container> {
         let spec = self.pod.spec.as_ref()?;
         spec.containers.iter().find(|c| {
@@ -683,6 +690,15 @@ impl PodWorker {
                         if self.deleting() {
                             self.finish(Some(child)).await;
                             return Outcome::Stopped;
+                        }
+                        // Another writer changed the pod's Ready condition (the node controller
+                        // marks a node's pods not ready when its heartbeats stop, as in an API
+                        // server outage): write what the probes say again, as a kubelet's
+                        // status sync does.
+                        let ours = self.ready && matches!(self.state, State::Running { .. });
+                        if self.api_ready().is_some_and(|theirs| theirs != ours) {
+                            tracing::info!(pod = %self.name, ready = ours, "Ready condition restored");
+                            self.report().await;
                         }
                     }
                     _ => {
