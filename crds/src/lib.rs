@@ -65,6 +65,7 @@ pub enum CrdError {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new(served::GGUF_ON_CPU_RULE).message(served::GGUF_ON_CPU_MESSAGE))]
 #[x_kube(validation = Rule::new(served::TP_ON_CUDA_RULE).message(served::TP_ON_CUDA_MESSAGE))]
+#[x_kube(validation = Rule::new(served::FP8_ON_CUDA_RULE).message(served::FP8_ON_CUDA_MESSAGE))]
 pub struct SGLangServiceSpec {
     /// Which model to serve.
     pub model: ModelSpec,
@@ -90,8 +91,10 @@ pub struct SGLangServiceSpec {
     #[serde(default = "one")]
     #[schemars(range(min = 0, max = 1024))]
     pub dp_size: i32,
-    /// Weight quantization (`--quantization`). Not served by this engine version yet: a GGUF
-    /// model carries its own quantized weights.
+    /// Weight quantization (`--quantization`): `fp8` quantizes the linear layers of a bf16
+    /// checkpoint to FP8 (e4m3, one scale per output channel) at load, on `device: cuda`
+    /// (half the weight memory, faster decode). The other methods are not served by this
+    /// engine version; a GGUF model on `device: cpu` carries its own quantized weights.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new(served::QUANTIZATION_RULE).message(served::QUANTIZATION_MESSAGE))]
     pub quantization: Option<Quantization>,

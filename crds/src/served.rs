@@ -13,7 +13,7 @@ use crate::{GrammarBackend, KvCacheDtype, Quantization, SchedulePolicy};
 /// `tpSize` values the engine serves (`--tp-size`: the GPUs of one node; on `device: cuda`).
 pub const TP_SIZES: &[i32] = &[1, 2, 4, 8];
 /// `quantization` values the engine serves (`--quantization`).
-pub const QUANTIZATIONS: &[Quantization] = &[];
+pub const QUANTIZATIONS: &[Quantization] = &[Quantization::Fp8];
 /// `kvCacheDtype` values the engine serves (`--kv-cache-dtype`).
 pub const KV_CACHE_DTYPES: &[KvCacheDtype] = &[KvCacheDtype::Auto];
 /// `schedulePolicy` values the engine serves (`--schedule-policy`).
@@ -30,9 +30,12 @@ pub const TP_ON_CUDA_RULE: &str =
     "!has(self.tpSize) || self.tpSize == 1 || !has(self.device) || self.device == 'cuda'";
 pub const TP_ON_CUDA_MESSAGE: &str = "tpSize > 1 splits the model across GPUs: it needs device: cuda (a CPU engine runs one rank; use dpSize for more replicas)";
 
-// Always false when the field is set: no quantization method is served yet.
-pub const QUANTIZATION_RULE: &str = "size(self) == 0";
-pub const QUANTIZATION_MESSAGE: &str = "quantization is not served by this engine version yet; leave it unset (a GGUF model on device: cpu carries its own quantized weights)";
+pub const QUANTIZATION_RULE: &str = "self == 'fp8'";
+pub const QUANTIZATION_MESSAGE: &str = "quantization: only fp8 is served by this engine version (weights quantized to FP8 at load, device: cuda); awq, gptq, marlin, bitsandbytes, gguf and w8a8 are not: leave it unset or use fp8 (a GGUF model on device: cpu carries its own quantized weights)";
+
+pub const FP8_ON_CUDA_RULE: &str =
+    "!has(self.quantization) || !has(self.device) || self.device == 'cuda'";
+pub const FP8_ON_CUDA_MESSAGE: &str = "quantization fp8 runs on device: cuda (FP8 tensor cores); a CPU engine serves the checkpoint's own format or a GGUF file's quantization";
 
 pub const KV_CACHE_DTYPE_RULE: &str = "self == 'auto'";
 pub const KV_CACHE_DTYPE_MESSAGE: &str = "kvCacheDtype fp8_e5m2 and fp8_e4m3 are not served by this engine version yet; leave kvCacheDtype unset or auto";

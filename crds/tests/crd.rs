@@ -182,7 +182,7 @@ fn cel_rules_refuse_exactly_what_the_engine_does_not_serve() {
         served_or_refused(
             &format!("quantization: {}", q.as_flag()),
             served::QUANTIZATIONS.contains(q),
-            "quantization is not served by this engine version yet",
+            "quantization: only fp8 is served by this engine version",
         );
     }
     for d in KvCacheDtype::ALL {
@@ -207,7 +207,7 @@ fn cel_rules_refuse_exactly_what_the_engine_does_not_serve() {
         );
     }
     // Something is refused, so the loops above are not vacuous.
-    assert!(with("quantization: fp8").validate().is_err());
+    assert!(with("quantization: awq").validate().is_err());
 }
 
 #[test]
@@ -223,6 +223,28 @@ fn tensor_parallelism_needs_gpus() {
     let e = on(2, "cpu").expect_err("tpSize 2 on cpu");
     assert!(e.to_string().contains("needs device: cuda"), "{e}");
     assert!(on(1, "cpu").is_ok());
+}
+
+#[test]
+fn fp8_weights_need_gpus() {
+    let q = |device: &str| {
+        parse(&GOOD.replace(
+            "tpSize: 1",
+            &format!("tpSize: 1\n  quantization: fp8\n  device: {device}"),
+        ))
+        .validate()
+    };
+    assert!(q("cuda").is_ok());
+    assert!(
+        with("quantization: fp8").validate().is_ok(),
+        "the default device is cuda"
+    );
+    let e = q("cpu").expect_err("fp8 on cpu");
+    assert!(
+        e.to_string()
+            .contains("quantization fp8 runs on device: cuda"),
+        "{e}"
+    );
 }
 
 #[test]

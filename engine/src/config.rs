@@ -148,7 +148,8 @@ pub struct ServerArgs {
     /// Data parallel size (engine replicas; run several engines behind the router).
     #[arg(long, default_value_t = 1)]
     pub dp_size: usize,
-    /// Weight quantization of the checkpoint (GGUF files carry their own).
+    /// Weight quantization: `fp8` quantizes the linear layers of a bf16/f16/f32 checkpoint to
+    /// FP8 (e4m3, one scale per output channel) at load, on the GPU. GGUF files carry their own.
     #[arg(long)]
     pub quantization: Option<String>,
     /// KV cache data type.
@@ -179,6 +180,9 @@ pub struct ServerArgs {
     #[arg(long)]
     pub check: bool,
 }
+
+/// Why `--quantization fp8` is refused on the CPU.
+pub const FP8_ON_CPU: &str = "--quantization fp8 runs on the GPU (--device cuda); the CPU backend serves the checkpoint's own format (bf16, f16, f32) or a GGUF file's quantization";
 
 impl ServerArgs {
     /// Checks that do not need the model; model-dependent limits are checked at load.
@@ -263,12 +267,26 @@ impl ServerArgs {
                 ));
             }
         }
-        if let Some(q) = &self.quantization {
-            return bad(format!(
-                "--quantization {q} is not supported yet; serve a GGUF file for quantized weights"
-            ));
+        match self.quantization.as_deref() {
+            None | Some("fp8") => {}
+            Some(q) => {
+                return bad(format!(
+                    "--quantization {q} is not supported: fp8 (weights quantized at load, --device cuda); serve a GGUF file for other quantized weights"
+                ));
+            }
+        }
+        if self.quantization.is_some() && self.device == Some(DeviceKind::Cpu) {
+            return bad(FP8_ON_CPU.into());
         }
         Ok(())
+    }
+
+    /// The form `--quantization` asks the backend to store weights in.
+    pub fn weight_quantization(&self) -> crate::model::Quantization {
+        match self.quantization.as_deref() {
+            Some("fp8") => crate::model::Quantization::Fp8,
+            _ => crate::model::Quantization::AsStored,
+        }
     }
 
     /// The device this server runs on: `--device`, or what [`ServerArgs::resolve_device`]

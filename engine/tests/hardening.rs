@@ -299,7 +299,7 @@ mod connections {
 /// that is not a power of two up to 8, a CPU engine, a model whose heads do not split, and
 /// the multi-node flags (accepted by name, refused for now).
 #[test]
-fn tensor_parallel_flags_get_clear_errors() {
+fn parallelism_and_quantization_flags_get_clear_errors() {
     let model = common::model_path();
     let check = |extra: &[&str]| -> (bool, String) {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_sgl-engine"))
@@ -326,6 +326,11 @@ fn tensor_parallel_flags_get_clear_errors() {
         ),
         (&["--nnodes", "2"][..], "multi-node"),
         (&["--dist-init-addr", "10.0.0.1:5000"][..], "multi-node"),
+        (&["--quantization", "awq"][..], "is not supported: fp8"),
+        (
+            &["--quantization", "fp8", "--device", "cpu"][..],
+            "--quantization fp8 runs on the GPU (--device cuda)",
+        ),
     ] {
         let (ok, text) = check(flags);
         assert!(!ok, "{flags:?} was accepted: {text}");

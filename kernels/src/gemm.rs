@@ -1,5 +1,8 @@
-//! bf16 GEMMs through cuBLASLt: `y = x · wᵀ` for row-major activations and `[out, in]` weights
-//! (the checkpoint's own layout), with f32 accumulation. Descriptors and the heuristic's
+//! GEMMs through cuBLASLt: `y = x · wᵀ` for row-major activations and `[out, in]` weights
+//! (the checkpoint's own layout), with f32 accumulation: bf16 x bf16, and FP8 x FP8 (e4m3, sm_89+)
+//! without scales: cuBLASLt's FP8 GEMMs on sm_90 take one scale per matrix only (its per-row
+//! and per-block modes have no algorithm there), so the per-channel and per-token scales are
+//! applied afterwards ([`crate::Kernels::fp8_rescale`]). Descriptors and the heuristic's
 //! algorithm are made once per shape and reused, so a call costs one `cublasLtMatmul`.
 
 use std::collections::HashMap;
@@ -38,7 +41,8 @@ pub struct Gemm {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
     stream: Arc<CudaStream>,
-    plans: Mutex<HashMap<(usize, usize, usize), Plan>>,
+    /// By (tokens, in, out, FP8).
+    plans: Mutex<HashMap<(usize, usize, usize, bool), Plan>>,
 }
 
 // SAFETY: the cuBLASLt handle and descriptors are only used through &self methods that take
@@ -71,11 +75,16 @@ impl Gemm {
         })
     }
 
-    fn plan(&self, tokens: usize, in_f: usize, out_f: usize) -> Result<Plan> {
+    fn plan(&self, tokens: usize, in_f: usize, out_f: usize, fp8: bool) -> Result<Plan> {
         let bf = sys::cudaDataType_t::CUDA_R_16BF;
+        let ab = if fp8 {
+            sys::cudaDataType_t::CUDA_R_8F_E4M3
+        } else {
+            bf
+        };
         // Column-major view: C (out x tokens) = op(A) B with A = W stored (in x out), op = T.
-        let a = result::create_matrix_layout(bf, in_f as u64, out_f as u64, in_f as i64)?;
-        let b = result::create_matrix_layout(bf, in_f as u64, tokens as u64, in_f as i64)?;
+        let a = result::create_matrix_layout(ab, in_f as u64, out_f as u64, in_f as i64)?;
+        let b = result::create_matrix_layout(ab, in_f as u64, tokens as u64, in_f as i64)?;
         let c = result::create_matrix_layout(bf, out_f as u64, tokens as u64, out_f as i64)?;
         let desc = result::create_matmul_desc(
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
@@ -120,7 +129,12 @@ impl Gemm {
                     algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
                 });
                 Err(KernelError::Unsupported(format!(
-                    "no cuBLASLt algorithm for {tokens}x{in_f} -> {out_f}: {e:?}"
+                    "no cuBLASLt algorithm for {tokens}x{in_f} -> {out_f}{}: {e:?}",
+                    if fp8 {
+                        " (FP8, outer-vector scales)"
+                    } else {
+                        ""
+                    }
                 )))
             }
         }
@@ -149,11 +163,11 @@ impl Gemm {
             .plans
             .lock()
             .map_err(|_| KernelError::Unsupported("GEMM plan cache poisoned".into()))?;
-        let key = (tokens, in_f, out_f);
+        let key = (tokens, in_f, out_f, false);
         let p = match plans.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(self.plan(tokens, in_f, out_f)?)
+                e.insert(self.plan(tokens, in_f, out_f, false)?)
             }
         };
         let alpha: f32 = 1.0;
@@ -176,6 +190,81 @@ impl Gemm {
                 p.c,
                 (&p.algo) as *const _,
                 ws as *mut c_void,
+                WORKSPACE_BYTES,
+                self.stream.cu_stream() as *mut _,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Whether [`Gemm::linear_fp8`] runs here: plans the FP8 GEMM of that shape (kept for
+    /// later calls), or says why not.
+    pub fn supports_fp8(&self, tokens: usize, in_f: usize, out_f: usize) -> Result<()> {
+        let mut plans = self
+            .plans
+            .lock()
+            .map_err(|_| KernelError::Unsupported("GEMM plan cache poisoned".into()))?;
+        let key = (tokens, in_f, out_f, true);
+        if let std::collections::hash_map::Entry::Vacant(e) = plans.entry(key) {
+            e.insert(self.plan(tokens, in_f, out_f, true)?);
+        }
+        Ok(())
+    }
+
+    /// `d[t, o] = Σ_i xq[t, i] wq[o, i]`: e4m3 x and w, bf16 d, f32 sums, no scales (see the
+    /// module's note; [`crate::Kernels::fp8_rescale`] applies them). `Unsupported` (nothing
+    /// launched) where cuBLASLt has no FP8 algorithm (before sm_89).
+    ///
+    /// # Safety
+    /// xq: tokens x in_f bytes; wq: out_f x in_f bytes; d: tokens x out_f, not overlapping
+    /// the inputs; all on the device of this Gemm's stream.
+    pub unsafe fn linear_fp8(
+        &self,
+        xq: Dptr<u8>,
+        wq: Dptr<u8>,
+        d: Dptr<bf16>,
+        tokens: usize,
+        in_f: usize,
+        out_f: usize,
+    ) -> Result<()> {
+        if tokens == 0 {
+            return Ok(());
+        }
+        if !in_f.is_multiple_of(16) || !out_f.is_multiple_of(16) {
+            return Err(KernelError::Unsupported(format!(
+                "FP8 GEMM of {tokens}x{in_f} -> {out_f}: in and out must be multiples of 16"
+            )));
+        }
+        let mut plans = self
+            .plans
+            .lock()
+            .map_err(|_| KernelError::Unsupported("GEMM plan cache poisoned".into()))?;
+        let key = (tokens, in_f, out_f, true);
+        let p = match plans.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(self.plan(tokens, in_f, out_f, true)?)
+            }
+        };
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (wsp, _sync) = self.workspace.device_ptr(&self.stream);
+        // SAFETY: the plan matches these extents and types; the caller guarantees the buffers.
+        unsafe {
+            result::matmul(
+                self.handle,
+                p.desc,
+                (&alpha) as *const f32 as *const c_void,
+                (&beta) as *const f32 as *const c_void,
+                wq.addr() as *const c_void,
+                p.a,
+                xq.addr() as *const c_void,
+                p.b,
+                d.addr() as *const c_void,
+                p.c,
+                d.addr() as *mut c_void,
+                p.c,
+                (&p.algo) as *const _,
+                wsp as *mut c_void,
                 WORKSPACE_BYTES,
                 self.stream.cu_stream() as *mut _,
             )?;

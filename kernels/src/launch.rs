@@ -53,6 +53,29 @@ pub enum GemvEpilogue {
     SwiGlu,
 }
 
+/// The weight of a GEMV or GEMM: bf16 rows, or FP8 (e4m3) rows with one f32 scale per row
+/// (the row's values are `scale[row] * e4m3 value`, see [`Kernels::quantize_rows_fp8`]).
+#[derive(Debug, Clone, Copy)]
+pub enum WeightRef {
+    Bf16(Dptr<bf16>),
+    Fp8 { w: Dptr<u8>, scale: Dptr<f32> },
+}
+
+impl From<Dptr<bf16>> for WeightRef {
+    fn from(w: Dptr<bf16>) -> Self {
+        WeightRef::Bf16(w)
+    }
+}
+
+impl WeightRef {
+    fn addr(self) -> u64 {
+        match self {
+            WeightRef::Bf16(w) => w.addr(),
+            WeightRef::Fp8 { w, .. } => w.addr(),
+        }
+    }
+}
+
 /// How a GEMV launch divides the work: row tiles of 16 or 32 rows, and blocks along k per tile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemvPlan {
@@ -115,6 +138,12 @@ pub struct Kernels {
     gemv: [CudaFunction; 2],
     /// The same with RMSNorm fused into the input.
     gemv_rms: [CudaFunction; 2],
+    /// The same two pairs for FP8 weights.
+    gemv_fp8: [CudaFunction; 2],
+    gemv_rms_fp8: [CudaFunction; 2],
+    quantize_fp8: CudaFunction,
+    dequantize_fp8: CudaFunction,
+    fp8_rescale: CudaFunction,
     logit_edits: CudaFunction,
     copy_tokens: CudaFunction,
     allreduce: CudaFunction,
@@ -247,6 +276,11 @@ impl Kernels {
             sample: f("sample_bf16")?,
             gemv: [f("gemv_bf16_r16")?, f("gemv_bf16_r32")?],
             gemv_rms: [f("gemv_rms_bf16_r16")?, f("gemv_rms_bf16_r32")?],
+            gemv_fp8: [f("gemv_fp8_r16")?, f("gemv_fp8_r32")?],
+            gemv_rms_fp8: [f("gemv_rms_fp8_r16")?, f("gemv_rms_fp8_r32")?],
+            quantize_fp8: f("quantize_rows_fp8")?,
+            dequantize_fp8: f("dequantize_rows_fp8")?,
+            fp8_rescale: f("fp8_rescale_bf16")?,
             logit_edits: f("logit_edits_bf16")?,
             copy_tokens: f("copy_tokens_i32")?,
             allreduce: f("allreduce_oneshot_bf16")?,
@@ -1016,6 +1050,7 @@ impl Kernels {
     /// all fit in one wave (two blocks per multiprocessor), else 32-row tiles when those do,
     /// else 32-row tiles when there are many waves anyway, else 16-row tiles (finer waves).
     /// SwiGLU tiles hold 8 (16-row kernel) or 16 (32-row kernel) output features.
+    /// FP8 weights take the same plan: a warp step covers the same elements.
     pub fn gemv_plan(&self, k: usize, n: usize, epilogue: GemvEpilogue) -> GemvPlan {
         let sms = self.num_sms.max(1) as usize;
         let wave = 2 * sms;
@@ -1050,8 +1085,9 @@ impl Kernels {
         }
     }
 
-    /// `x · wᵀ` for at most [`GEMV_MAX_TOKENS`] token rows (see [`GemvEpilogue`]); bf16,
-    /// f32 sums. Needs k % 8 == 0 and 16-byte aligned x and w; `Unsupported` (before any
+    /// `x · wᵀ` for at most [`GEMV_MAX_TOKENS`] token rows (see [`GemvEpilogue`]); bf16 x and
+    /// y, bf16 or FP8 weights ([`WeightRef`]), f32 sums. Needs k % 8 == 0 (k % 16 == 0 for
+    /// FP8) and 16-byte aligned x and w; `Unsupported` (before any
     /// launch) otherwise, so the caller can take the GEMM instead. No host synchronisation:
     /// graph capture records one launch.
     ///
@@ -1063,7 +1099,7 @@ impl Kernels {
         s: &CudaStream,
         y: Dptr<bf16>,
         x: Dptr<bf16>,
-        w: Dptr<bf16>,
+        w: impl Into<WeightRef>,
         tokens: usize,
         k: usize,
         n: usize,
@@ -1071,7 +1107,7 @@ impl Kernels {
         ws: &GemvWorkspace,
     ) -> Result<()> {
         // SAFETY: the caller's guarantees, passed on.
-        unsafe { self.gemv_inner(s, y, x, w, None, tokens, k, n, epilogue, ws) }
+        unsafe { self.gemv_inner(s, y, x, w.into(), None, tokens, k, n, epilogue, ws) }
     }
 
     /// [`Kernels::gemv`] of `rmsnorm(x) · wᵀ`: x is the raw residual stream (tokens x k) and
@@ -1089,13 +1125,14 @@ impl Kernels {
         x: Dptr<bf16>,
         norm_w: Dptr<bf16>,
         eps: f32,
-        w: Dptr<bf16>,
+        w: impl Into<WeightRef>,
         tokens: usize,
         k: usize,
         n: usize,
         epilogue: GemvEpilogue,
         ws: &GemvWorkspace,
     ) -> Result<()> {
+        let w = w.into();
         // SAFETY: the caller's guarantees, passed on.
         unsafe { self.gemv_inner(s, y, x, w, Some((norm_w, eps)), tokens, k, n, epilogue, ws) }
     }
@@ -1107,7 +1144,7 @@ impl Kernels {
         s: &CudaStream,
         y: Dptr<bf16>,
         x: Dptr<bf16>,
-        w: Dptr<bf16>,
+        w: WeightRef,
         norm: Option<(Dptr<bf16>, f32)>,
         tokens: usize,
         k: usize,
@@ -1121,6 +1158,7 @@ impl Kernels {
         if tokens > GEMV_MAX_TOKENS
             || k == 0
             || !k.is_multiple_of(8)
+            || (matches!(w, WeightRef::Fp8 { .. }) && !k.is_multiple_of(16))
             || n == 0
             || k > i32::MAX as usize
             || n > i32::MAX as usize
@@ -1146,6 +1184,10 @@ impl Kernels {
         }
         let r32 = usize::from(plan.rows_per_block == 32);
         let (ya, xa, wa) = (y.addr(), x.addr(), w.addr());
+        let scale = match w {
+            WeightRef::Fp8 { scale, .. } => Some(scale.addr()),
+            WeightRef::Bf16(_) => None,
+        };
         let (pa, ca) = (dptr(&ws.partials, s).addr(), dptr(&ws.counters, s).addr());
         let (m, ki, ni) = (tokens as i32, k as i32, n as i32);
         let mode: i32 = match epilogue {
@@ -1157,6 +1199,49 @@ impl Kernels {
         let pf = self.gemv_prefetch.min(i32::MAX as u32) as i32;
         let grid = (plan.tiles, plan.splits, 1);
         let threads = (GEMV_WARPS * 32) as u32;
+        if let Some(sa) = scale {
+            return match norm {
+                None => {
+                    let mut a = [
+                        arg(&ya),
+                        arg(&xa),
+                        arg(&wa),
+                        arg(&sa),
+                        arg(&m),
+                        arg(&ki),
+                        arg(&ni),
+                        arg(&mode),
+                        arg(&sp),
+                        arg(&pa),
+                        arg(&ca),
+                        arg(&pf),
+                    ];
+                    // SAFETY: as for the bf16 entries below; scale holds n values.
+                    unsafe { self.launch(s, &self.gemv_fp8[r32], grid, threads, &mut a) }
+                }
+                Some((nw, eps)) => {
+                    let na = nw.addr();
+                    let mut a = [
+                        arg(&ya),
+                        arg(&xa),
+                        arg(&wa),
+                        arg(&sa),
+                        arg(&na),
+                        arg(&eps),
+                        arg(&m),
+                        arg(&ki),
+                        arg(&ni),
+                        arg(&mode),
+                        arg(&sp),
+                        arg(&pa),
+                        arg(&ca),
+                        arg(&pf),
+                    ];
+                    // SAFETY: as above.
+                    unsafe { self.launch(s, &self.gemv_rms_fp8[r32], grid, threads, &mut a) }
+                }
+            };
+        }
         match norm {
             None => {
                 let mut a = [
@@ -1197,6 +1282,105 @@ impl Kernels {
                 unsafe { self.launch(s, &self.gemv_rms[r32], grid, threads, &mut a) }
             }
         }
+    }
+}
+
+impl Kernels {
+    /// Quantizes each of `rows` rows of `k` bf16 values to FP8 (e4m3) with one scale per row:
+    /// `scale[r] = max |x[r]| / 448` (1 for a row of zeros), `q[r, i] = e4m3(x[r, i] /
+    /// scale[r])`, rounded to nearest even and saturated. For weights at load and for the
+    /// per-token activations of [`crate::Gemm::linear_fp8`].
+    ///
+    /// # Safety
+    /// x: rows x k; q: rows x k bytes; scale: rows.
+    pub unsafe fn quantize_rows_fp8(
+        &self,
+        s: &CudaStream,
+        q: Dptr<u8>,
+        scale: Dptr<f32>,
+        x: Dptr<bf16>,
+        rows: usize,
+        k: usize,
+    ) -> Result<()> {
+        if rows == 0 {
+            return Ok(());
+        }
+        if rows > u32::MAX as usize || k > i32::MAX as usize {
+            return Err(KernelError::Unsupported(format!(
+                "FP8 quantization of {rows} x {k}"
+            )));
+        }
+        let (xa, qa, sa, ki) = (x.addr(), q.addr(), scale.addr(), k as i32);
+        let mut a = [arg(&xa), arg(&qa), arg(&sa), arg(&ki)];
+        // SAFETY: argument types match the kernel; the caller guarantees the extents.
+        unsafe { self.launch(s, &self.quantize_fp8, (rows as u32, 1, 1), 256, &mut a) }
+    }
+
+    /// `y[t, o] = bf16(d[t, o] * xs[t] * ws[o])` (+ `y[t, o]` when `accumulate`): the
+    /// per-token and per-channel scales of an FP8 GEMM whose product `d` cuBLASLt computed
+    /// unscaled ([`crate::Gemm::linear_fp8`]). `d` may be `y`. Needs n % 8 == 0 and 16-byte
+    /// aligned rows.
+    ///
+    /// # Safety
+    /// y, d: tokens x n; xs: tokens; ws: n.
+    pub unsafe fn fp8_rescale(
+        &self,
+        s: &CudaStream,
+        y: Dptr<bf16>,
+        d: Dptr<bf16>,
+        xs: Dptr<f32>,
+        ws: Dptr<f32>,
+        tokens: usize,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        if tokens == 0 {
+            return Ok(());
+        }
+        if !n.is_multiple_of(8)
+            || n > i32::MAX as usize
+            || tokens > 65535
+            || !y.addr().is_multiple_of(16)
+            || !d.addr().is_multiple_of(16)
+            || !ws.addr().is_multiple_of(16)
+        {
+            return Err(KernelError::Unsupported(format!(
+                "FP8 rescale of {tokens} x {n} at y {y:?}, d {d:?}, ws {ws:?}"
+            )));
+        }
+        let (ya, da, xa, wa) = (y.addr(), d.addr(), xs.addr(), ws.addr());
+        let (ni, acc) = (n as i32, i32::from(accumulate));
+        let mut a = [arg(&ya), arg(&da), arg(&xa), arg(&wa), arg(&ni), arg(&acc)];
+        let grid = (n.div_ceil(2048) as u32, tokens as u32, 1);
+        // SAFETY: argument types match the kernel; the caller guarantees the extents.
+        unsafe { self.launch(s, &self.fp8_rescale, grid, 256, &mut a) }
+    }
+
+    /// The inverse of [`Kernels::quantize_rows_fp8`]: `y[r, i] = bf16(scale[r] * q[r, i])`.
+    ///
+    /// # Safety
+    /// q: rows x k bytes; scale: rows; y: rows x k.
+    pub unsafe fn dequantize_rows_fp8(
+        &self,
+        s: &CudaStream,
+        y: Dptr<bf16>,
+        q: Dptr<u8>,
+        scale: Dptr<f32>,
+        rows: usize,
+        k: usize,
+    ) -> Result<()> {
+        if rows == 0 {
+            return Ok(());
+        }
+        if rows > u32::MAX as usize || k > i32::MAX as usize {
+            return Err(KernelError::Unsupported(format!(
+                "FP8 dequantization of {rows} x {k}"
+            )));
+        }
+        let (qa, sa, ya, ki) = (q.addr(), scale.addr(), y.addr(), k as i32);
+        let mut a = [arg(&qa), arg(&sa), arg(&ya), arg(&ki)];
+        // SAFETY: argument types match the kernel; the caller guarantees the extents.
+        unsafe { self.launch(s, &self.dequantize_fp8, (rows as u32, 1, 1), 256, &mut a) }
     }
 }
 

@@ -15,7 +15,7 @@ pub use gemm::Gemm;
 pub use launch::{
     AR_BLOCKS, AR_MAX_RANKS, ArPeers, AttnShape, DecodeAttnPlan, GEMV_MAX_SPLITS, GEMV_MAX_TOKENS,
     GEMV_PREFETCH_STEPS, GemvEpilogue, GemvPlan, GemvWorkspace, Kernels, LogitEdit,
-    MAX_DECODE_SPLITS, prefill_tiles,
+    MAX_DECODE_SPLITS, WeightRef, prefill_tiles,
 };
 pub use source::{KERNEL_NAMES, SOURCE, compile_ptx, nvrtc_available};
 

@@ -12,6 +12,7 @@ pub const SOURCE: &str = concat!(
     include_str!("cu/decode_attn.cu"),
     include_str!("cu/prefill_attn.cu"),
     include_str!("cu/sampling.cu"),
+    include_str!("cu/fp8.cu"),
     include_str!("cu/gemv.cu"),
     include_str!("cu/allreduce.cu"),
 );
@@ -57,6 +58,13 @@ pub const KERNEL_NAMES: &[&str] = &[
     "gemv_bf16_r32",
     "gemv_rms_bf16_r16",
     "gemv_rms_bf16_r32",
+    "gemv_fp8_r16",
+    "gemv_fp8_r32",
+    "gemv_rms_fp8_r16",
+    "gemv_rms_fp8_r32",
+    "quantize_rows_fp8",
+    "dequantize_rows_fp8",
+    "fp8_rescale_bf16",
     "allreduce_oneshot_bf16",
 ];
 

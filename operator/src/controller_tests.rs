@@ -371,7 +371,7 @@ async fn a_spec_the_engine_would_refuse_applies_nothing_and_says_why() {
         .to_string();
     for expected in [
         "tpSize > 1 splits the model across GPUs: it needs device: cuda",
-        "quantization is not served by this engine version yet",
+        "quantization fp8 runs on device: cuda",
     ] {
         assert!(message.contains(expected), "{message}");
     }

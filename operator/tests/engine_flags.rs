@@ -95,6 +95,12 @@ fn the_served_lists_are_what_the_engine_accepts() {
         cpu.as_ref().is_err_and(|e| e.contains("--device cuda")),
         "{cpu:?}"
     );
+    // The same for FP8 weights (FP8_ON_CUDA_RULE).
+    let cpu = engine_accepts_spec(json!({"quantization": "fp8", "device": "cpu"}));
+    assert!(
+        cpu.as_ref().is_err_and(|e| e.contains("--device cuda")),
+        "{cpu:?}"
+    );
     check_served(
         "quantization",
         Quantization::ALL,
@@ -168,10 +174,7 @@ fn a_spec_with_every_engine_field_renders_flags_the_engine_accepts() {
 /// the API server answers.
 const REFUSED_EXAMPLES: &[(&str, &[&str])] = &[(
     "llama-70b-tp4.yaml",
-    &[
-        "quantization is not served by this engine version yet",
-        "kvCacheDtype fp8_e5m2 and fp8_e4m3 are not served",
-    ],
+    &["kvCacheDtype fp8_e5m2 and fp8_e4m3 are not served"],
 )];
 
 #[test]

@@ -68,7 +68,7 @@ pub fn check(mut args: ServerArgs) -> Result<String> {
     let cfg = &model.config;
     let context_length = resolve_context_length(&args, cfg)?;
     let device = args.device();
-    check_tensor_parallel(&args, cfg)?;
+    check_device_flags(&args, cfg)?;
     if device == DeviceKind::Cuda {
         if !cfg!(feature = "cuda") {
             return Err(backend::BackendError::NotCompiled.into());
@@ -95,8 +95,13 @@ pub fn check(mut args: ServerArgs) -> Result<String> {
     ))
 }
 
-/// `--tp-size` against the device and the model's shapes.
-fn check_tensor_parallel(args: &ServerArgs, cfg: &ModelConfig) -> Result<()> {
+/// `--tp-size` and `--quantization` against the device and the model's shapes.
+fn check_device_flags(args: &ServerArgs, cfg: &ModelConfig) -> Result<()> {
+    if args.quantization.is_some() && args.device() != DeviceKind::Cuda {
+        return Err(EngineError::InvalidArgument(
+            crate::config::FP8_ON_CPU.into(),
+        ));
+    }
     if args.tp_size == 1 {
         return Ok(());
     }
@@ -122,8 +127,9 @@ pub fn launch(mut args: ServerArgs) -> Result<EngineHandle> {
     let tokenizer = load_tokenizer(&args, &model)?;
     let cfg = model.config.clone();
     let context_length = resolve_context_length(&args, &cfg)?;
-    check_tensor_parallel(&args, &cfg)?;
+    check_device_flags(&args, &cfg)?;
     let opts = LoadOptions {
+        quantization: args.weight_quantization(),
         max_total_tokens: args.max_total_tokens,
         context_length,
         host_overlap: args.device() == DeviceKind::Cpu && args.enable_overlap_schedule,
@@ -135,7 +141,6 @@ pub fn launch(mut args: ServerArgs) -> Result<EngineHandle> {
             rank: 0,
             size: args.tp_size,
         },
-        ..LoadOptions::default()
     };
     let backend = backend::load(args.device(), &model, &opts)?;
     // The weights are on the device now; unmap the checkpoint.

@@ -116,6 +116,16 @@ __device__ __forceinline__ unsigned int smem_addr(const void* p) {
     return a;
 }
 
+// D = A(16x16, row) * B(16x8, col) + D, f16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_f16_16816(float* d, const unsigned int* a, unsigned int b0,
+                                              unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // D = A(16x16, row) * B(16x8, col) + D, bf16 inputs, f32 accumulators.
 __device__ __forceinline__ void mma_bf16_16816(float* d, const unsigned int* a, unsigned int b0,
                                                unsigned int b1) {

@@ -13,6 +13,15 @@
 // and the last block of a tile to finish (counted in `counters`, reset by that block) sums the
 // partials in split order, so results never depend on timing.
 //
+// FP8 weights (the gemv_*fp8_* entries): w is e4m3 [N, K] with one f32 scale per row. A lane's
+// 16-byte load then holds 16 weights, two of the 8-wide chunks above, and the x rows are loaded
+// to match; the weights become f16 numbers of 1/256 of their value (exact, subnormals too: see
+// e4m3x4_to_f16x4) and x is converted to f16 (exact for bf16 values of magnitude 2^-14 to
+// 65504; larger ones saturate, smaller ones keep fewer bits), so the f16 MMA sums exact
+// products in f32, and the epilogue multiplies each row's sum by FP8_F16_UNIT * scale[row]
+// before it rounds. A step covers as many elements as the bf16 kernel's (half the bytes): with twice the
+// bytes per step (and x single-buffered to fit the registers) the kernel ran 12% slower.
+//
 // Epilogues (`mode`): 0 store, 1 add into y (y += x w^T), 2 SwiGLU of a fused [gate; up] weight
 // of N = 2 * inter rows: each 16-row MMA tile holds 8 gate rows (A rows 0-7) and the matching 8
 // up rows (A rows 8-15), and the block writes act[m, f] = bf16(bf16(silu(bf16(gate))) *
@@ -133,15 +142,30 @@ __device__ __forceinline__ void gv_inv_rms(const bf16_t* __restrict__ x, int M, 
     __syncthreads();
 }
 
-template <int RT, int CH>
+// A lane's registers for one step: CH 16-byte weight units of its two rows per sub-tile, and
+// the x chunks they meet (one 8-wide chunk per unit in bf16, two in FP8).
+template <int RT, int CH, bool FP8>
 struct GvFrag {
-    uint4 w[RT][2][CH];  // [sub-tile][row g, row g + 8][chunk]
-    uint4 x[CH];
+    uint4 w[RT][2][CH];  // [sub-tile][row g, row g + 8][unit]
+    uint4 x[FP8 ? 2 * CH : CH];
 };
 
-template <int RT, int CH>
-__device__ __forceinline__ void gv_load_w(GvFrag<RT, CH>& f, const uint4* const (&wr)[RT][2],
-                                          int c0, int k8) {
+// Two bf16 values as f16x2, saturated to the f16 range.
+__device__ __forceinline__ unsigned int bf2_to_h2(unsigned int v) {
+    unsigned int r;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;"
+        : "=r"(r)
+        : "f"(__uint_as_float(v & 0xffff0000u)), "f"(__uint_as_float(v << 16)));
+    return r;
+}
+
+__device__ __forceinline__ uint4 bf8_to_h8(const uint4 v) {
+    return make_uint4(bf2_to_h2(v.x), bf2_to_h2(v.y), bf2_to_h2(v.z), bf2_to_h2(v.w));
+}
+
+template <int RT, int CH, bool FP8>
+__device__ __forceinline__ void gv_load_w(GvFrag<RT, CH, FP8>& f,
+                                          const uint4* const (&wr)[RT][2], int c0, int k8) {
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
         const int ch = c0 + 4 * c;
@@ -172,25 +196,64 @@ __device__ __forceinline__ void gv_prefetch_w(const uint4* const (&wr)[RT][2], i
 
 // x chunks of the lane's token row (zeros past k or past the M rows), normalised with NORM
 // once every chunk's loads are in flight.
-template <int RT, int CH, bool NORM>
-__device__ __forceinline__ void gv_load_x(GvFrag<RT, CH>& f, const uint4* xr, const uint4* nw,
-                                          bool has_x, int c0, int k8, float inv) {
-    uint4 g[CH];
+// With FP8, unit ch covers the x chunks 2 ch and 2 ch + 1, converted to f16.
+template <int RT, int CH, bool NORM, bool FP8>
+__device__ __forceinline__ void gv_load_x(GvFrag<RT, CH, FP8>& f, const uint4* xr,
+                                          const uint4* nw, bool has_x, int c0, int k8,
+                                          float inv) {
+    constexpr int PER = FP8 ? 2 : 1;  // x chunks per weight unit
+    constexpr int NX = PER * CH;
+    uint4 g[NX];
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
         const int ch = c0 + 4 * c;
         const bool ok = has_x && ch < k8;
-        f.x[c] = gv_ld_act(xr + ch, ok);
-        if (NORM) g[c] = gv_ld_const(nw + ch, ok);
+#pragma unroll
+        for (int e = 0; e < PER; ++e) {
+            f.x[PER * c + e] = gv_ld_act(xr + PER * ch + e, ok);
+            if (NORM) g[PER * c + e] = gv_ld_const(nw + PER * ch + e, ok);
+        }
     }
     if (NORM) {
 #pragma unroll
-        for (int c = 0; c < CH; ++c) f.x[c] = gv_rmsnorm8(f.x[c], g[c], inv);
+        for (int c = 0; c < NX; ++c) f.x[c] = gv_rmsnorm8(f.x[c], g[c], inv);
+    }
+    if (FP8) {
+#pragma unroll
+        for (int c = 0; c < NX; ++c) f.x[c] = bf8_to_h8(f.x[c]);
     }
 }
 
-template <int RT, int CH>
-__device__ __forceinline__ void gv_mma(float (&acc)[RT][4], const GvFrag<RT, CH>& f) {
+template <int RT, int CH, bool FP8>
+__device__ __forceinline__ void gv_mma(float (&acc)[RT][4], const GvFrag<RT, CH, FP8>& f) {
+    if (FP8) {
+        // unit c: bytes 0-7 meet x chunk 2c, bytes 8-15 chunk 2c + 1; each 4 bytes are the
+        // elements (0, 1) and (2, 3) of one MMA, as .x and .y of a bf16 chunk are
+#pragma unroll
+        for (int c = 0; c < CH; ++c) {
+#pragma unroll
+            for (int j = 0; j < RT; ++j) {
+                const unsigned int g4[4] = {f.w[j][0][c].x, f.w[j][0][c].y, f.w[j][0][c].z,
+                                            f.w[j][0][c].w};
+                const unsigned int h4[4] = {f.w[j][1][c].x, f.w[j][1][c].y, f.w[j][1][c].z,
+                                            f.w[j][1][c].w};
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    unsigned int glo, ghi, hlo, hhi;
+                    e4m3x4_to_f16x4(g4[q], glo, ghi);
+                    e4m3x4_to_f16x4(h4[q], hlo, hhi);
+                    const unsigned int a[4] = {glo, hlo, ghi, hhi};
+                    const uint4 xv = f.x[2 * c + (q >> 1)];
+                    if (q & 1) {
+                        mma_f16_16816(acc[j], a, xv.z, xv.w);
+                    } else {
+                        mma_f16_16816(acc[j], a, xv.x, xv.y);
+                    }
+                }
+            }
+        }
+        return;
+    }
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
 #pragma unroll
@@ -210,9 +273,10 @@ __device__ __forceinline__ void gv_mma(float (&acc)[RT][4], const GvFrag<RT, CH>
 // blockIdx.y. With NORM, x is normalised by rmsnorm with weight norm_w and eps. Before
 // pdl_wait each warp loads its first step's weights and prefetches the next pf_steps steps'
 // into L2.
-template <int RT, int CH, bool NORM>
+template <int RT, int CH, bool NORM, bool FP8>
 __device__ __forceinline__ void gemv_impl(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
-                                          const bf16_t* __restrict__ w,
+                                          const void* __restrict__ w,
+                                          const float* __restrict__ wscale,
                                           const bf16_t* __restrict__ norm_w, float eps, int M,
                                           int K, int N, int mode, int splits,
                                           float* __restrict__ ws,
@@ -234,15 +298,15 @@ __device__ __forceinline__ void gemv_impl(bf16_t* __restrict__ y, const bf16_t* 
         for (int h = 0; h < 2; ++h) {
             int r = swiglu ? base + 8 * j + g + h * inter : base + 16 * j + g + 8 * h;
             r = min(r, N - 1);  // rows past the tile's valid ones: loaded, never stored
-            wr[j][h] = (const uint4*)(w + (size_t)r * K);
+            wr[j][h] = (const uint4*)((const unsigned char*)w + (size_t)r * K * (FP8 ? 1 : 2));
         }
     }
     const bool has_x = g < M;
     const uint4* xr = (const uint4*)(x + (size_t)min(g, M - 1) * K);
     const uint4* nw = (const uint4*)norm_w;
 
-    const int k8 = K >> 3;
-    const int cps = 4 * CH;  // chunks of 8 per warp step
+    const int k8 = FP8 ? K >> 4 : K >> 3;  // 16-byte weight units per row
+    const int cps = 4 * CH;                // units per warp step
     const int steps = (k8 + cps - 1) / cps;
     const int parts = splits * GV_WARPS;
     const int p = split * GV_WARPS + warp;
@@ -255,9 +319,9 @@ __device__ __forceinline__ void gemv_impl(bf16_t* __restrict__ y, const bf16_t* 
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
     }
-    GvFrag<RT, CH> cur, nxt;
+    GvFrag<RT, CH, FP8> cur, nxt;
     if (s0 < s1) {
-        gv_load_w<RT, CH>(cur, wr, s0 * cps + t, k8);
+        gv_load_w<RT, CH, FP8>(cur, wr, s0 * cps + t, k8);
         // the next pf_steps steps into L2
         const int pf_end = min(s1, s0 + 1 + min(max(pf_steps, 0), steps)) * cps;
         gv_prefetch_w<RT>(wr, (s0 + 1) * cps, min(pf_end, k8), t);
@@ -271,17 +335,17 @@ __device__ __forceinline__ void gemv_impl(bf16_t* __restrict__ y, const bf16_t* 
         inv = s_norm[GV_WARPS * GV_MAX_M + min(g, M - 1)];
     }
     if (s0 < s1) {
-        gv_load_x<RT, CH, NORM>(cur, xr, nw, has_x, s0 * cps + t, k8, inv);
+        gv_load_x<RT, CH, NORM, FP8>(cur, xr, nw, has_x, s0 * cps + t, k8, inv);
         for (int s = s0; s < s1; ++s) {
             const bool more = s + 1 < s1;
             const int c1 = (s + 1) * cps + t;
-            if (more) gv_load_w<RT, CH>(nxt, wr, c1, k8);
+            if (more) gv_load_w<RT, CH, FP8>(nxt, wr, c1, k8);
             // With NORM, x is loaded and normalised after the MMAs, once the current step's
             // registers are free: before them, the normalisation's registers would hold the
             // next step's weight loads back behind the x loads' latency.
-            if (more && !NORM) gv_load_x<RT, CH, NORM>(nxt, xr, nw, has_x, c1, k8, inv);
-            gv_mma<RT, CH>(acc, cur);
-            if (more && NORM) gv_load_x<RT, CH, NORM>(nxt, xr, nw, has_x, c1, k8, inv);
+            if (more && !NORM) gv_load_x<RT, CH, NORM, FP8>(nxt, xr, nw, has_x, c1, k8, inv);
+            gv_mma<RT, CH, FP8>(acc, cur);
+            if (more && NORM) gv_load_x<RT, CH, NORM, FP8>(nxt, xr, nw, has_x, c1, k8, inv);
             if (more) cur = nxt;
         }
     }
@@ -350,8 +414,14 @@ __device__ __forceinline__ void gemv_impl(bf16_t* __restrict__ y, const bf16_t* 
         for (int j = 0; j < RT; ++j) {
             const int f = base + 8 * j + (l >> 2);
             if (f < inter) {
-                const float gt = rbf(red[0][j * 128 + q * 32 + l]);
-                const float up = rbf(red[0][j * 128 + (q + 2) * 32 + l]);
+                float gs = red[0][j * 128 + q * 32 + l];
+                float us = red[0][j * 128 + (q + 2) * 32 + l];
+                if (FP8) {
+                    gs *= FP8_F16_UNIT * wscale[f];
+                    us *= FP8_F16_UNIT * wscale[inter + f];
+                }
+                const float gt = rbf(gs);
+                const float up = rbf(us);
                 y[(size_t)m * inter + f] = f2bf(rbf(gt / (1.0f + expf(-gt))) * up);
             }
         }
@@ -368,6 +438,7 @@ __device__ __forceinline__ void gemv_impl(bf16_t* __restrict__ y, const bf16_t* 
         if (row < N) {
             bf16_t* dst = y + (size_t)m * N + row;
             float o = v[j];
+            if (FP8) o *= FP8_F16_UNIT * wscale[row];
             if (mode == 1) o += bf2f(*dst);
             *dst = f2bf(o);
         }
@@ -379,8 +450,8 @@ extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
     gemv_bf16_r16(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
                   const bf16_t* __restrict__ w, int M, int K, int N, int mode, int splits,
                   float* __restrict__ ws, unsigned int* __restrict__ counters, int pf_steps) {
-    gemv_impl<1, 4, false>(y, x, w, nullptr, 0.0f, M, K, N, mode, splits, ws, counters,
-                           pf_steps);
+    gemv_impl<1, 4, false, false>(y, x, w, nullptr, nullptr, 0.0f, M, K, N, mode, splits, ws,
+                                  counters, pf_steps);
 }
 
 // 32 rows per block (x fetched half as often per weight byte), 2 chunks per lane and step.
@@ -388,8 +459,8 @@ extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
     gemv_bf16_r32(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
                   const bf16_t* __restrict__ w, int M, int K, int N, int mode, int splits,
                   float* __restrict__ ws, unsigned int* __restrict__ counters, int pf_steps) {
-    gemv_impl<2, 2, false>(y, x, w, nullptr, 0.0f, M, K, N, mode, splits, ws, counters,
-                           pf_steps);
+    gemv_impl<2, 2, false, false>(y, x, w, nullptr, nullptr, 0.0f, M, K, N, mode, splits, ws,
+                                  counters, pf_steps);
 }
 
 // The same with y = rmsnorm(x) · wᵀ: x is the raw residual stream, norm_w the norm's weight.
@@ -398,7 +469,8 @@ extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
                       const bf16_t* __restrict__ w, const bf16_t* __restrict__ norm_w, float eps,
                       int M, int K, int N, int mode, int splits, float* __restrict__ ws,
                       unsigned int* __restrict__ counters, int pf_steps) {
-    gemv_impl<1, 4, true>(y, x, w, norm_w, eps, M, K, N, mode, splits, ws, counters, pf_steps);
+    gemv_impl<1, 4, true, false>(y, x, w, nullptr, norm_w, eps, M, K, N, mode, splits, ws,
+                                 counters, pf_steps);
 }
 
 extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
@@ -406,5 +478,46 @@ extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
                       const bf16_t* __restrict__ w, const bf16_t* __restrict__ norm_w, float eps,
                       int M, int K, int N, int mode, int splits, float* __restrict__ ws,
                       unsigned int* __restrict__ counters, int pf_steps) {
-    gemv_impl<2, 2, true>(y, x, w, norm_w, eps, M, K, N, mode, splits, ws, counters, pf_steps);
+    gemv_impl<2, 2, true, false>(y, x, w, nullptr, norm_w, eps, M, K, N, mode, splits, ws,
+                                 counters, pf_steps);
+}
+
+// FP8 weights (e4m3 rows with scale[row]); the same row tiles and steps as the bf16 entries
+// (half the bytes per step).
+extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
+    gemv_fp8_r16(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
+                 const unsigned char* __restrict__ w, const float* __restrict__ scale, int M,
+                 int K, int N, int mode, int splits, float* __restrict__ ws,
+                 unsigned int* __restrict__ counters, int pf_steps) {
+    gemv_impl<1, 2, false, true>(y, x, w, scale, nullptr, 0.0f, M, K, N, mode, splits, ws,
+                                 counters, pf_steps);
+}
+
+extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
+    gemv_fp8_r32(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
+                 const unsigned char* __restrict__ w, const float* __restrict__ scale, int M,
+                 int K, int N, int mode, int splits, float* __restrict__ ws,
+                 unsigned int* __restrict__ counters, int pf_steps) {
+    gemv_impl<2, 1, false, true>(y, x, w, scale, nullptr, 0.0f, M, K, N, mode, splits, ws,
+                                 counters, pf_steps);
+}
+
+extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
+    gemv_rms_fp8_r16(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
+                     const unsigned char* __restrict__ w, const float* __restrict__ scale,
+                     const bf16_t* __restrict__ norm_w, float eps, int M, int K, int N, int mode,
+                     int splits, float* __restrict__ ws, unsigned int* __restrict__ counters,
+                     int pf_steps) {
+    gemv_impl<1, 2, true, true>(y, x, w, scale, norm_w, eps, M, K, N, mode, splits, ws,
+                                counters, pf_steps);
+}
+
+extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
+    gemv_rms_fp8_r32(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
+                     const unsigned char* __restrict__ w, const float* __restrict__ scale,
+                     const bf16_t* __restrict__ norm_w, float eps, int M, int K, int N, int mode,
+                     int splits, float* __restrict__ ws, unsigned int* __restrict__ counters,
+                     int pf_steps) {
+    gemv_impl<2, 1, true, true>(y, x, w, scale, norm_w, eps, M, K, N, mode, splits, ws,
+                                counters, pf_steps);
 }

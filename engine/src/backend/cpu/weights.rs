@@ -34,8 +34,10 @@ pub struct LlamaWeights {
 /// A 2-D tensor as a kernel weight: formats with a kernel of their own keep their bytes, the
 /// others (k-quants, ...) run as f32.
 fn matrix(t: Tensor<'_>, quant: Quantization) -> Result<Weight, BackendError> {
-    match quant {
-        Quantization::AsStored => {}
+    if quant != Quantization::AsStored {
+        return Err(BackendError::Unsupported(format!(
+            "{quant:?} weights run on the GPU (--device cuda); the CPU backend serves the checkpoint's own format"
+        )));
     }
     let (rows, cols) = t.matrix_dims()?;
     let format = match t.dtype {

@@ -73,6 +73,15 @@ fn open(args: &[String]) -> Result<CudaBackend> {
             rank: 0,
             size: arg_usize(args, "--tp-size", 1)?,
         },
+        quantization: match arg(args, "--quantization") {
+            None => crate::model::Quantization::AsStored,
+            Some("fp8") => crate::model::Quantization::Fp8,
+            Some(q) => {
+                return Err(EngineError::InvalidArgument(format!(
+                    "--quantization {q}: only fp8 is supported"
+                )));
+            }
+        },
         ..CudaOptions::default()
     };
     CudaBackend::load(&model, &opts)
@@ -318,8 +327,55 @@ fn gemm_rate(b: &CudaBackend) -> Result<f64> {
     Ok(2.0 * (n * n * n) as f64 / times[times.len() / 2])
 }
 
-/// Matmul FLOPs of a prefill of `t` tokens (weights and causal attention scores/values).
-fn prefill_flops(c: &ModelConfig, t: usize) -> f64 {
+/// FP8 GEMM rate (e4m3 in, bf16 out, the engine's cuBLASLt path), 8192^3, median of 10.
+fn gemm_rate_fp8(b: &CudaBackend) -> Result<f64> {
+    let s = b.stream();
+    let n = 8192usize;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    // finite e4m3 values only (0x7f and 0xff are NaN)
+    let host: Vec<u8> = (0..n * n).map(|_| rng.random_range(0..0x7fu8)).collect();
+    let x = s.clone_htod(&host).map_err(cuda_err)?;
+    let w = s.clone_htod(&host).map_err(cuda_err)?;
+    let y = s.alloc_zeros::<bf16>(n * n).map_err(cuda_err)?;
+    let mut times = Vec::new();
+    for i in 0..13 {
+        let t = Instant::now();
+        // SAFETY: n x n buffers.
+        unsafe {
+            b.gemm
+                .linear_fp8(dptr(&x, s), dptr(&w, s), dptr(&y, s), n, n, n)
+        }
+        .map_err(cuda_err)?;
+        s.synchronize().map_err(cuda_err)?;
+        if i >= 3 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(2.0 * (n * n * n) as f64 / times[times.len() / 2])
+}
+
+/// GEMM rates for the prefill floor: bf16, and FP8 when the layers' weights are FP8.
+struct Rates {
+    bf16: f64,
+    fp8: Option<f64>,
+}
+
+fn rates(b: &CudaBackend) -> Result<Rates> {
+    Ok(Rates {
+        bf16: gemm_rate(b)?,
+        fp8: if b.w.fp8() {
+            Some(gemm_rate_fp8(b)?)
+        } else {
+            None
+        },
+    })
+}
+
+/// Seconds of a prefill of `t` tokens at the measured GEMM rates: the layers' weight GEMMs at
+/// the FP8 rate when they are FP8, causal attention (scores and values) and the LM head at the
+/// bf16 rate.
+fn prefill_floor(c: &ModelConfig, t: usize, r: &Rates) -> f64 {
     let h = c.hidden_size as f64;
     let hd = c.head_dim as f64;
     let per_tok_layer = 2.0
@@ -327,7 +383,9 @@ fn prefill_flops(c: &ModelConfig, t: usize) -> f64 {
             + c.num_heads as f64 * hd * h
             + 3.0 * h * c.intermediate_size as f64);
     let attn = 2.0 * 2.0 * c.num_heads as f64 * hd * (t as f64 * (t as f64 + 1.0) / 2.0);
-    c.num_layers as f64 * (per_tok_layer * t as f64 + attn) + 2.0 * h * c.vocab_size as f64
+    let layers = c.num_layers as f64 * per_tok_layer * t as f64;
+    let rest = c.num_layers as f64 * attn + 2.0 * h * c.vocab_size as f64;
+    layers / r.fp8.unwrap_or(r.bf16) + rest / r.bf16
 }
 
 fn random_tokens(rng: &mut impl Rng, n: usize, vocab: usize) -> Vec<u32> {
@@ -337,7 +395,8 @@ fn random_tokens(rng: &mut impl Rng, n: usize, vocab: usize) -> Vec<u32> {
 pub fn bench_one_batch(b: &mut CudaBackend, a: &BenchOneBatchArgs) -> Result<OneBatchReport> {
     let cfg = b.config().clone();
     let copy_bw = copy_bandwidth(b)?;
-    let gemm = gemm_rate(b)?;
+    let rates = rates(b)?;
+    let gemm = rates.fp8.unwrap_or(rates.bf16);
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let run = |b: &mut CudaBackend, rng: &mut rand::rngs::StdRng| -> Result<(f64, f64)> {
         let mut slots = Slots {
@@ -395,7 +454,7 @@ pub fn bench_one_batch(b: &mut CudaBackend, a: &BenchOneBatchArgs) -> Result<One
         };
     // copy bandwidth counts read + write; a weight read moves its bytes once
     let roofline = read / copy_bw;
-    let floor = prefill_flops(&cfg, a.input_len) * a.batch_size as f64 / gemm;
+    let floor = prefill_floor(&cfg, a.input_len, &rates) * a.batch_size as f64;
     let r = OneBatchReport {
         device: b.device_name().to_string(),
         batch_size: a.batch_size,
@@ -534,7 +593,8 @@ fn attn_sweep(b: &mut CudaBackend, a: &BenchOneBatchArgs, list: &str) -> Result<
 /// the prefill's compute floor; prints JSON and a table row.
 fn ttft_only(b: &mut CudaBackend, n: usize) -> Result<()> {
     let cfg = b.config().clone();
-    let gemm = gemm_rate(b)?;
+    let rates = rates(b)?;
+    let gemm = rates.fp8.unwrap_or(rates.bf16);
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let slots: Vec<u32> = (0..n as u32).collect();
     if n > b.kv_capacity() {
@@ -561,7 +621,7 @@ fn ttft_only(b: &mut CudaBackend, n: usize) -> Result<()> {
     }
     times.sort_by(f64::total_cmp);
     let ttft = times[times.len() / 2];
-    let floor = prefill_flops(&cfg, n) / gemm;
+    let floor = prefill_floor(&cfg, n, &rates);
     println!(
         "{}",
         serde_json::json!({

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, result as dres, sys};
 use half::bf16;
 use sgl_kernels::{
-    AttnShape, DecodeAttnPlan, Dptr, GEMV_MAX_TOKENS, GemvEpilogue, KernelError, dptr,
+    AttnShape, DecodeAttnPlan, Dptr, GEMV_MAX_TOKENS, GemvEpilogue, KernelError, WeightRef, dptr,
     prefill_tiles,
 };
 
@@ -44,6 +44,11 @@ pub(super) struct Scratch {
     meta: CudaSlice<i32>,
     sampled: CudaSlice<i32>,
     params: CudaSlice<f32>,
+    /// FP8 weights: a GEMM's input rows quantized per token (e4m3) and their scales.
+    xq: CudaSlice<u8>,
+    xs: CudaSlice<f32>,
+    /// FP8 GEMMs that add into their output: the product before it is scaled and added.
+    fp8_d: CudaSlice<bf16>,
 }
 
 fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
@@ -54,10 +59,13 @@ fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
 }
 
 impl Scratch {
-    pub fn new(s: &Arc<CudaStream>, cfg: &ModelConfig, tokens: usize) -> Result<Self> {
+    /// `fp8`: room for the FP8 GEMMs' quantized inputs too.
+    pub fn new(s: &Arc<CudaStream>, cfg: &ModelConfig, tokens: usize, fp8: bool) -> Result<Self> {
         let h = cfg.hidden_size;
         let qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim;
         let i = cfg.intermediate_size;
+        let widest_in = h.max(i).max(cfg.num_heads * cfg.head_dim);
+        let fp8_rows = if fp8 { tokens } else { 0 };
         let partial_rows = tokens + 2 * DECODE_SPLITS * 64;
         Ok(Scratch {
             tokens,
@@ -79,6 +87,9 @@ impl Scratch {
             meta: zeros(s, 8 * tokens + 4096)?,
             sampled: zeros(s, LOGIT_ROWS.max(tokens.min(1024)))?,
             params: zeros(s, 5 * LOGIT_ROWS.max(tokens.min(1024)))?,
+            xq: zeros(s, fp8_rows * widest_in)?,
+            xs: zeros(s, fp8_rows)?,
+            fp8_d: zeros(s, fp8_rows * h)?,
         })
     }
 
@@ -213,7 +224,7 @@ impl CudaBackend {
             self.graphs.graphs.clear();
             self.stream.synchronize().map_err(cuda_err)?;
             let t = tokens.next_multiple_of(1024);
-            self.scratch = Scratch::new(&self.stream, &self.cfg, t)?;
+            self.scratch = Scratch::new(&self.stream, &self.cfg, t, self.w.fp8())?;
         }
         Ok(())
     }
@@ -398,7 +409,7 @@ impl CudaBackend {
                 )
                 .map_err(cuda_err)?;
         }
-        self.linear(normed, self.w.lm_head_ptr(s), logits, rows, h, v)
+        self.linear(normed, self.w.lm_head_ptr(s).into(), logits, rows, h, v)
     }
 
     /// Tensor parallelism: `buf[..n] = sum over ranks` (nothing on one GPU).
@@ -440,7 +451,7 @@ impl CudaBackend {
     fn row_parallel_add(
         &self,
         inp: Dptr<bf16>,
-        w: Dptr<bf16>,
+        w: WeightRef,
         x: Dptr<bf16>,
         tokens: usize,
         k: usize,
@@ -474,7 +485,7 @@ impl CudaBackend {
         &self,
         x: Dptr<bf16>,
         norm_w: Dptr<bf16>,
-        w: Dptr<bf16>,
+        w: WeightRef,
         y: Dptr<bf16>,
         scratch: (Dptr<bf16>, Dptr<bf16>),
         tokens: usize,
@@ -522,7 +533,7 @@ impl CudaBackend {
     fn linear_add(
         &self,
         x: Dptr<bf16>,
-        w: Dptr<bf16>,
+        w: WeightRef,
         y: Dptr<bf16>,
         tokens: usize,
         k: usize,
@@ -547,8 +558,7 @@ impl CudaBackend {
             Err(KernelError::Unsupported(_)) => {}
             other => return other.map_err(cuda_err),
         }
-        // SAFETY: as above.
-        unsafe { self.gemm.linear(x, w, y, tokens, k, n, true) }.map_err(cuda_err)
+        self.gemm(x, w, y, tokens, k, n, true)
     }
 
     /// `y = x · wᵀ` (tokens x k times n x k): the GEMV for decode-sized batches, else cuBLASLt.
@@ -558,7 +568,7 @@ impl CudaBackend {
     fn linear(
         &self,
         x: Dptr<bf16>,
-        w: Dptr<bf16>,
+        w: WeightRef,
         y: Dptr<bf16>,
         tokens: usize,
         k: usize,
@@ -576,8 +586,63 @@ impl CudaBackend {
                 other => return other.map_err(cuda_err),
             }
         }
-        // SAFETY: as above.
-        unsafe { self.gemm.linear(x, w, y, tokens, k, n, false) }.map_err(cuda_err)
+        self.gemm(x, w, y, tokens, k, n, false)
+    }
+
+    /// `y = x · wᵀ` (+ y when `accumulate`) through cuBLASLt: bf16, or for FP8 weights x
+    /// quantized per token into the scratch's FP8 rows first.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        x: Dptr<bf16>,
+        w: WeightRef,
+        y: Dptr<bf16>,
+        tokens: usize,
+        k: usize,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let s = &self.stream;
+        match w {
+            // SAFETY: x: tokens x k, w: n x k, y: tokens x n (the callers' shapes).
+            WeightRef::Bf16(w) => {
+                unsafe { self.gemm.linear(x, w, y, tokens, k, n, accumulate) }.map_err(cuda_err)
+            }
+            WeightRef::Fp8 { w, scale } => {
+                let sc = &self.scratch;
+                if sc.xq.len() < tokens * k || sc.xs.len() < tokens {
+                    return Err(EngineError::Internal(format!(
+                        "FP8 activation scratch holds {} bytes, {tokens} x {k} needed",
+                        sc.xq.len()
+                    )));
+                }
+                let (xq, xs) = (dptr(&sc.xq, s), dptr(&sc.xs, s));
+                // The unscaled product goes to y itself, or beside it when y is added to.
+                let d = if accumulate {
+                    if sc.fp8_d.len() < tokens * n {
+                        return Err(EngineError::Internal(format!(
+                            "FP8 accumulate scratch holds {} values, {tokens} x {n} needed",
+                            sc.fp8_d.len()
+                        )));
+                    }
+                    dptr(&sc.fp8_d, s)
+                } else {
+                    y
+                };
+                // SAFETY: xq, xs, d sized for the shapes (checked above); the rest as above.
+                unsafe {
+                    self.kernels
+                        .quantize_rows_fp8(s, xq, xs, x, tokens, k)
+                        .map_err(cuda_err)?;
+                    self.gemm
+                        .linear_fp8(xq, w, d, tokens, k, n)
+                        .map_err(cuda_err)?;
+                    self.kernels
+                        .fp8_rescale(s, y, d, xs, scale, tokens, n, accumulate)
+                        .map_err(cuda_err)
+                }
+            }
+        }
     }
 
     /// `act = silu(x · gateᵀ) * (x · upᵀ)` with `w_gate_up` = [gate; up] (2 inter x k): one
@@ -587,7 +652,7 @@ impl CudaBackend {
     fn gate_up_act(
         &self,
         x: Dptr<bf16>,
-        w_gate_up: Dptr<bf16>,
+        w_gate_up: WeightRef,
         gate_up: Dptr<bf16>,
         act: Dptr<bf16>,
         tokens: usize,
@@ -658,7 +723,7 @@ impl CudaBackend {
                     self.norm_linear(
                         x,
                         dptr(&lw.input_norm, s),
-                        dptr(&lw.qkv, s),
+                        lw.qkv.weight(s),
                         qkv,
                         (normed, gate_up),
                         t,
@@ -670,7 +735,7 @@ impl CudaBackend {
                     let first = if l == 0 { None } else { Some(delta) };
                     k.add_rmsnorm(s, normed, x, first, dptr(&lw.input_norm, s), t, h, e)
                         .map_err(cuda_err)?;
-                    self.linear(normed, dptr(&lw.qkv, s), qkv, t, h, qkv_w)?;
+                    self.linear(normed, lw.qkv.weight(s), qkv, t, h, qkv_w)?;
                 }
                 let (kc, vc) = self.kv_layer(l);
                 if let (
@@ -769,11 +834,11 @@ impl CudaBackend {
                     }
                 }
                 if fused {
-                    self.row_parallel_add(attn, dptr(&lw.o, s), x, t, q_w, h)?;
+                    self.row_parallel_add(attn, lw.o.weight(s), x, t, q_w, h)?;
                     self.norm_linear(
                         x,
                         dptr(&lw.post_norm, s),
-                        dptr(&lw.gate_up, s),
+                        lw.gate_up.weight(s),
                         act,
                         (normed, gate_up),
                         t,
@@ -781,14 +846,14 @@ impl CudaBackend {
                         2 * inter,
                         GemvEpilogue::SwiGlu,
                     )?;
-                    self.row_parallel_add(act, dptr(&lw.down, s), x, t, inter, h)?;
+                    self.row_parallel_add(act, lw.down.weight(s), x, t, inter, h)?;
                 } else {
-                    self.linear(attn, dptr(&lw.o, s), delta, t, q_w, h)?;
+                    self.linear(attn, lw.o.weight(s), delta, t, q_w, h)?;
                     self.all_reduce(delta, t * h)?;
                     k.add_rmsnorm(s, normed, x, Some(delta), dptr(&lw.post_norm, s), t, h, e)
                         .map_err(cuda_err)?;
-                    self.gate_up_act(normed, dptr(&lw.gate_up, s), gate_up, act, t, h, inter)?;
-                    self.linear(act, dptr(&lw.down, s), delta, t, inter, h)?;
+                    self.gate_up_act(normed, lw.gate_up.weight(s), gate_up, act, t, h, inter)?;
+                    self.linear(act, lw.down.weight(s), delta, t, inter, h)?;
                     self.all_reduce(delta, t * h)?;
                 }
                 if let (Some(d), AttnInputs::Prefill { .. }) = (&self.dump, inp.attn) {

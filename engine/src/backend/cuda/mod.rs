@@ -318,7 +318,10 @@ impl CudaBackend {
         let use_gemv = std::env::var("SGL_DISABLE_GEMV").as_deref() != Ok("1");
         let t0 = std::time::Instant::now();
         let tensors = model.llama(tp);
-        let w = weights::load(&tensors, opts.quantization, &stream)?;
+        let w = weights::load(&tensors, opts.quantization, &stream, &kernels)?;
+        if w.fp8() {
+            weights::check_fp8_gemm(&gemm, &cfg)?;
+        }
         let secs = t0.elapsed().as_secs_f64();
         tracing::info!(
             "{}loaded {:.2} GB of weights onto {device_name} in {secs:.1}s ({:.1} GB/s)",
@@ -337,8 +340,12 @@ impl CudaBackend {
         } else {
             opts.cuda_graph_max_bs
         };
-        let scratch =
-            forward::Scratch::new(&stream, &cfg, opts.max_forward_tokens.max(max_bs).max(1))?;
+        let scratch = forward::Scratch::new(
+            &stream,
+            &cfg,
+            opts.max_forward_tokens.max(max_bs).max(1),
+            w.fp8(),
+        )?;
 
         // KV pool: what is left of mem_fraction_static of the card after weights and scratch.
         let (free, total) = ctx.mem_get_info().map_err(cuda_err)?;

@@ -1,24 +1,50 @@
 //! Llama-family weights onto the GPU, in bf16. q/k/v are fused into one
 //! `[q + k + v, hidden]` matrix and gate/up into one `[2 * intermediate, hidden]` matrix, so a
 //! layer runs four GEMMs.
+//!
+//! With `--quantization fp8` those four matrices are quantized on the GPU as they arrive: each
+//! output row becomes e4m3 values with one f32 scale (`max |row| / 448`), so a decode step
+//! reads half the bytes. Embedding, norms and the LM head stay bf16, as SGLang keeps them.
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, PinnedHostSlice};
 use half::{bf16, f16};
-use sgl_kernels::{Dptr, dptr};
+use sgl_kernels::{Dptr, Gemm, Kernels, WeightRef, dptr};
 
 use crate::backend::BackendError;
 use crate::model::llama::{LlamaTensors, Part};
 use crate::model::{DType, Quantization, Tensor};
 
+/// The weight of one linear layer, `[out, in]`.
+pub(crate) enum Linear {
+    Bf16(CudaSlice<bf16>),
+    /// e4m3 rows and one scale per row.
+    Fp8 {
+        w: CudaSlice<u8>,
+        scale: CudaSlice<f32>,
+    },
+}
+
+impl Linear {
+    pub fn weight(&self, s: &CudaStream) -> WeightRef {
+        match self {
+            Linear::Bf16(w) => WeightRef::Bf16(dptr(w, s)),
+            Linear::Fp8 { w, scale } => WeightRef::Fp8 {
+                w: dptr(w, s),
+                scale: dptr(scale, s),
+            },
+        }
+    }
+}
+
 pub(crate) struct Layer {
     pub input_norm: CudaSlice<bf16>,
-    pub qkv: CudaSlice<bf16>,
-    pub o: CudaSlice<bf16>,
+    pub qkv: Linear,
+    pub o: Linear,
     pub post_norm: CudaSlice<bf16>,
-    pub gate_up: CudaSlice<bf16>,
-    pub down: CudaSlice<bf16>,
+    pub gate_up: Linear,
+    pub down: Linear,
 }
 
 pub(crate) struct Weights {
@@ -34,6 +60,27 @@ impl Weights {
     pub fn lm_head_ptr(&self, s: &CudaStream) -> Dptr<bf16> {
         dptr(self.lm_head.as_ref().unwrap_or(&self.embed), s)
     }
+
+    /// Whether the layers' linear weights are FP8.
+    pub fn fp8(&self) -> bool {
+        self.layers
+            .first()
+            .is_some_and(|l| matches!(l.qkv, Linear::Fp8 { .. }))
+    }
+}
+
+/// Refuses FP8 weights where cuBLASLt cannot run their prefill GEMMs (FP8 needs sm_89 or
+/// newer), before any request finds out.
+pub(super) fn check_fp8_gemm(
+    gemm: &Gemm,
+    cfg: &crate::model::config::ModelConfig,
+) -> Result<(), BackendError> {
+    let h = cfg.hidden_size;
+    gemm.supports_fp8(16, h, h).map_err(|e| {
+        BackendError::Unsupported(format!(
+            "--quantization fp8 needs FP8 GEMMs (cuBLASLt on an sm_89 or newer GPU): {e}"
+        ))
+    })
 }
 
 /// Bytes of one pinned staging buffer.
@@ -202,17 +249,60 @@ pub(super) fn load(
     src: &LlamaTensors<'_>,
     quant: Quantization,
     s: &Arc<CudaStream>,
+    kernels: &Kernels,
 ) -> Result<Weights, BackendError> {
     let cfg = src.config();
     let mut uploader = Uploader::new(s)?;
-    let mut bytes = 0usize;
-    // Every GEMM of this backend reads bf16: the stored form, converted from f16/f32.
-    let Quantization::AsStored = quant;
-    let mut up = |parts: &[Tensor<'_>]| -> Result<CudaSlice<bf16>, BackendError> {
-        bytes += parts.iter().map(|p| elements(p) * 2).sum::<usize>();
-        uploader.upload(parts)
+    let bytes = std::cell::Cell::new(0usize);
+    // Norms, embedding and LM head: bf16, converted from f16/f32 where stored so.
+    let up = |u: &mut Uploader, parts: &[Tensor<'_>]| -> Result<CudaSlice<bf16>, BackendError> {
+        bytes.set(bytes.get() + parts.iter().map(|p| elements(p) * 2).sum::<usize>());
+        u.upload(parts)
     };
-    let embed = up(&[src.embed()?])?;
+    // Linear layers: bf16, or quantized to FP8 on the GPU right after their upload.
+    let lin = |u: &mut Uploader, parts: &[Tensor<'_>]| -> Result<Linear, BackendError> {
+        match quant {
+            Quantization::AsStored => Ok(Linear::Bf16(up(u, parts)?)),
+            Quantization::Fp8 => {
+                let k = parts
+                    .first()
+                    .map(|p| p.shape.last().copied().unwrap_or(0))
+                    .unwrap_or(0);
+                let n: usize = parts.iter().map(elements).sum();
+                if k == 0 || !n.is_multiple_of(k) || !k.is_multiple_of(16) {
+                    return Err(BackendError::Unsupported(format!(
+                        "FP8 weights need rows of a multiple of 16 values ({} has {k})",
+                        parts.first().map(|p| p.name.as_str()).unwrap_or("?")
+                    )));
+                }
+                let rows = n / k;
+                let staged = u.upload(parts)?;
+                // SAFETY: every element is written by the quantization below before any read.
+                let w = unsafe { s.alloc::<u8>(n) }?;
+                // SAFETY: as above.
+                let scale = unsafe { s.alloc::<f32>(rows) }?;
+                // SAFETY: staged: rows x k bf16; w: rows x k bytes; scale: rows (allocated
+                // above on this stream).
+                unsafe {
+                    kernels.quantize_rows_fp8(
+                        s,
+                        dptr(&w, s),
+                        dptr(&scale, s),
+                        dptr(&staged, s),
+                        rows,
+                        k,
+                    )
+                }
+                .map_err(BackendError::from)?;
+                // `staged` is freed on the stream after the kernel that reads it
+                drop(staged);
+                bytes.set(bytes.get() + n + 4 * rows);
+                Ok(Linear::Fp8 { w, scale })
+            }
+        }
+    };
+    let u = &mut uploader;
+    let embed = up(u, &[src.embed()?])?;
     let mut layers = Vec::with_capacity(cfg.num_layers);
     for l in 0..cfg.num_layers {
         if src.has(l, Part::QBias) {
@@ -222,12 +312,12 @@ pub(super) fn load(
             ));
         }
         let part = |p: Part| src.layer(l, p);
-        let qkv = up(&[part(Part::Q)?, part(Part::K)?, part(Part::V)?])?;
-        let o = up(&[part(Part::O)?])?;
-        let gate_up = up(&[part(Part::Gate)?, part(Part::Up)?])?;
-        let down = up(&[part(Part::Down)?])?;
-        let input_norm = up(&[part(Part::AttnNorm)?])?;
-        let post_norm = up(&[part(Part::FfnNorm)?])?;
+        let qkv = lin(u, &[part(Part::Q)?, part(Part::K)?, part(Part::V)?])?;
+        let o = lin(u, &[part(Part::O)?])?;
+        let gate_up = lin(u, &[part(Part::Gate)?, part(Part::Up)?])?;
+        let down = lin(u, &[part(Part::Down)?])?;
+        let input_norm = up(u, &[part(Part::AttnNorm)?])?;
+        let post_norm = up(u, &[part(Part::FfnNorm)?])?;
         layers.push(Layer {
             input_norm,
             qkv,
@@ -237,9 +327,9 @@ pub(super) fn load(
             down,
         });
     }
-    let norm = up(&[src.final_norm()?])?;
+    let norm = up(u, &[src.final_norm()?])?;
     let lm_head = if src.has_lm_head() && !cfg.tie_word_embeddings {
-        Some(up(&[src.lm_head()?])?)
+        Some(up(u, &[src.lm_head()?])?)
     } else {
         None
     };
@@ -249,6 +339,6 @@ pub(super) fn load(
         layers,
         norm,
         lm_head,
-        bytes,
+        bytes: bytes.get(),
     })
 }

@@ -95,6 +95,9 @@ pub enum Quantization {
     /// As the checkpoint stores them (converted to the backend's own float or block format).
     #[default]
     AsStored,
+    /// `--quantization fp8`: the linear layers as FP8 (e4m3) with one scale per output row,
+    /// quantized at load from a bf16/f16/f32 checkpoint (CUDA only).
+    Fp8,
 }
 
 /// One tensor (or one shard of it) as stored.

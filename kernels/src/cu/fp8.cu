@@ -1,0 +1,121 @@
+// FP8 (e4m3, the "fn" variant: no infinities, 448 the largest finite value) for weights
+// quantized at load and for the per-token activations of the FP8 GEMMs.
+//
+// A row is quantized with one scale: scale = amax / 448 (1 for an all-zero row) and
+// q = e4m3(v / scale), rounded to nearest even and saturated to +-448. The rounding is written
+// out in integer steps (no cvt instruction), so it is the same on every architecture and the
+// host reference in the kernel checks reproduces it bit for bit.
+
+#define FP8_MAX 448.0f
+
+__device__ __forceinline__ unsigned int f2e4m3(float f) {
+    const unsigned int sign = (__float_as_uint(f) >> 24) & 0x80u;
+    const float a = fabsf(f);
+    if (a != a) return sign | 0x7fu;  // NaN
+    if (a < 0.015625f) {
+        // below the smallest normal (2^-6): multiples of 2^-9; 8 of them is 2^-6 itself (0x08)
+        return sign | (unsigned int)__float2int_rn(a * 512.0f);
+    }
+    unsigned int u = __float_as_uint(a);
+    u += 0x7ffffu + ((u >> 20) & 1u);  // round to 3 mantissa bits, ties to even
+    const int e = (int)(u >> 23) - 127;
+    const unsigned int m = (u >> 20) & 7u;
+    if (e > 8 || (e == 8 && m > 6u)) return sign | 0x7eu;  // saturate to 448
+    return sign | ((unsigned int)(e + 7) << 3) | m;
+}
+
+// Four e4m3 values (bytes of u) as f16, two per word (lo: bytes 0 and 1, hi: bytes 2 and 3),
+// in units of FP8_F16_UNIT: from sm_89 the hardware conversion gives the values themselves;
+// before it, the exponent field moves as it is (f16's bias is 8 more than e4m3's), which gives
+// 1/256 of each value, subnormals exact too.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define FP8_F16_UNIT 1.0f
+__device__ __forceinline__ void e4m3x4_to_f16x4(unsigned int u, unsigned int& lo,
+                                                unsigned int& hi) {
+    asm("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\t"
+        "cvt.rn.f16x2.e4m3x2 %0, a;\n\tcvt.rn.f16x2.e4m3x2 %1, b;\n\t}"
+        : "=r"(lo), "=r"(hi)
+        : "r"(u));
+}
+#else
+#define FP8_F16_UNIT 256.0f
+__device__ __forceinline__ void e4m3x4_to_f16x4(unsigned int u, unsigned int& lo,
+                                                unsigned int& hi) {
+    const unsigned int a = __byte_perm(u, 0u, 0x1404u);  // byte 0 -> bits 8-15, 1 -> 24-31
+    const unsigned int b = __byte_perm(u, 0u, 0x3424u);
+    lo = (a & 0x80008000u) | ((a & 0x7f007f00u) >> 1);
+    hi = (b & 0x80008000u) | ((b & 0x7f007f00u) >> 1);
+}
+#endif
+
+// An f16 bit pattern as f32.
+__device__ __forceinline__ float h2f(unsigned int h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
+    return f;
+}
+
+// One block per row of `rows` x `k` bf16 values: q (same shape, e4m3) and scale[row].
+extern "C" __global__ void __launch_bounds__(256)
+    quantize_rows_fp8(const bf16_t* __restrict__ x, unsigned char* __restrict__ q,
+                      float* __restrict__ scale, int k) {
+    __shared__ float red[8];
+    pdl_wait();
+    const size_t row = blockIdx.x;
+    const bf16_t* xr = x + row * (size_t)k;
+    unsigned char* qr = q + row * (size_t)k;
+    float amax = 0.0f;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) amax = fmaxf(amax, fabsf(bf2f(xr[i])));
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
+    __syncthreads();
+    amax = red[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) amax = fmaxf(amax, red[w]);
+    const float s = amax > 0.0f ? amax / FP8_MAX : 1.0f;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) qr[i] = (unsigned char)f2e4m3(bf2f(xr[i]) / s);
+    if (threadIdx.x == 0) scale[row] = s;
+    pdl_trigger_end();
+}
+
+// The inverse, for the GEMM's fallback path: y[row] = bf16(scale[row] * e4m3 value).
+extern "C" __global__ void __launch_bounds__(256)
+    dequantize_rows_fp8(const unsigned char* __restrict__ q, const float* __restrict__ scale,
+                        bf16_t* __restrict__ y, int k) {
+    pdl_wait();
+    const size_t row = blockIdx.x;
+    const float s = scale[row];
+    const unsigned char* qr = q + row * (size_t)k;
+    bf16_t* yr = y + row * (size_t)k;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) {
+        unsigned int lo, hi;
+        e4m3x4_to_f16x4(qr[i], lo, hi);
+        yr[i] = f2bf(h2f(lo & 0xffffu) * FP8_F16_UNIT * s);
+    }
+    pdl_trigger_end();
+}
+
+// The scales of an FP8 GEMM (per token row and per weight row) applied after cuBLASLt, whose
+// FP8 GEMMs on sm_90 take only one scale per matrix: y[t, o] = bf16(d[t, o] * xs[t] * ws[o])
+// (+ y[t, o] when `accumulate`, summed in f32 and rounded once). d may be y itself. One thread
+// per 8 outputs; grid (ceil(n / 2048), tokens); n % 8 == 0.
+extern "C" __global__ void __launch_bounds__(256)
+    fp8_rescale_bf16(bf16_t* __restrict__ y, const bf16_t* d, const float* __restrict__ xs,
+                     const float* __restrict__ ws, int n, int accumulate) {
+    pdl_wait();
+    const size_t t = blockIdx.y;
+    const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (c < n) {
+        float v[8], w[8];
+        unpack8(*(const uint4*)(d + t * n + c), v);
+        const float4 w0 = *(const float4*)(ws + c), w1 = *(const float4*)(ws + c + 4);
+        w[0] = w0.x; w[1] = w0.y; w[2] = w0.z; w[3] = w0.w;
+        w[4] = w1.x; w[5] = w1.y; w[6] = w1.z; w[7] = w1.w;
+        const float s = xs[t];
+        float o[8];
+        if (accumulate) unpack8(*(const uint4*)(y + t * n + c), o);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[i] = v[i] * s * w[i] + (accumulate ? o[i] : 0.0f);
+        *(uint4*)(y + t * n + c) = pack8(o);
+    }
+    pdl_trigger_end();
+}
