@@ -7,7 +7,8 @@
 # prompts (the best any router could do with TP replicas). Expects the binary in .dev/gpu
 # (scripts/gpu/README.md) and writes to $OUT.
 #
-# Knobs: TP (2), NUM_PROMPTS (400: offline prompts, in/out uniform 1..1024), SKIP_OFFLINE=1,
+# Knobs: TP (2), QUANT=fp8 (every engine run with --quantization fp8), NUM_PROMPTS (400: offline
+# prompts, in/out uniform 1..1024), SKIP_OFFLINE=1,
 # CHECK=1 (also the transformers comparison of run.sh at tp 1 and tp TP; ~3 minutes more),
 # BUDGET_S (540).
 set -o pipefail
@@ -16,6 +17,7 @@ D=.dev/gpu; W=/tmp/sgl; mkdir -p $W
 export SGL_KERNEL_CACHE=$W/kcache PYTHONUNBUFFERED=1
 E=$D/sgl-engine
 TP=${TP:-2}
+Q=${QUANT:+--quantization $QUANT}
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-540}
 . scripts/gpu/stage.sh
@@ -40,7 +42,7 @@ fi
 python3 scripts/gpu/tp_compare.py prompts $W/ckpt $W/parity 32
 for tp in 1 $TP; do
   stage "greedy run at tp $tp" 120 $E check-reference --model $W/ckpt --prompts $W/parity/prompts.json \
-    --out $W/parity/tp$tp --tp-size $tp --cuda-graph-max-bs 64 2>&1 | keep
+    --out $W/parity/tp$tp --tp-size $tp --cuda-graph-max-bs 64 $Q 2>&1 | keep
 done
 python3 scripts/gpu/tp_compare.py compare $W/parity/tp1 $W/parity/tp$TP | tee $OUT/parity.txt
 
@@ -61,19 +63,19 @@ fi
 
 for tp in 1 $TP; do
   stage "batch-1 decode (in 128, out 256) and TTFT of 1024 tokens at tp $tp" 120 $E bench-one-batch \
-    --model $W/ckpt --batch 1 --input 128 --output 256 --gemv on --ttft-input 1024 --tp-size $tp 2>&1 \
+    --model $W/ckpt --batch 1 --input 128 --output 256 --gemv on --ttft-input 1024 --tp-size $tp $Q 2>&1 \
     | keep | tee $OUT/one-batch-tp$tp.txt
 done
 
 [ -n "$SKIP_OFFLINE" ] && { echo "== done in $(elapsed)s"; exit 0; }
 N=${NUM_PROMPTS:-400}
 OFF="--model $W/ckpt --dataset-name random --random-input-len 1024 --random-output-len 1024"
-stage "offline random, $N prompts, tp $TP" 150 $E bench-offline-throughput $OFF --num-prompts $N --tp-size $TP 2>&1 \
+stage "offline random, $N prompts, tp $TP" 150 $E bench-offline-throughput $OFF --num-prompts $N --tp-size $TP $Q 2>&1 \
   | keep | tee $OUT/offline-tp$TP.txt
 echo "== offline random, $N prompts split over $TP tp-1 engines (one per GPU, run at once)" >&2
 for g in $(seq 0 $((TP - 1))); do
   CUDA_VISIBLE_DEVICES=$g stage "offline tp 1 on GPU $g" 150 $E bench-offline-throughput $OFF \
-    --num-prompts $((N / TP)) --seed $((g + 1)) > $OUT/offline-tp1-gpu$g.txt 2>&1 &
+    --num-prompts $((N / TP)) --seed $((g + 1)) $Q > $OUT/offline-tp1-gpu$g.txt 2>&1 &
 done
 wait
 grep -hE "^\{|^\|" $OUT/offline-tp1-gpu*.txt
