@@ -159,42 +159,17 @@ impl Gemm {
         if tokens == 0 {
             return Ok(());
         }
-        let mut plans = self
-            .plans
-            .lock()
-            .map_err(|_| KernelError::Unsupported("GEMM plan cache poisoned".into()))?;
-        let key = (tokens, in_f, out_f, false);
-        let p = match plans.entry(key) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(self.plan(tokens, in_f, out_f, false)?)
-            }
-        };
-        let alpha: f32 = 1.0;
-        let beta: f32 = if accumulate { 1.0 } else { 0.0 };
-        let (ws, _sync) = self.workspace.device_ptr(&self.stream);
-        // SAFETY: the plan matches these extents; the caller guarantees the buffers.
+        let beta = if accumulate { 1.0 } else { 0.0 };
+        // SAFETY: the caller's guarantees for these extents.
         unsafe {
-            result::matmul(
-                self.handle,
-                p.desc,
-                (&alpha) as *const f32 as *const c_void,
-                (&beta) as *const f32 as *const c_void,
-                w.addr() as *const c_void,
-                p.a,
-                x.addr() as *const c_void,
-                p.b,
-                y.addr() as *const c_void,
-                p.c,
-                y.addr() as *mut c_void,
-                p.c,
-                (&p.algo) as *const _,
-                ws as *mut c_void,
-                WORKSPACE_BYTES,
-                self.stream.cu_stream() as *mut _,
-            )?;
+            self.matmul(
+                (tokens, in_f, out_f, false),
+                w.addr(),
+                x.addr(),
+                y.addr(),
+                beta,
+            )
         }
-        Ok(())
     }
 
     /// Whether [`Gemm::linear_fp8`] runs here: plans the FP8 GEMM of that shape (kept for
@@ -235,19 +210,43 @@ impl Gemm {
                 "FP8 GEMM of {tokens}x{in_f} -> {out_f}: in and out must be multiples of 16"
             )));
         }
+        // SAFETY: the caller's guarantees for these extents.
+        unsafe {
+            self.matmul(
+                (tokens, in_f, out_f, true),
+                wq.addr(),
+                xq.addr(),
+                d.addr(),
+                0.0,
+            )
+        }
+    }
+
+    /// `y = W x + beta y` in the column-major view of [`Gemm::plan`], with the plan of `key`
+    /// (tokens, in, out, FP8), made on first use.
+    ///
+    /// # Safety
+    /// The addresses hold the extents and element types of `key` on this Gemm's device.
+    unsafe fn matmul(
+        &self,
+        key: (usize, usize, usize, bool),
+        w: u64,
+        x: u64,
+        y: u64,
+        beta: f32,
+    ) -> Result<()> {
         let mut plans = self
             .plans
             .lock()
             .map_err(|_| KernelError::Unsupported("GEMM plan cache poisoned".into()))?;
-        let key = (tokens, in_f, out_f, true);
         let p = match plans.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(self.plan(tokens, in_f, out_f, true)?)
+                e.insert(self.plan(key.0, key.1, key.2, key.3)?)
             }
         };
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        let (wsp, _sync) = self.workspace.device_ptr(&self.stream);
+        let alpha: f32 = 1.0;
+        let (ws, _sync) = self.workspace.device_ptr(&self.stream);
         // SAFETY: the plan matches these extents and types; the caller guarantees the buffers.
         unsafe {
             result::matmul(
@@ -255,16 +254,16 @@ impl Gemm {
                 p.desc,
                 (&alpha) as *const f32 as *const c_void,
                 (&beta) as *const f32 as *const c_void,
-                wq.addr() as *const c_void,
+                w as *const c_void,
                 p.a,
-                xq.addr() as *const c_void,
+                x as *const c_void,
                 p.b,
-                d.addr() as *const c_void,
+                y as *const c_void,
                 p.c,
-                d.addr() as *mut c_void,
+                y as *mut c_void,
                 p.c,
                 (&p.algo) as *const _,
-                wsp as *mut c_void,
+                ws as *mut c_void,
                 WORKSPACE_BYTES,
                 self.stream.cu_stream() as *mut _,
             )?;

@@ -1199,89 +1199,44 @@ impl Kernels {
         let pf = self.gemv_prefetch.min(i32::MAX as u32) as i32;
         let grid = (plan.tiles, plan.splits, 1);
         let threads = (GEMV_WARPS * 32) as u32;
-        if let Some(sa) = scale {
-            return match norm {
-                None => {
-                    let mut a = [
-                        arg(&ya),
-                        arg(&xa),
-                        arg(&wa),
-                        arg(&sa),
-                        arg(&m),
-                        arg(&ki),
-                        arg(&ni),
-                        arg(&mode),
-                        arg(&sp),
-                        arg(&pa),
-                        arg(&ca),
-                        arg(&pf),
-                    ];
-                    // SAFETY: as for the bf16 entries below; scale holds n values.
-                    unsafe { self.launch(s, &self.gemv_fp8[r32], grid, threads, &mut a) }
-                }
-                Some((nw, eps)) => {
-                    let na = nw.addr();
-                    let mut a = [
-                        arg(&ya),
-                        arg(&xa),
-                        arg(&wa),
-                        arg(&sa),
-                        arg(&na),
-                        arg(&eps),
-                        arg(&m),
-                        arg(&ki),
-                        arg(&ni),
-                        arg(&mode),
-                        arg(&sp),
-                        arg(&pa),
-                        arg(&ca),
-                        arg(&pf),
-                    ];
-                    // SAFETY: as above.
-                    unsafe { self.launch(s, &self.gemv_rms_fp8[r32], grid, threads, &mut a) }
-                }
-            };
+        let (sa, na, eps) = (
+            scale.unwrap_or(0),
+            norm.map_or(0, |(nw, _)| nw.addr()),
+            norm.map_or(0.0f32, |(_, e)| e),
+        );
+        // The entries' parameters: y, x, w, [scale (FP8)], [norm_w, eps (RMSNorm)], then the
+        // shape, epilogue, plan and workspace.
+        let mut a = [std::ptr::null_mut(); 14];
+        let mut len = 0;
+        let scale_arg = scale.map(|_| arg(&sa));
+        let norm_args = norm.map(|_| [arg(&na), arg(&eps)]);
+        for p in [arg(&ya), arg(&xa), arg(&wa)]
+            .into_iter()
+            .chain(scale_arg)
+            .chain(norm_args.into_iter().flatten())
+            .chain([
+                arg(&m),
+                arg(&ki),
+                arg(&ni),
+                arg(&mode),
+                arg(&sp),
+                arg(&pa),
+                arg(&ca),
+                arg(&pf),
+            ])
+        {
+            a[len] = p;
+            len += 1;
         }
-        match norm {
-            None => {
-                let mut a = [
-                    arg(&ya),
-                    arg(&xa),
-                    arg(&wa),
-                    arg(&m),
-                    arg(&ki),
-                    arg(&ni),
-                    arg(&mode),
-                    arg(&sp),
-                    arg(&pa),
-                    arg(&ca),
-                    arg(&pf),
-                ];
-                // SAFETY: argument types match the kernel; the caller guarantees the extents;
-                // the plan fits the workspace (checked above).
-                unsafe { self.launch(s, &self.gemv[r32], grid, threads, &mut a) }
-            }
-            Some((nw, eps)) => {
-                let na = nw.addr();
-                let mut a = [
-                    arg(&ya),
-                    arg(&xa),
-                    arg(&wa),
-                    arg(&na),
-                    arg(&eps),
-                    arg(&m),
-                    arg(&ki),
-                    arg(&ni),
-                    arg(&mode),
-                    arg(&sp),
-                    arg(&pa),
-                    arg(&ca),
-                    arg(&pf),
-                ];
-                // SAFETY: as above.
-                unsafe { self.launch(s, &self.gemv_rms[r32], grid, threads, &mut a) }
-            }
-        }
+        let f = match (scale.is_some(), norm.is_some()) {
+            (false, false) => &self.gemv[r32],
+            (false, true) => &self.gemv_rms[r32],
+            (true, false) => &self.gemv_fp8[r32],
+            (true, true) => &self.gemv_rms_fp8[r32],
+        };
+        // SAFETY: the arguments match the chosen entry's parameters in type and order; the
+        // caller guarantees the extents; the plan fits the workspace (checked above).
+        unsafe { self.launch(s, f, grid, threads, &mut a[..len]) }
     }
 }
 

@@ -298,7 +298,23 @@ fn copy_bandwidth(b: &CudaBackend) -> Result<f64> {
     Ok(2.0 * n as f64 / times[times.len() / 2])
 }
 
-/// bf16 GEMM rate through the engine's own GEMM path on random data, 8192^3, median of 10.
+/// FLOP/s of `gemm`, one n x n x n product, median of 10 after 3 warm-up calls.
+fn gemm_flops(b: &CudaBackend, n: usize, mut gemm: impl FnMut() -> Result<()>) -> Result<f64> {
+    let s = b.stream();
+    let mut times = Vec::new();
+    for i in 0..13 {
+        let t = Instant::now();
+        gemm()?;
+        s.synchronize().map_err(cuda_err)?;
+        if i >= 3 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(2.0 * (n * n * n) as f64 / times[times.len() / 2])
+}
+
+/// bf16 GEMM rate through the engine's own GEMM path on random data, 8192^3.
 fn gemm_rate(b: &CudaBackend) -> Result<f64> {
     let s = b.stream();
     let n = 8192usize;
@@ -309,25 +325,17 @@ fn gemm_rate(b: &CudaBackend) -> Result<f64> {
     let x = s.clone_htod(&host).map_err(cuda_err)?;
     let w = s.clone_htod(&host).map_err(cuda_err)?;
     let y = s.alloc_zeros::<bf16>(n * n).map_err(cuda_err)?;
-    let mut times = Vec::new();
-    for i in 0..13 {
-        let t = Instant::now();
+    gemm_flops(b, n, || {
         // SAFETY: n x n buffers.
         unsafe {
             b.gemm
                 .linear(dptr(&x, s), dptr(&w, s), dptr(&y, s), n, n, n, false)
         }
-        .map_err(cuda_err)?;
-        s.synchronize().map_err(cuda_err)?;
-        if i >= 3 {
-            times.push(t.elapsed().as_secs_f64());
-        }
-    }
-    times.sort_by(f64::total_cmp);
-    Ok(2.0 * (n * n * n) as f64 / times[times.len() / 2])
+        .map_err(cuda_err)
+    })
 }
 
-/// FP8 GEMM rate (e4m3 in, bf16 out, the engine's cuBLASLt path), 8192^3, median of 10.
+/// FP8 GEMM rate (e4m3 in, bf16 out, the engine's cuBLASLt path), 8192^3.
 fn gemm_rate_fp8(b: &CudaBackend) -> Result<f64> {
     let s = b.stream();
     let n = 8192usize;
@@ -337,22 +345,14 @@ fn gemm_rate_fp8(b: &CudaBackend) -> Result<f64> {
     let x = s.clone_htod(&host).map_err(cuda_err)?;
     let w = s.clone_htod(&host).map_err(cuda_err)?;
     let y = s.alloc_zeros::<bf16>(n * n).map_err(cuda_err)?;
-    let mut times = Vec::new();
-    for i in 0..13 {
-        let t = Instant::now();
+    gemm_flops(b, n, || {
         // SAFETY: n x n buffers.
         unsafe {
             b.gemm
                 .linear_fp8(dptr(&x, s), dptr(&w, s), dptr(&y, s), n, n, n)
         }
-        .map_err(cuda_err)?;
-        s.synchronize().map_err(cuda_err)?;
-        if i >= 3 {
-            times.push(t.elapsed().as_secs_f64());
-        }
-    }
-    times.sort_by(f64::total_cmp);
-    Ok(2.0 * (n * n * n) as f64 / times[times.len() / 2])
+        .map_err(cuda_err)
+    })
 }
 
 /// GEMM rates for the prefill floor: bf16, and FP8 when the layers' weights are FP8.
