@@ -143,11 +143,22 @@ async fn ready_pods_join_and_the_rest_leave() {
     let limit = Duration::from_secs(10);
 
     assert!(eventually(limit, || async { urls(&c, &url).await == want(&[&a]) }).await);
-    // A discovered worker is listed at once and routed to once its first health check passes.
-    let routable = || async { generate(&c, &url, "hello").await.0 == 200 };
-    assert!(eventually(limit, routable).await, "pod-a never served");
-    let (status, worker, _) = generate(&c, &url, "hello").await;
-    assert_eq!((status, worker.as_str()), (200, "a"));
+    // A discovered worker is listed at once and routed to once its first health check passes;
+    // only pod-a is ready, so pod-a serves.
+    let served_by = |name: &'static str| {
+        let (c, url) = (c.clone(), url.clone());
+        move || {
+            let (c, url) = (c.clone(), url.clone());
+            async move {
+                let (status, worker, _) = generate(&c, &url, "hello").await;
+                (status, worker.as_str()) == (200, name)
+            }
+        }
+    };
+    assert!(
+        eventually(limit, served_by("a")).await,
+        "pod-a never served"
+    );
 
     assert!(eventually(limit, || async { api.watchers.load(Ordering::SeqCst) > 0 }).await);
     let send = |kind: &str, pod: Value| {
@@ -159,9 +170,10 @@ async fn ready_pods_join_and_the_rest_leave() {
     assert!(eventually(limit, || async { urls(&c, &url).await == want(&[&a, &b]) }).await);
     send("MODIFIED", pod("pod-a", Some("127.0.0.2"), false, 3));
     assert!(eventually(limit, || async { urls(&c, &url).await == want(&[&b]) }).await);
-    assert!(eventually(limit, routable).await, "pod-b never served");
-    let (status, worker, _) = generate(&c, &url, "hello").await;
-    assert_eq!((status, worker.as_str()), (200, "b"));
+    assert!(
+        eventually(limit, served_by("b")).await,
+        "pod-b never served"
+    );
     send("DELETED", pod("pod-b", Some("127.0.0.3"), true, 4));
     assert!(eventually(limit, || async { urls(&c, &url).await.is_empty() }).await);
 
