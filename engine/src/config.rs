@@ -13,6 +13,14 @@ pub enum SchedulePolicy {
     Lpm,
     /// First come, first served.
     Fcfs,
+    /// A fresh random order each time the queue is ordered (seeded by `--random-seed`).
+    Random,
+    /// Longest output first: the largest `max_new_tokens` first, ties in arrival order.
+    Lof,
+    /// Requests grouped by their cached prefix in the radix tree, walked depth first with the
+    /// subtree holding the most waiting requests first.
+    #[value(name = "dfs-weight")]
+    DfsWeight,
 }
 
 /// Which device runs the model.

@@ -20,6 +20,7 @@
 //! put back before sampling (see [`req`]).
 
 mod lease;
+mod order;
 mod req;
 mod step;
 #[cfg(test)]
@@ -32,6 +33,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Instant;
 
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use crate::backend::Backend;
@@ -60,13 +62,16 @@ pub struct SchedulerConfig {
     pub disable_overlap_schedule: bool,
 }
 
-/// Waiting queues longer than this are served first-come-first-served even under `lpm`
-/// (sorting by prefix match costs a tree walk per request).
+/// Waiting queues longer than this are served first-come-first-served even under `lpm` and
+/// `dfs-weight` (ordering by prefix match costs a tree walk per request).
 const LPM_MAX_QUEUE: usize = 128;
 
 /// Shared prompt tokens a waiting request waits for a running request to compute rather than
 /// computing them itself (see `Scheduler::prefix_in_progress`; SGLang's threshold).
 const IN_BATCH_PREFIX_MIN: usize = 32;
+
+/// Mixed into `--random-seed` for the generator of the `random` policy.
+const ORDER_SEED_MIX: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// Decode steps between two "Decode batch" log lines.
 const DECODE_LOG_INTERVAL: u64 = 40;
@@ -83,6 +88,9 @@ pub struct Scheduler {
     metrics: Arc<Metrics>,
     stats: Arc<SchedulerStats>,
     rng: StdRng,
+    /// Shuffles the waiting queue under `--schedule-policy random`; apart from `rng` so that
+    /// the policy leaves the requests' sampling seeds as they are.
+    order_rng: StdRng,
     decode_steps: u64,
     log_tokens: u64,
     log_since: Instant,
@@ -91,6 +99,12 @@ pub struct Scheduler {
     /// Serial numbers of launched passes and of admissions.
     passes: u64,
     admissions: u64,
+}
+
+/// Tokens of `r` the radix cache holds now (what admission would match).
+fn cached_prefix_len(cache: &RadixCache, r: &Req) -> usize {
+    let toks = r.all_tokens();
+    cache.peek_prefix_len(&toks[..r.match_key_len()])
 }
 
 /// One sequence's share of a step.
@@ -121,6 +135,7 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             rng: StdRng::seed_from_u64(cfg.random_seed),
+            order_rng: StdRng::seed_from_u64(cfg.random_seed ^ ORDER_SEED_MIX),
             backend,
             rx,
             tokenizer,
@@ -322,21 +337,48 @@ impl Scheduler {
         self.pool.available() + self.cache.evictable_size()
     }
 
+    /// Order the waiting queue by `--schedule-policy` before admission.
     fn order_waiting(&mut self) {
-        if self.cfg.policy == SchedulePolicy::Lpm
-            && self.waiting.len() > 1
-            && self.waiting.len() <= LPM_MAX_QUEUE
-        {
-            let mut v: Vec<(usize, Req)> = self
+        if self.waiting.len() < 2 {
+            return;
+        }
+        match self.cfg.policy {
+            SchedulePolicy::Fcfs => {}
+            SchedulePolicy::Random => self.waiting.make_contiguous().shuffle(&mut self.order_rng),
+            SchedulePolicy::Lof => self
                 .waiting
-                .drain(..)
-                .map(|r| {
-                    let toks = r.all_tokens();
-                    (self.cache.peek_prefix_len(&toks[..r.match_key_len()]), r)
-                })
-                .collect();
-            v.sort_by_key(|e| std::cmp::Reverse(e.0));
-            self.waiting = v.into_iter().map(|(_, r)| r).collect();
+                .make_contiguous()
+                .sort_by_key(|r| std::cmp::Reverse(r.params.max_new_tokens)),
+            SchedulePolicy::Lpm if self.waiting.len() <= LPM_MAX_QUEUE => {
+                let mut v: Vec<(usize, Req)> = self
+                    .waiting
+                    .drain(..)
+                    .map(|r| (cached_prefix_len(&self.cache, &r), r))
+                    .collect();
+                v.sort_by_key(|e| std::cmp::Reverse(e.0));
+                self.waiting = v.into_iter().map(|(_, r)| r).collect();
+            }
+            SchedulePolicy::DfsWeight if self.waiting.len() <= LPM_MAX_QUEUE => {
+                let prefixes: Vec<Vec<u32>> = self
+                    .waiting
+                    .iter()
+                    .map(|r| {
+                        let mut toks = r.all_tokens();
+                        toks.truncate(cached_prefix_len(&self.cache, r));
+                        toks
+                    })
+                    .collect();
+                let refs: Vec<&[u32]> = prefixes.iter().map(Vec::as_slice).collect();
+                let order = order::dfs_weight_order(&refs);
+                let mut slots: Vec<Option<Req>> = self.waiting.drain(..).map(Some).collect();
+                self.waiting = order
+                    .into_iter()
+                    .filter_map(|i| slots.get_mut(i).and_then(Option::take))
+                    .collect();
+                // The order names every request once; any it missed would still wait, last.
+                self.waiting.extend(slots.into_iter().flatten());
+            }
+            SchedulePolicy::Lpm | SchedulePolicy::DfsWeight => {}
         }
     }
 

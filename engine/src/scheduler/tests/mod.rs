@@ -1,5 +1,6 @@
 //! Scheduler tests on a fake model ([`fake`]): admission, chunked prefill, retraction, the
-//! `lpm` order, in-batch prefix sharing, the overlap schedule, aborts, shared prefills.
+//! waiting-queue orders (`lpm`, `random`, `lof`, `dfs-weight`), in-batch prefix sharing, the
+//! overlap schedule, aborts, shared prefills.
 //!
 //! A [`Harness`] drives the scheduler one step at a time, as its thread does, and after every
 //! step checks that each KV slot is in exactly one place (the pool's free list, the radix
@@ -51,6 +52,8 @@ pub(super) struct Setup {
     pub disable_radix_cache: bool,
     /// The fake model's stored KV depends on the pass's shape (see [`fake`]).
     pub shape_dependent_kv: bool,
+    /// `--random-seed`.
+    pub random_seed: u64,
 }
 
 impl Default for Setup {
@@ -65,6 +68,7 @@ impl Default for Setup {
             context_length: 200,
             disable_radix_cache: false,
             shape_dependent_kv: false,
+            random_seed: 1,
         }
     }
 }
@@ -90,7 +94,7 @@ impl Setup {
             context_length: self.context_length,
             eos_token_ids: Vec::new(),
             disable_radix_cache: self.disable_radix_cache,
-            random_seed: 1,
+            random_seed: self.random_seed,
             log_requests: false,
             disable_overlap_schedule: false,
         };

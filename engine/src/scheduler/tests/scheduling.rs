@@ -168,6 +168,146 @@ fn lpm_admits_the_longest_cached_prefix_first_and_fcfs_the_oldest() {
 }
 
 #[test]
+fn schedule_policy_flag_values_are_sglangs() {
+    use clap::ValueEnum;
+    let names: Vec<String> = SchedulePolicy::value_variants()
+        .iter()
+        .filter_map(|v| v.to_possible_value())
+        .map(|v| v.get_name().to_owned())
+        .collect();
+    assert_eq!(names, ["lpm", "fcfs", "random", "lof", "dfs-weight"]);
+    assert_eq!(
+        SchedulePolicy::from_str("dfs-weight", false),
+        Ok(SchedulePolicy::DfsWeight)
+    );
+}
+
+/// Submits `params` (one short distinct prompt each) to a fresh scheduler under `policy` and
+/// runs one step, in which every request is admitted in the order the policy gave the queue
+/// (each asks for 2 tokens or more, so none finishes in that step). Returns that order and checks that each request then runs to its reference output.
+fn admission_order(policy: SchedulePolicy, random_seed: u64, params: &[usize]) -> Vec<u64> {
+    let mut h = Setup {
+        policy,
+        random_seed,
+        ..Setup::default()
+    }
+    .build();
+    let prompts: Vec<Vec<u32>> = (0..params.len() as u32).map(|i| prompt(5, i)).collect();
+    let mut clients: Vec<Client> = prompts
+        .iter()
+        .zip(params)
+        .map(|(p, &n)| h.submit(p.clone(), greedy(n)))
+        .collect();
+    assert!(params.iter().all(|&n| n >= 2));
+    h.step();
+    assert!(h.waiting_ids().is_empty(), "{policy:?}: not all admitted");
+    let order = h.running_ids();
+    h.run_to_idle();
+    for ((c, p), &n) in clients.iter_mut().zip(&prompts).zip(params) {
+        assert_eq!(c.output(), reference(p, n, h.vocab), "{policy:?}");
+    }
+    h.assert_everything_released();
+    order
+}
+
+#[test]
+fn random_admits_a_permutation_that_follows_the_seed() {
+    let params = [2; 8];
+    let arrival: Vec<u64> = (1..=8).collect();
+    let first = admission_order(SchedulePolicy::Random, 1, &params);
+    let mut sorted = first.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, arrival, "not a permutation: {first:?}");
+    assert_ne!(first, arrival, "arrival order");
+    assert_eq!(
+        admission_order(SchedulePolicy::Random, 1, &params),
+        first,
+        "the same seed gave another order"
+    );
+    assert_ne!(
+        admission_order(SchedulePolicy::Random, 2, &params),
+        first,
+        "another seed gave the same order"
+    );
+    assert_eq!(admission_order(SchedulePolicy::Fcfs, 1, &params), arrival);
+}
+
+#[test]
+fn lof_admits_the_longest_output_first_ties_in_arrival_order() {
+    let params = [3, 9, 5, 9, 2];
+    assert_eq!(
+        admission_order(SchedulePolicy::Lof, 1, &params),
+        vec![2, 4, 3, 1, 5]
+    );
+    assert_eq!(
+        admission_order(SchedulePolicy::Fcfs, 1, &params),
+        vec![1, 2, 3, 4, 5]
+    );
+}
+
+#[test]
+fn dfs_weight_runs_the_largest_shared_prefix_group_first_and_keeps_groups_together() {
+    for policy in [
+        SchedulePolicy::DfsWeight,
+        SchedulePolicy::Lpm,
+        SchedulePolicy::Fcfs,
+    ] {
+        let mut h = Setup {
+            policy,
+            ..Setup::default()
+        }
+        .build();
+        // Two cached prompts, A and B.
+        let a = prompt(40, 1);
+        let b = prompt(40, 2);
+        let mut warm: Vec<Client> = [&a, &b]
+            .iter()
+            .map(|p| h.submit(p.to_vec(), greedy(1)))
+            .collect();
+        h.run_to_idle();
+        for c in &mut warm {
+            c.output();
+        }
+        let with = |base: &[u32], keep: usize, salt: u32| {
+            let mut p = base[..keep].to_vec();
+            p.extend(prompt(5, salt));
+            p
+        };
+        // Arrival order: a1, b1, x (nothing cached), b2, b3 (a shorter part of B), a2.
+        let prompts = [
+            with(&a, 30, 10),
+            with(&b, 30, 11),
+            prompt(20, 3),
+            with(&b, 30, 12),
+            with(&b, 20, 13),
+            with(&a, 30, 14),
+        ];
+        let cached = [30, 30, 0, 30, 20, 30];
+        let mut clients: Vec<Client> = prompts
+            .iter()
+            .map(|p| h.submit(p.clone(), greedy(2)))
+            .collect();
+        let [a1, b1, x, b2, b3, a2] = [0, 1, 2, 3, 4, 5].map(|i| clients[i].id);
+        h.step();
+        assert!(h.waiting_ids().is_empty(), "{policy:?}: not all admitted");
+        let expect = match policy {
+            // B's three first (the two that share 30 of its tokens, then the one that shares
+            // 20), then A's two, then the request with nothing cached.
+            SchedulePolicy::DfsWeight => vec![b1, b2, b3, a1, a2, x],
+            SchedulePolicy::Lpm => vec![a1, b1, b2, a2, b3, x],
+            _ => vec![a1, b1, x, b2, b3, a2],
+        };
+        assert_eq!(h.running_ids(), expect, "{policy:?}");
+        h.run_to_idle();
+        for ((c, p), &n) in clients.iter_mut().zip(&prompts).zip(&cached) {
+            assert_eq!(c.output(), reference(p, 2, h.vocab), "{policy:?}");
+            assert_eq!(c.usage().cached_tokens, n, "{policy:?}");
+        }
+        h.assert_everything_released();
+    }
+}
+
+#[test]
 fn a_request_sharing_a_prompt_being_prefilled_waits_and_reuses_it() {
     let mut h = Setup {
         policy: SchedulePolicy::Lpm,
