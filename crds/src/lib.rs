@@ -125,9 +125,10 @@ pub struct SGLangServiceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self == -1 || self >= 1").message("chunkedPrefillSize must be -1 (off) or positive"))]
     pub chunked_prefill_size: Option<i64>,
-    /// Scheduling policy of the waiting queue (`--schedule-policy`): `lpm` or `fcfs`.
+    /// Scheduling policy of the waiting queue (`--schedule-policy`): `lpm` (longest cached
+    /// prefix first), `fcfs`, `random`, `lof` (longest output first) or `dfs-weight` (requests
+    /// sharing cached prefixes together, the largest group first), as in SGLang.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new(served::SCHEDULE_POLICY_RULE).message(served::SCHEDULE_POLICY_MESSAGE))]
     pub schedule_policy: Option<SchedulePolicy>,
     /// Engine log level (`--log-level`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

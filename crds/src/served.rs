@@ -17,7 +17,13 @@ pub const QUANTIZATIONS: &[Quantization] = &[Quantization::Fp8];
 /// `kvCacheDtype` values the engine serves (`--kv-cache-dtype`).
 pub const KV_CACHE_DTYPES: &[KvCacheDtype] = &[KvCacheDtype::Auto];
 /// `schedulePolicy` values the engine serves (`--schedule-policy`).
-pub const SCHEDULE_POLICIES: &[SchedulePolicy] = &[SchedulePolicy::Lpm, SchedulePolicy::Fcfs];
+pub const SCHEDULE_POLICIES: &[SchedulePolicy] = &[
+    SchedulePolicy::Lpm,
+    SchedulePolicy::Fcfs,
+    SchedulePolicy::Random,
+    SchedulePolicy::Lof,
+    SchedulePolicy::DfsWeight,
+];
 /// `grammarBackend` values the engine serves (`--grammar-backend`; `xgrammar` requests are
 /// compiled by llguidance).
 pub const GRAMMAR_BACKENDS: &[GrammarBackend] = &[
@@ -39,9 +45,6 @@ pub const FP8_ON_CUDA_MESSAGE: &str = "quantization fp8 runs on device: cuda (FP
 
 pub const KV_CACHE_DTYPE_RULE: &str = "self == 'auto'";
 pub const KV_CACHE_DTYPE_MESSAGE: &str = "kvCacheDtype fp8_e5m2 and fp8_e4m3 are not served by this engine version yet; leave kvCacheDtype unset or auto";
-
-pub const SCHEDULE_POLICY_RULE: &str = "self in ['lpm', 'fcfs']";
-pub const SCHEDULE_POLICY_MESSAGE: &str = "schedulePolicy random, dfs-weight and lof are not served by this engine version; use lpm (longest cached prefix first, the default) or fcfs";
 
 pub const CHAT_TEMPLATE_RULE: &str = "self.startsWith('/')";
 pub const CHAT_TEMPLATE_MESSAGE: &str = "model.chatTemplate must be the absolute path of a Jinja template file in the image or a mounted volume (or use model.chatTemplateConfigMap); built-in template names such as chatml are not served by this engine version";

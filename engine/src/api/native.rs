@@ -575,8 +575,11 @@ pub async fn get_model_info(State(engine): State<EngineHandle>) -> Json<Value> {
     }))
 }
 
-fn enum_name(v: &impl std::fmt::Debug) -> String {
-    format!("{v:?}").to_lowercase()
+/// A flag value as it is spelled on the command line (`dfs-weight`, `cuda`).
+fn enum_name(v: &impl clap::ValueEnum) -> String {
+    v.to_possible_value()
+        .map(|p| p.get_name().to_string())
+        .unwrap_or_default()
 }
 
 /// The server's flags as SGLang names them; the API key is never shown.
