@@ -690,6 +690,30 @@ fn check_gemm(c: &mut Ctx) -> R<()> {
     Ok(())
 }
 
+/// What a GEMV's epilogue makes of the f64 products `acc` (m x n): stored, added to `y0`, or
+/// SwiGLU of `[gate; up]` rounded as `silu_mul_bf16` after a bf16 GEMM.
+fn epilogue_ref(acc: &[f64], y0: &[bf16], epi: GemvEpilogue, m: usize, n: usize) -> Vec<f32> {
+    match epi {
+        GemvEpilogue::Store => acc.iter().map(|&v| v as f32).collect(),
+        GemvEpilogue::Accumulate => acc
+            .iter()
+            .zip(y0)
+            .map(|(&v, &o)| (v + o.to_f32() as f64) as f32)
+            .collect(),
+        GemvEpilogue::SwiGlu => {
+            let out_w = n / 2;
+            (0..m * out_w)
+                .map(|i| {
+                    let (t, r) = (i / out_w, i % out_w);
+                    let g = rbf(acc[t * n + r] as f32);
+                    let u = rbf(acc[t * n + out_w + r] as f32);
+                    rbf(rbf(g / (1.0 + (-g).exp())) * u)
+                })
+                .collect()
+        }
+    }
+}
+
 /// `x · wᵀ` in f64 for tokens x k activations and n x k weights (threads over rows of w).
 fn matmul_ref(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f64> {
     let threads = std::thread::available_parallelism()
@@ -758,22 +782,7 @@ fn check_gemv(c: &mut Ctx) -> R<()> {
             .collect::<Vec<_>>());
         let (dx, dw) = (c.up(&x)?, c.up(&w)?);
         let acc = matmul_ref(&unbf(&x), &unbf(&w), m, k, n);
-        let want: Vec<f32> = match epi {
-            Store => acc.iter().map(|&v| v as f32).collect(),
-            Accumulate => acc
-                .iter()
-                .zip(&y0)
-                .map(|(&v, &o)| (v + o.to_f32() as f64) as f32)
-                .collect(),
-            SwiGlu => (0..m * out_w)
-                .map(|i| {
-                    let (t, r) = (i / out_w, i % out_w);
-                    let g = rbf(acc[t * n + r] as f32);
-                    let u = rbf(acc[t * n + out_w + r] as f32);
-                    rbf(rbf(g / (1.0 + (-g).exp())) * u)
-                })
-                .collect(),
-        };
+        let want = epilogue_ref(&acc, &y0, epi, m, n);
         let mut runs = Vec::new();
         for _ in 0..2 {
             let y = if epi == Accumulate {
@@ -947,22 +956,7 @@ fn check_fp8(c: &mut Ctx) -> R<()> {
             unbf(&x)
         };
         let acc = matmul_ref(&xin, &deq, m, k, n);
-        let want: Vec<f32> = match epi {
-            Store => acc.iter().map(|&v| v as f32).collect(),
-            Accumulate => acc
-                .iter()
-                .zip(&y0)
-                .map(|(&v, &o)| (v + o.to_f32() as f64) as f32)
-                .collect(),
-            SwiGlu => (0..m * out_w)
-                .map(|i| {
-                    let (t, r) = (i / out_w, i % out_w);
-                    let gt = rbf(acc[t * n + r] as f32);
-                    let u = rbf(acc[t * n + out_w + r] as f32);
-                    rbf(rbf(gt / (1.0 + (-gt).exp())) * u)
-                })
-                .collect(),
-        };
+        let want = epilogue_ref(&acc, &y0, epi, m, n);
         let (dx, dg, dq, ds) = (c.up(&x)?, c.up(&g)?, c.up(&q)?, c.up(&sc)?);
         let wref = WeightRef::Fp8 {
             w: c.p(&dq),
@@ -1136,22 +1130,7 @@ fn check_gemv_rmsnorm(c: &mut Ctx) -> R<()> {
         let (dx, dg, dw) = (c.up(&x)?, c.up(&g)?, c.up(&w)?);
         let xn = rmsnorm_ref(&x, &g, m, k, eps);
         let acc = matmul_ref(&xn, &unbf(&w), m, k, n);
-        let want: Vec<f32> = match epi {
-            Store => acc.iter().map(|&v| v as f32).collect(),
-            Accumulate => acc
-                .iter()
-                .zip(&y0)
-                .map(|(&v, &o)| (v + o.to_f32() as f64) as f32)
-                .collect(),
-            SwiGlu => (0..m * out_w)
-                .map(|i| {
-                    let (t, r) = (i / out_w, i % out_w);
-                    let gt = rbf(acc[t * n + r] as f32);
-                    let u = rbf(acc[t * n + out_w + r] as f32);
-                    rbf(rbf(gt / (1.0 + (-gt).exp())) * u)
-                })
-                .collect(),
-        };
+        let want = epilogue_ref(&acc, &y0, epi, m, n);
         let fresh_y = |c: &Ctx| -> R<CudaSlice<bf16>> {
             if epi == Accumulate {
                 c.up(&y0)
