@@ -374,8 +374,9 @@ fn rates(b: &CudaBackend) -> Result<Rates> {
 
 /// Seconds of a prefill of `t` tokens at the measured GEMM rates: the layers' weight GEMMs at
 /// the FP8 rate when they are FP8, causal attention (scores and values) and the LM head at the
-/// bf16 rate.
-fn prefill_floor(c: &ModelConfig, t: usize, r: &Rates) -> f64 {
+/// bf16 rate. With tensor parallelism the layers' work (GEMMs and attention heads) is split
+/// over `tp` GPUs running at once; the LM head (one token's logits) is not.
+fn prefill_floor(c: &ModelConfig, t: usize, r: &Rates, tp: usize) -> f64 {
     let h = c.hidden_size as f64;
     let hd = c.head_dim as f64;
     let per_tok_layer = 2.0
@@ -384,8 +385,10 @@ fn prefill_floor(c: &ModelConfig, t: usize, r: &Rates) -> f64 {
             + 3.0 * h * c.intermediate_size as f64);
     let attn = 2.0 * 2.0 * c.num_heads as f64 * hd * (t as f64 * (t as f64 + 1.0) / 2.0);
     let layers = c.num_layers as f64 * per_tok_layer * t as f64;
-    let rest = c.num_layers as f64 * attn + 2.0 * h * c.vocab_size as f64;
-    layers / r.fp8.unwrap_or(r.bf16) + rest / r.bf16
+    let tp = tp.max(1) as f64;
+    let attn = c.num_layers as f64 * attn;
+    let head = 2.0 * h * c.vocab_size as f64;
+    (layers / r.fp8.unwrap_or(r.bf16) + attn / r.bf16) / tp + head / r.bf16
 }
 
 fn random_tokens(rng: &mut impl Rng, n: usize, vocab: usize) -> Vec<u32> {
@@ -454,7 +457,7 @@ pub fn bench_one_batch(b: &mut CudaBackend, a: &BenchOneBatchArgs) -> Result<One
         };
     // copy bandwidth counts read + write; a weight read moves its bytes once
     let roofline = read / copy_bw;
-    let floor = prefill_floor(&cfg, a.input_len, &rates) * a.batch_size as f64;
+    let floor = prefill_floor(&cfg, a.input_len, &rates, b.tp_size()) * a.batch_size as f64;
     let r = OneBatchReport {
         device: b.device_name().to_string(),
         batch_size: a.batch_size,
@@ -621,7 +624,7 @@ fn ttft_only(b: &mut CudaBackend, n: usize) -> Result<()> {
     }
     times.sort_by(f64::total_cmp);
     let ttft = times[times.len() / 2];
-    let floor = prefill_floor(&cfg, n, &rates);
+    let floor = prefill_floor(&cfg, n, &rates, b.tp_size());
     println!(
         "{}",
         serde_json::json!({

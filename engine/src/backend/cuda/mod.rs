@@ -616,11 +616,16 @@ impl Backend for CudaBackend {
 
     fn describe(&self) -> String {
         format!(
-            "cuda ({}{}), bf16, {} KV slots, decode GEMV {}{}, fused decode attention {}, PDL {}, cuda graphs {}",
+            "cuda ({}{}), {}, {} KV slots, decode GEMV {}{}, fused decode attention {}, PDL {}, cuda graphs {}",
             self.device_name,
             match self.tp_size() {
                 1 => String::new(),
                 n => format!(" x{n}, tensor parallel"),
+            },
+            if self.w.fp8() {
+                "FP8 linear weights (e4m3), bf16 activations and KV cache"
+            } else {
+                "bf16"
             },
             self.capacity,
             if self.use_gemv { "on" } else { "off" },
