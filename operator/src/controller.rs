@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -170,7 +170,9 @@ async fn apply(
         let api = dynamic_api(&ctx.client, &names.namespace, m.kind);
         match apply_owned(svc, ctx, &api, m).await {
             Ok(applied) => match m.kind {
-                Kind::StatefulSet => observed.engine = Some(typed::<StatefulSet>(&applied)?),
+                Kind::Deployment if m.name == names.engine => {
+                    observed.engine = Some(typed::<Deployment>(&applied)?);
+                }
                 Kind::Deployment => observed.router = Some(typed::<Deployment>(&applied)?),
                 _ => {}
             },
@@ -190,6 +192,10 @@ async fn apply(
         }
     }
     for (kind, name) in &plan.delete {
+        // An older operator's engine StatefulSet serves until its Deployment can take over.
+        if *kind == Kind::StatefulSet && !status::engines_available(observed.engine.as_ref()) {
+            continue;
+        }
         let api = dynamic_api(&ctx.client, &names.namespace, *kind);
         match api.delete(name, &DeleteParams::background()).await {
             Ok(_) => {
@@ -199,7 +205,7 @@ async fn apply(
             Err(e) => return Err(e.into()),
         }
     }
-    // Pods tell what the StatefulSet's counts do not: why an engine does not run.
+    // Pods tell what the Deployment's counts do not: why an engine does not run.
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
     observed.engine_pods = pods
         .list(&ListParams::default().labels(&engine_selector_string(names)))
@@ -337,14 +343,10 @@ pub async fn run(ctx: Arc<Context>) -> Result<(), Error> {
     services.list(&ListParams::default().limit(1)).await?;
     Controller::new(services, watcher::Config::default().any_semantic())
         .owns(
-            Api::<StatefulSet>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .owns(
             Api::<Deployment>::all(client.clone()),
             watcher::Config::default(),
         )
-        // Engine pods are the StatefulSet's, not the service's: map them back by label, so a
+        // Engine pods are the Deployment's ReplicaSets', not the service's: map them back by label, so a
         // crash loop or an unschedulable pod shows in status as soon as it happens.
         .watches(
             Api::<Pod>::all(client),

@@ -44,7 +44,7 @@ async fn create_applies_every_object_and_reports_progress() {
     let summary = api.summary();
     let expected = [
         "PATCH /api/v1/namespaces/ml/services/llama-engine",
-        "PATCH /apis/apps/v1/namespaces/ml/statefulsets/llama-engine",
+        "PATCH /apis/apps/v1/namespaces/ml/deployments/llama-engine",
         "PATCH /apis/policy/v1/namespaces/ml/poddisruptionbudgets/llama-engine",
         "PATCH /api/v1/namespaces/ml/serviceaccounts/llama-router",
         "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/ml/roles/llama-router",
@@ -79,11 +79,17 @@ async fn create_applies_every_object_and_reports_progress() {
             .all(|e| e == "POST /apis/events.k8s.io/v1/namespaces/ml/events")
     );
 
-    let sts = api.body("PATCH", "/statefulsets/");
-    assert_eq!(sts["spec"]["replicas"], 2);
-    assert_eq!(sts["metadata"]["ownerReferences"][0]["uid"], "1234-abcd");
-    assert_eq!(sts["metadata"]["ownerReferences"][0]["controller"], true);
-    let limits = &sts["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"];
+    let engines = api.body("PATCH", "/deployments/llama-engine");
+    assert_eq!(engines["spec"]["replicas"], 2);
+    assert_eq!(
+        engines["metadata"]["ownerReferences"][0]["uid"],
+        "1234-abcd"
+    );
+    assert_eq!(
+        engines["metadata"]["ownerReferences"][0]["controller"],
+        true
+    );
+    let limits = &engines["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"];
     assert_eq!(limits["nvidia.com/gpu"], "1");
 
     let status = api.body("PATCH", "/status");
@@ -137,15 +143,48 @@ async fn unchanged_status_is_not_written_again_and_emits_no_event() {
     );
 }
 
+/// An engine StatefulSet of an older operator keeps serving until the engine Deployment has
+/// every replica available; then it is deleted.
 #[tokio::test]
-async fn spec_updates_reach_the_applied_statefulset() {
+async fn an_old_engine_stateful_set_goes_only_once_the_deployment_serves() {
+    let deletes_sts = |api: &FakeApi| {
+        api.calls()
+            .iter()
+            .any(|c| c.is("DELETE", "/statefulsets/llama-engine"))
+    };
+    let svc = service(json!({}));
+    let (ctx, api) = FakeApi::start(&svc, not_ready(), no_override());
+    timeout(reconcile(Arc::new(svc.clone()), ctx))
+        .await
+        .unwrap();
+    assert!(!deletes_sts(&api), "{:?}", api.summary());
+
+    // Ready but not yet available (minReadySeconds, or pods of the old template).
+    let ready_not_updated = (
+        json!({"replicas": 3, "readyReplicas": 3, "updatedReplicas": 1, "availableReplicas": 3,
+               "observedGeneration": 1}),
+        json!({"replicas": 1, "readyReplicas": 1}),
+    );
+    let (ctx, api) = FakeApi::start(&svc, ready_not_updated, no_override());
+    timeout(reconcile(Arc::new(svc.clone()), ctx))
+        .await
+        .unwrap();
+    assert!(!deletes_sts(&api), "{:?}", api.summary());
+
+    let (ctx, api) = FakeApi::start(&svc, ready_statuses(), no_override());
+    timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
+    assert!(deletes_sts(&api), "{:?}", api.summary());
+}
+
+#[tokio::test]
+async fn spec_updates_reach_the_applied_engine_deployment() {
     let svc = service(
         json!({"schedulePolicy": "fcfs", "grammarBackend": "outlines", "contextLength": 8192, "extraArgs": ["--enable-cache-report"]}),
     );
     let (ctx, api) = FakeApi::start(&svc, not_ready(), no_override());
     timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
-    let sts = api.body("PATCH", "/statefulsets/");
-    let args = args(&sts);
+    let engines = api.body("PATCH", "/deployments/llama-engine");
+    let args = args(&engines);
     for pair in [
         ["--schedule-policy", "fcfs"],
         ["--grammar-backend", "outlines"],
@@ -167,14 +206,20 @@ async fn dp_size_sets_the_replicas_with_or_without_the_hpa() {
     let svc = service(json!({"dpSize": 5}));
     let (ctx, api) = FakeApi::start(&svc, not_ready(), no_override());
     timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
-    assert_eq!(api.body("PATCH", "/statefulsets/")["spec"]["replicas"], 5);
+    assert_eq!(
+        api.body("PATCH", "/deployments/llama-engine")["spec"]["replicas"],
+        5
+    );
 
     let svc = service(
         json!({"autoscaling": {"minReplicas": 1, "maxReplicas": 6, "targetQueueLength": 8}}),
     );
     let (ctx, api) = FakeApi::start(&svc, not_ready(), no_override());
     timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
-    assert_eq!(api.body("PATCH", "/statefulsets/")["spec"]["replicas"], 2);
+    assert_eq!(
+        api.body("PATCH", "/deployments/llama-engine")["spec"]["replicas"],
+        2
+    );
     let hpa = api.body("PATCH", "/horizontalpodautoscalers/");
     assert_eq!(hpa["spec"]["maxReplicas"], 6);
     assert_eq!(hpa["spec"]["scaleTargetRef"]["kind"], "SGLangService");
@@ -195,7 +240,7 @@ async fn applied_replicas(spec: Value) -> Value {
     let svc = service(spec);
     let (ctx, api) = FakeApi::start(&svc, ready_statuses(), no_override());
     timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
-    api.body("PATCH", "/statefulsets/")["spec"]["replicas"].clone()
+    api.body("PATCH", "/deployments/llama-engine")["spec"]["replicas"].clone()
 }
 
 #[tokio::test]
@@ -264,7 +309,7 @@ async fn a_service_being_deleted_is_left_to_the_garbage_collector() {
 async fn api_errors_show_as_degraded_and_back_off() {
     let svc = service(json!({}));
     let fail: crate::fixtures::Responder = Box::new(|c| {
-        c.is("PATCH", "/statefulsets/").then(|| {
+        c.is("PATCH", "/deployments/llama-engine").then(|| {
             (500, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 500, "reason": "InternalError", "message": "etcdserver: request timed out"}))
         })
     });
@@ -275,7 +320,11 @@ async fn api_errors_show_as_degraded_and_back_off() {
         .unwrap_err();
     assert_eq!(err.metric_label(), "kube");
     // Nothing after the failed apply, except recording the failure.
-    assert!(!api.calls().iter().any(|c| c.is("PATCH", "/deployments/")));
+    assert!(
+        !api.calls()
+            .iter()
+            .any(|c| c.is("PATCH", "/deployments/llama-router"))
+    );
     let status = api.body("PATCH", "/status");
     let degraded = condition(&status, "Degraded");
     assert_eq!(degraded["status"], "True");
@@ -363,7 +412,11 @@ async fn a_spec_the_engine_would_refuse_applies_nothing_and_says_why() {
     let svc = service(json!({"tpSize": 4, "device": "cpu", "quantization": "fp8"}));
     let (ctx, api) = FakeApi::start(&svc, not_ready(), no_override());
     timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
-    assert!(!api.calls().iter().any(|c| c.is("PATCH", "/statefulsets/")));
+    assert!(
+        !api.calls()
+            .iter()
+            .any(|c| c.is("PATCH", "/deployments/llama-engine"))
+    );
     let status = api.body("PATCH", "/status");
     let message = condition(&status, "Degraded")["message"]
         .as_str()

@@ -57,20 +57,20 @@ fn status_error(code: u16, reason: &str) -> Value {
 }
 
 /// What the real API server would answer by default: apply echoes the object (plus the given
-/// StatefulSet/Deployment status), deletes and gets find nothing, events are created.
+/// engine and router Deployment status), deletes and gets find nothing, events are created.
 fn default_response(
     call: &Call,
     svc: &Value,
-    sts_status: &Value,
+    engine_status: &Value,
     deploy_status: &Value,
 ) -> (u16, Value) {
     match call.method.as_str() {
         "PATCH" if call.path.ends_with("/status") => (200, svc.clone()),
         "PATCH" => {
             let mut obj = call.body.clone();
-            if call.path.contains("/statefulsets/") {
+            if call.path.contains("/deployments/llama-engine") {
                 obj["metadata"]["generation"] = json!(1);
-                obj["status"] = sts_status.clone();
+                obj["status"] = engine_status.clone();
             } else if call.path.contains("/deployments/") {
                 obj["status"] = deploy_status.clone();
             }
@@ -103,7 +103,8 @@ pub fn engine_pod(name: &str, status: Value) -> Value {
 /// Engine and router status that make a 2-replica service ready.
 pub fn ready_statuses() -> (Value, Value) {
     (
-        json!({"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "observedGeneration": 1}),
+        json!({"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "availableReplicas": 2,
+               "observedGeneration": 1}),
         json!({"replicas": 1, "readyReplicas": 1}),
     )
 }

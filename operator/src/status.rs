@@ -1,6 +1,6 @@
 //! Status computed from what exists: replica counts, endpoint and the three conditions.
 
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use sgl_crds::{SGLangService, SGLangServiceStatus};
@@ -25,7 +25,7 @@ pub enum Outcome {
 /// The workloads as the API server returned them.
 #[derive(Clone, Debug, Default)]
 pub struct Observed {
-    pub engine: Option<StatefulSet>,
+    pub engine: Option<Deployment>,
     pub router: Option<Deployment>,
     /// The service's engine pods.
     pub engine_pods: Vec<Pod>,
@@ -210,8 +210,8 @@ struct EngineCounts {
     rolled_out: bool,
 }
 
-fn engine_counts(svc: &SGLangService, sts: Option<&StatefulSet>) -> EngineCounts {
-    let Some(sts) = sts else {
+fn engine_counts(svc: &SGLangService, deploy: Option<&Deployment>) -> EngineCounts {
+    let Some(deploy) = deploy else {
         return EngineCounts {
             desired: svc.spec.dp_size,
             replicas: 0,
@@ -219,20 +219,34 @@ fn engine_counts(svc: &SGLangService, sts: Option<&StatefulSet>) -> EngineCounts
             rolled_out: false,
         };
     };
-    let status = sts.status.clone().unwrap_or_default();
-    let desired = sts.spec.replicas.unwrap_or(svc.spec.dp_size);
-    let generation_seen = match (sts.metadata.generation, status.observed_generation) {
+    let status = deploy.status.clone().unwrap_or_default();
+    let desired = deploy.spec.replicas.unwrap_or(svc.spec.dp_size);
+    let generation_seen = match (deploy.metadata.generation, status.observed_generation) {
         (Some(g), Some(o)) => o >= g,
         (None, _) => true,
         (Some(_), None) => false,
     };
+    let replicas = status.replicas.unwrap_or(0);
     let updated = status.updated_replicas.unwrap_or(0);
     EngineCounts {
         desired,
-        replicas: status.replicas,
+        replicas,
         ready: status.ready_replicas.unwrap_or(0),
-        rolled_out: generation_seen && updated >= desired && status.replicas == desired,
+        // During a surge `replicas` counts the old pods still running too.
+        rolled_out: generation_seen && updated >= desired && replicas == desired,
     }
+}
+
+/// Whether every engine replica the Deployment asks for runs its current template and is
+/// available: then an older engine StatefulSet of the service may go.
+pub fn engines_available(deploy: Option<&Deployment>) -> bool {
+    let Some(deploy) = deploy else {
+        return false;
+    };
+    let status = deploy.status.clone().unwrap_or_default();
+    let desired = deploy.spec.replicas.unwrap_or(1);
+    status.updated_replicas.unwrap_or(0) >= desired
+        && status.available_replicas.unwrap_or(0) >= desired
 }
 
 fn condition(
@@ -331,7 +345,7 @@ pub fn compute(
         Outcome::Applied if !engines.rolled_out => (
             true,
             "RollingOut",
-            "engine StatefulSet is rolling out".to_string(),
+            "engine Deployment is rolling out".to_string(),
         ),
         Outcome::Applied if !engines_ok || !router_ok => (
             true,

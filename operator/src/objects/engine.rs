@@ -1,8 +1,30 @@
-//! The engine StatefulSet (one pod per data-parallel replica) and its headless Service.
+//! The engine Deployment (one pod per data-parallel replica) and its headless Service.
+//!
+//! Why a Deployment and not a StatefulSet: an update must bring a new engine up before an old
+//! one goes, or a service at `dpSize: 1` is down on every spec change and a larger one loses
+//! a share of its capacity while a model loads (minutes on a GPU). A StatefulSet's rolling
+//! update always deletes a pod before it creates its replacement (its `maxUnavailable` only
+//! lets more go at once; it never surges), so surge there would take the operator raising
+//! `replicas` and walking the `partition` down by hand. Engines need no per-pod identity: the
+//! router finds them by label, each loads the same weights from the same (shared, read-mostly)
+//! cache, and no engine talks to another (multi-node tensor parallelism, which would need
+//! stable names, is refused). So the Deployment controller does the surge: `maxSurge: 1`,
+//! `maxUnavailable: 0` starts one new pod, waits until its readiness probe passes, then stops
+//! one old pod, and so on. A stopping pod leaves the router's worker set as soon as it is
+//! marked for deletion, keeps serving through the preStop wait, then gets SIGTERM, stops
+//! accepting connections and finishes its in-flight streams within
+//! `terminationGracePeriodSeconds`. The cost: a rollout needs room for one more replica (one
+//! more pod's GPUs); without it the new pod stays Pending and the old ones keep serving.
+//!
+//! A service made by an older operator has an engine StatefulSet of the same name: the
+//! controller deletes it only once this Deployment has all its replicas available, so the
+//! move to a Deployment is itself a surge.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
 use k8s_openapi::api::core::v1::{
     ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     HTTPGetAction, KeyToPath, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, Probe,
@@ -427,28 +449,41 @@ fn spread_over_nodes(names: &Names) -> TopologySpreadConstraint {
     }
 }
 
+/// Seconds a rollout may go without progress before the Deployment reports it stalled: the
+/// startup probe's whole window (a large model may load for 30 minutes).
+const PROGRESS_DEADLINE_SECONDS: i32 = 1800;
+
 /// One engine pod per data-parallel replica: `dpSize` always sets the count. With
 /// autoscaling the HPA writes `dpSize` through the service's scale subresource, so the count
-/// never leaves this apply (dropping it would reset the StatefulSet to one replica).
-pub fn stateful_set(svc: &SGLangService, names: &Names) -> Result<StatefulSet, Error> {
-    Ok(StatefulSet {
+/// never leaves this apply (dropping it would reset the Deployment to one replica). Updates
+/// surge by one pod and never take a ready engine away first (see the top of this file).
+pub fn deployment(svc: &SGLangService, names: &Names) -> Result<Deployment, Error> {
+    Ok(Deployment {
         metadata: meta(svc, names, &names.engine, "engine")?,
-        spec: StatefulSetSpec {
+        spec: DeploymentSpec {
             replicas: Some(svc.spec.dp_size),
-            service_name: Some(names.engine.clone()),
-            pod_management_policy: Some("Parallel".into()),
             selector: LabelSelector {
                 match_labels: Some(selector_labels(names, "engine")),
                 ..LabelSelector::default()
             },
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(IntOrString::Int(0)),
+                }),
+            }),
+            progress_deadline_seconds: Some(PROGRESS_DEADLINE_SECONDS),
+            revision_history_limit: Some(3),
             template: pod_template(svc, names),
-            ..StatefulSetSpec::default()
+            ..DeploymentSpec::default()
         },
         status: None,
     })
 }
 
-/// Headless Service: stable DNS per engine pod, and the endpoint when there is no router.
+/// Headless Service: the engines' endpoint when there is no router (one DNS record per ready
+/// engine pod).
 pub fn headless_service(svc: &SGLangService, names: &Names) -> Result<Service, Error> {
     Ok(Service {
         metadata: meta(svc, names, &names.engine, "engine")?,

@@ -92,6 +92,11 @@ impl Plan {
     pub fn get(&self, kind: Kind) -> Option<&Manifest> {
         self.apply.iter().find(|m| m.kind == kind)
     }
+
+    /// The object of `kind` named `name` (the engine and the router are both Deployments).
+    pub fn get_named(&self, kind: Kind, name: &str) -> Option<&Manifest> {
+        self.apply.iter().find(|m| m.kind == kind && m.name == name)
+    }
 }
 
 /// Names of the objects of one service, derived from its own name.
@@ -274,10 +279,12 @@ pub fn plan(svc: &SGLangService) -> Result<Plan, Error> {
     let names = Names::of(svc)?;
     let mut apply = vec![
         manifest(Kind::Service, &engine::headless_service(svc, &names)?)?,
-        manifest(Kind::StatefulSet, &engine::stateful_set(svc, &names)?)?,
+        manifest(Kind::Deployment, &engine::deployment(svc, &names)?)?,
         manifest(Kind::PodDisruptionBudget, &scaling::pdb(svc, &names)?)?,
     ];
-    let mut delete = Vec::new();
+    // Engines ran as a StatefulSet before they ran as a Deployment; the controller deletes an
+    // old one only once the Deployment's replicas are all available.
+    let mut delete = vec![(Kind::StatefulSet, names.engine.clone())];
 
     let router_kinds = [
         Kind::ServiceAccount,

@@ -15,12 +15,28 @@ fn object(p: &Plan, kind: Kind) -> &Value {
         .object
 }
 
+fn named<'a>(p: &'a Plan, kind: Kind, name: &str) -> &'a Value {
+    &p.get_named(kind, name)
+        .unwrap_or_else(|| panic!("no {kind:?} {name} planned"))
+        .object
+}
+
+/// The engine Deployment of the `llama` service.
+fn engines(p: &Plan) -> &Value {
+    named(p, Kind::Deployment, "llama-engine")
+}
+
+/// The router Deployment of the `llama` service.
+fn routers(p: &Plan) -> &Value {
+    named(p, Kind::Deployment, "llama-router")
+}
+
 fn engine(p: &Plan) -> &Value {
-    &object(p, Kind::StatefulSet)["spec"]["template"]["spec"]["containers"][0]
+    &engines(p)["spec"]["template"]["spec"]["containers"][0]
 }
 
 fn router(p: &Plan) -> &Value {
-    &object(p, Kind::Deployment)["spec"]["template"]["spec"]["containers"][0]
+    &routers(p)["spec"]["template"]["spec"]["containers"][0]
 }
 
 fn strings(v: &Value) -> Vec<String> {
@@ -152,7 +168,7 @@ fn pod_settings_follow_the_spec() {
         "modelCache": {"claimName": "weights", "mountPath": "/cache", "readOnly": true},
     }));
     let c = engine(&p);
-    let pod = &object(&p, Kind::StatefulSet)["spec"]["template"]["spec"];
+    let pod = &engines(&p)["spec"]["template"]["spec"];
     assert_eq!(c["image"], "registry.local/engine:dev");
     assert_eq!(c["imagePullPolicy"], "Always");
     assert_eq!(router(&p)["imagePullPolicy"], "Always");
@@ -214,7 +230,7 @@ fn pod_settings_follow_the_spec() {
 fn engines_prefer_distinct_nodes_and_scaling_keeps_the_pod_template() {
     let template = |dp: i32| {
         let p = planned(json!({"dpSize": dp}));
-        object(&p, Kind::StatefulSet)["spec"]["template"].clone()
+        engines(&p)["spec"]["template"].clone()
     };
     let t = template(1);
     assert_eq!(
@@ -265,7 +281,7 @@ fn cpu_services_request_no_gpu() {
         json!({"requests": {"cpu": "1", "memory": "2Gi"}})
     );
     assert!(
-        object(&p, Kind::StatefulSet)["spec"]["template"]["spec"]
+        engines(&p)["spec"]["template"]["spec"]
             .get("tolerations")
             .is_none()
     );
@@ -294,8 +310,8 @@ fn router_follows_the_spec_and_discovers_only_its_engines() {
     }
     assert_eq!(r["image"], "r:1");
     assert_eq!(r["env"][0]["name"], "SGL_ROUTER_API_KEY");
-    assert_eq!(object(&p, Kind::Deployment)["spec"]["replicas"], 3);
-    let engine_labels = &object(&p, Kind::StatefulSet)["spec"]["template"]["metadata"]["labels"];
+    assert_eq!(routers(&p)["spec"]["replicas"], 3);
+    let engine_labels = &engines(&p)["spec"]["template"]["metadata"]["labels"];
     assert_eq!(engine_labels["serving.sgl-rs.io/engine"], "llama");
     let role = object(&p, Kind::Role);
     assert_eq!(
@@ -303,7 +319,7 @@ fn router_follows_the_spec_and_discovers_only_its_engines() {
         json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}])
     );
     assert_eq!(
-        object(&p, Kind::Deployment)["spec"]["template"]["spec"]["serviceAccountName"],
+        routers(&p)["spec"]["template"]["spec"]["serviceAccountName"],
         "llama-router"
     );
 }
@@ -357,7 +373,7 @@ fn autoscaling_targets_the_engines_with_both_metrics() {
         120
     );
     // The StatefulSet follows dpSize, which the HPA writes through the scale subresource.
-    assert_eq!(object(&p, Kind::StatefulSet)["spec"]["replicas"], 2);
+    assert_eq!(engines(&p)["spec"]["replicas"], 2);
 
     let off = planned(json!({"autoscaling": {"enabled": false, "maxReplicas": 3}}));
     assert!(off.get(Kind::HorizontalPodAutoscaler).is_none());
@@ -365,7 +381,7 @@ fn autoscaling_targets_the_engines_with_both_metrics() {
         off.delete
             .contains(&(Kind::HorizontalPodAutoscaler, "llama-engine".into()))
     );
-    assert_eq!(object(&off, Kind::StatefulSet)["spec"]["replicas"], 2);
+    assert_eq!(engines(&off)["spec"]["replicas"], 2);
 }
 
 #[test]
@@ -398,7 +414,7 @@ fn service_monitor_labels_are_added_and_ours_keep_their_values() {
     assert_eq!(labels["app.kubernetes.io/instance"], "llama");
     assert_eq!(labels["app.kubernetes.io/managed-by"], "sgl-operator");
     // Only the ServiceMonitor carries them.
-    let sts = object(&p, Kind::StatefulSet);
+    let sts = engines(&p);
     assert!(sts["metadata"]["labels"].get("release").is_none());
 }
 
@@ -427,7 +443,8 @@ fn every_example_renders() {
             }
             let yaml =
                 super::render_yaml(&svc).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            assert!(yaml.contains("kind: StatefulSet"), "{}", path.display());
+            assert!(yaml.contains("kind: Deployment"), "{}", path.display());
+            assert!(!yaml.contains("kind: StatefulSet"), "{}", path.display());
             rendered += 1;
         }
     }
@@ -440,7 +457,7 @@ fn a_chat_template_config_map_is_mounted_where_the_flag_points() {
         json!({"model": {"path": "m", "chatTemplateConfigMap": {"name": "templates", "key": "llama.jinja"}}}),
     );
     let c = engine(&p);
-    let pod = &object(&p, Kind::StatefulSet)["spec"]["template"]["spec"];
+    let pod = &engines(&p)["spec"]["template"]["spec"];
     let volume = pod["volumes"]
         .as_array()
         .unwrap()
@@ -496,11 +513,13 @@ fn no_pod_is_best_effort() {
 fn pods_meet_the_restricted_pod_security_standard() {
     let p = planned(json!({"modelCache": {"claimName": "weights"},
         "model": {"path": "m", "chatTemplateConfigMap": {"name": "t", "key": "k"}}}));
-    for (kind, c) in [
-        (Kind::StatefulSet, engine(&p)),
-        (Kind::Deployment, router(&p)),
-    ] {
-        let pod = &object(&p, kind)["spec"]["template"]["spec"];
+    for (kind, c) in [("engine", engine(&p)), ("router", router(&p))] {
+        let workload = if kind == "engine" {
+            engines(&p)
+        } else {
+            routers(&p)
+        };
+        let pod = &workload["spec"]["template"]["spec"];
         let sc = &pod["securityContext"];
         assert_eq!(sc["runAsNonRoot"], true, "{kind:?}");
         assert!(sc["runAsUser"].as_i64().unwrap() > 0, "{kind:?}");
@@ -524,7 +543,7 @@ fn pods_meet_the_restricted_pod_security_standard() {
         true
     );
     assert_eq!(
-        object(&p, Kind::StatefulSet)["spec"]["template"]["spec"]["volumes"][0]["emptyDir"]["sizeLimit"],
+        engines(&p)["spec"]["template"]["spec"]["volumes"][0]["emptyDir"]["sizeLimit"],
         "1Gi"
     );
 }
@@ -536,23 +555,40 @@ fn stopping_pods_drain_within_the_spec_grace_period() {
         (json!({"terminationGracePeriodSeconds": 900}), 900),
     ] {
         let p = planned(spec);
-        for (kind, c) in [
-            (Kind::StatefulSet, engine(&p)),
-            (Kind::Deployment, router(&p)),
-        ] {
+        for (kind, workload) in [("engine", engines(&p)), ("router", routers(&p))] {
+            let c = &workload["spec"]["template"]["spec"]["containers"][0];
             assert_eq!(
                 c["lifecycle"]["preStop"]["sleep"]["seconds"],
                 super::PRE_STOP_SECONDS,
                 "{kind:?}"
             );
             assert_eq!(
-                object(&p, kind)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"],
+                workload["spec"]["template"]["spec"]["terminationGracePeriodSeconds"],
                 grace + super::PRE_STOP_SECONDS,
                 "{kind:?}"
             );
             assert_eq!(c["terminationMessagePolicy"], "FallbackToLogsOnError");
         }
     }
+}
+
+/// An update starts a new engine before it stops an old one, and an older operator's engine
+/// StatefulSet is on the list of what goes.
+#[test]
+fn engine_updates_bring_a_new_replica_up_first() {
+    let p = planned(json!({"dpSize": 3}));
+    let spec = &engines(&p)["spec"];
+    assert_eq!(spec["replicas"], 3);
+    assert_eq!(
+        spec["strategy"],
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}})
+    );
+    assert_eq!(spec["progressDeadlineSeconds"], 1800);
+    assert!(p.get(Kind::StatefulSet).is_none());
+    assert!(
+        p.delete
+            .contains(&(Kind::StatefulSet, "llama-engine".into()))
+    );
 }
 
 #[test]
@@ -601,7 +637,7 @@ fn a_hub_model_with_a_cache_is_downloaded_once_before_the_engine_starts() {
         "env": [{"name": "HF_ENDPOINT", "value": "http://mirror.local"}],
         "apiKeySecretRef": {"name": "api", "key": "key"},
     }));
-    let pod = &object(&p, Kind::StatefulSet)["spec"]["template"]["spec"];
+    let pod = &engines(&p)["spec"]["template"]["spec"];
     let init = pod["initContainers"].as_array().unwrap();
     assert_eq!(init.len(), 1);
     let d = &init[0];
@@ -651,7 +687,7 @@ fn a_hub_model_with_a_cache_is_downloaded_once_before_the_engine_starts() {
     // A GGUF file of a repository is a Hub id too.
     let gguf = planned(json!({"device": "cpu",
         "model": {"path": "org/smol/smol.Q4.gguf"}, "modelCache": {"claimName": "w"}}));
-    let pod = &object(&gguf, Kind::StatefulSet)["spec"]["template"]["spec"];
+    let pod = &engines(&gguf)["spec"]["template"]["spec"];
     assert_eq!(
         strings(&pod["initContainers"][0]["args"]),
         [
@@ -697,7 +733,7 @@ fn no_download_without_a_writable_cache_or_a_hub_id() {
         let unique: std::collections::HashSet<String> =
             names.iter().map(|n| n.to_string()).collect();
         assert_eq!(unique.len(), names.len(), "{spec}: {names:?}");
-        let pod = &object(&p, Kind::StatefulSet)["spec"]["template"]["spec"];
+        let pod = &engines(&p)["spec"]["template"]["spec"];
         let downloads = pod.get("initContainers").is_some();
         assert_eq!(
             downloads,
