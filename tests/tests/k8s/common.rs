@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams};
@@ -409,9 +409,9 @@ pub(crate) async fn lease_holder(client: &Client) -> Result<String, String> {
         .ok_or_else(|| "no operator lease is held".to_string())
 }
 
-/// Waits until the engine StatefulSet of `name` asks for `replicas`.
+/// Waits until the engine Deployment of `name` asks for `replicas`.
 pub(crate) async fn wait_engine_replicas(client: &Client, ns: &str, name: &str, replicas: i32) {
-    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    let sts: Api<Deployment> = Api::namespaced(client.clone(), ns);
     let what = format!("{ns}/{name}-engine to ask for {replicas} replicas");
     wait_for(&what, WAIT, || async {
         let s = sts
