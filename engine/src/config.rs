@@ -160,7 +160,9 @@ pub struct ServerArgs {
     /// FP8 (e4m3, one scale per output channel) at load, on the GPU. GGUF files carry their own.
     #[arg(long)]
     pub quantization: Option<String>,
-    /// KV cache data type.
+    /// KV cache data type: auto (the backend's own: bf16 on the GPU, f32 on the CPU), or
+    /// fp8_e4m3 / fp8_e5m2 (one byte per element, no scale; --device cuda): twice the tokens in
+    /// the same memory.
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: String,
     /// Structured-output backend.
@@ -190,6 +192,7 @@ pub struct ServerArgs {
 }
 
 /// Why `--quantization fp8` is refused on the CPU.
+pub const FP8_KV_ON_CPU: &str = "--kv-cache-dtype fp8_e4m3 and fp8_e5m2 run on the GPU (--device cuda); the CPU backend keeps its KV cache in f32 (--kv-cache-dtype auto)";
 pub const FP8_ON_CPU: &str = "--quantization fp8 runs on the GPU (--device cuda); the CPU backend serves the checkpoint's own format (bf16, f16, f32) or a GGUF file's quantization";
 
 impl ServerArgs {
@@ -268,12 +271,17 @@ impl ServerArgs {
             }
         }
         match self.kv_cache_dtype.as_str() {
-            "auto" | "bf16" | "fp16" | "fp32" => {}
+            "auto" | "bf16" | "fp16" | "fp32" | "fp8_e4m3" | "fp8_e5m2" => {}
             other => {
                 return bad(format!(
-                    "--kv-cache-dtype {other} is not supported (auto, bf16, fp16, fp32)"
+                    "--kv-cache-dtype {other} is not supported (auto, fp8_e4m3, fp8_e5m2)"
                 ));
             }
+        }
+        if self.kv_cache_dtype() != crate::backend::KvCacheDtype::Auto
+            && self.device == Some(DeviceKind::Cpu)
+        {
+            return bad(FP8_KV_ON_CPU.into());
         }
         match self.quantization.as_deref() {
             None | Some("fp8") => {}
@@ -287,6 +295,16 @@ impl ServerArgs {
             return bad(FP8_ON_CPU.into());
         }
         Ok(())
+    }
+
+    /// The KV cache's element type `--kv-cache-dtype` asks for (bf16, fp16 and fp32 name the
+    /// backend's own, as auto does).
+    pub fn kv_cache_dtype(&self) -> crate::backend::KvCacheDtype {
+        match self.kv_cache_dtype.as_str() {
+            "fp8_e4m3" => crate::backend::KvCacheDtype::Fp8E4m3,
+            "fp8_e5m2" => crate::backend::KvCacheDtype::Fp8E5m2,
+            _ => crate::backend::KvCacheDtype::Auto,
+        }
     }
 
     /// The form `--quantization` asks the backend to store weights in.

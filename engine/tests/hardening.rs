@@ -331,6 +331,14 @@ fn parallelism_and_quantization_flags_get_clear_errors() {
             &["--quantization", "fp8", "--device", "cpu"][..],
             "--quantization fp8 runs on the GPU (--device cuda)",
         ),
+        (
+            &["--kv-cache-dtype", "fp8_e5m2", "--device", "cpu"][..],
+            "--kv-cache-dtype fp8_e4m3 and fp8_e5m2 run on the GPU (--device cuda)",
+        ),
+        (
+            &["--kv-cache-dtype", "int4"][..],
+            "--kv-cache-dtype int4 is not supported (auto, fp8_e4m3, fp8_e5m2)",
+        ),
     ] {
         let (ok, text) = check(flags);
         assert!(!ok, "{flags:?} was accepted: {text}");

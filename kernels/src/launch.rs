@@ -109,30 +109,75 @@ unsafe impl DeviceRepr for LogitEdit {}
 
 const _: () = assert!(std::mem::size_of::<LogitEdit>() == 16);
 
-/// Attention geometry shared by the attention launchers.
+/// Element type of the KV cache (`--kv-cache-dtype`): bf16 as computed, or one FP8 byte per
+/// element with no scale (e4m3 saturating at +-448, e5m2 at +-57344; `kv.cuh`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvDtype {
+    #[default]
+    Bf16,
+    Fp8E4m3,
+    Fp8E5m2,
+}
+
+impl KvDtype {
+    /// Bytes per element.
+    pub const fn bytes(self) -> usize {
+        match self {
+            KvDtype::Bf16 => 2,
+            KvDtype::Fp8E4m3 | KvDtype::Fp8E5m2 => 1,
+        }
+    }
+
+    const fn index(self) -> usize {
+        match self {
+            KvDtype::Bf16 => 0,
+            KvDtype::Fp8E4m3 => 1,
+            KvDtype::Fp8E5m2 => 2,
+        }
+    }
+
+    /// The suffix of the kernels for this pool type.
+    const fn suffix(self) -> &'static str {
+        match self {
+            KvDtype::Bf16 => "",
+            KvDtype::Fp8E4m3 => "_e4m3",
+            KvDtype::Fp8E5m2 => "_e5m2",
+        }
+    }
+
+    const ALL: [KvDtype; 3] = [KvDtype::Bf16, KvDtype::Fp8E4m3, KvDtype::Fp8E5m2];
+}
+
+/// Attention geometry shared by the attention launchers, with the KV pool's element type: the
+/// launchers take the pool as bytes (`Dptr<u8>`) holding `kv` elements, slot-major rows of
+/// `n_kv_heads * head_dim`.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnShape {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    pub kv: KvDtype,
 }
+
+type DecodeSet = [[[CudaFunction; 4]; 2]; 3];
 
 pub struct Kernels {
     module: Arc<CudaModule>,
     embedding: CudaFunction,
     add_rmsnorm: CudaFunction,
-    rope_kv_store: CudaFunction,
+    /// [KV pool type]
+    rope_kv_store: [CudaFunction; 3],
     silu_mul: CudaFunction,
     gather_rows: CudaFunction,
-    /// [head_dim 64, 128] x [group 1, 2, 4, 8]
-    decode: [[CudaFunction; 4]; 2],
+    /// [KV pool type] x [head_dim 64, 128] x [group 1, 2, 4, 8]
+    decode: DecodeSet,
     /// The same, merging the splits in the launch.
-    decode_merged: [[CudaFunction; 4]; 2],
+    decode_merged: DecodeSet,
     /// The same, with RoPE and the K/V store of a decode pass.
-    decode_rope: [[CudaFunction; 4]; 2],
+    decode_rope: DecodeSet,
     merge: CudaFunction,
-    /// [head_dim 64, 128]
-    prefill: [CudaFunction; 2],
+    /// [KV pool type] x [head_dim 64, 128]
+    prefill: [[CudaFunction; 2]; 3],
     sample: CudaFunction,
     /// [16 rows per block, 32 rows per block]
     gemv: [CudaFunction; 2],
@@ -241,16 +286,28 @@ impl Kernels {
             debug_assert!(KERNEL_NAMES.contains(&name));
             Ok(module.load_function(name)?)
         };
-        let decode_set = |prefix: &str| -> Result<[[CudaFunction; 4]; 2]> {
-            let set = |d: usize| -> Result<[CudaFunction; 4]> {
+        let decode_set = |prefix: &str| -> Result<DecodeSet> {
+            let set = |d: usize, kv: &str| -> Result<[CudaFunction; 4]> {
                 Ok([
-                    f(&format!("{prefix}_d{d}_g1"))?,
-                    f(&format!("{prefix}_d{d}_g2"))?,
-                    f(&format!("{prefix}_d{d}_g4"))?,
-                    f(&format!("{prefix}_d{d}_g8"))?,
+                    f(&format!("{prefix}_d{d}_g1{kv}"))?,
+                    f(&format!("{prefix}_d{d}_g2{kv}"))?,
+                    f(&format!("{prefix}_d{d}_g4{kv}"))?,
+                    f(&format!("{prefix}_d{d}_g8{kv}"))?,
                 ])
             };
-            Ok([set(64)?, set(128)?])
+            let [a, b, c] = KvDtype::ALL.map(|k| k.suffix());
+            Ok([
+                [set(64, a)?, set(128, a)?],
+                [set(64, b)?, set(128, b)?],
+                [set(64, c)?, set(128, c)?],
+            ])
+        };
+        let [pa, pb, pc] = KvDtype::ALL.map(|k| k.suffix());
+        let prefill_pair = |kv: &str| -> Result<[CudaFunction; 2]> {
+            Ok([
+                f(&format!("prefill_attn_d64{kv}"))?,
+                f(&format!("prefill_attn_d128{kv}"))?,
+            ])
         };
         let num_sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
@@ -265,14 +322,19 @@ impl Kernels {
             module: module.clone(),
             embedding: f("embedding_gather_bf16")?,
             add_rmsnorm: f("add_rmsnorm_bf16")?,
-            rope_kv_store: f("rope_kv_store_bf16")?,
+            // in KvDtype::ALL's order
+            rope_kv_store: [
+                f("rope_kv_store_bf16")?,
+                f("rope_kv_store_e4m3")?,
+                f("rope_kv_store_e5m2")?,
+            ],
             silu_mul: f("silu_mul_bf16")?,
             gather_rows: f("gather_rows_bf16")?,
             decode: decode_set("decode_attn")?,
             decode_merged: decode_set("decode_attn_merged")?,
             decode_rope: decode_set("decode_attn_rope")?,
             merge: f("attn_merge_splits")?,
-            prefill: [f("prefill_attn_d64")?, f("prefill_attn_d128")?],
+            prefill: [prefill_pair(pa)?, prefill_pair(pb)?, prefill_pair(pc)?],
             sample: f("sample_bf16")?,
             gemv: [f("gemv_bf16_r16")?, f("gemv_bf16_r32")?],
             gemv_rms: [f("gemv_rms_bf16_r16")?, f("gemv_rms_bf16_r32")?],
@@ -478,8 +540,8 @@ impl Kernels {
         &self,
         s: &CudaStream,
         qkv: Dptr<bf16>,
-        k_cache: Dptr<bf16>,
-        v_cache: Dptr<bf16>,
+        k_cache: Dptr<u8>,
+        v_cache: Dptr<u8>,
         positions: Dptr<i32>,
         slots: Dptr<i32>,
         inv_freq: Dptr<f32>,
@@ -521,7 +583,7 @@ impl Kernels {
         ];
         let grid = (n_tokens as u32, 1, 1);
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
-        unsafe { self.launch(s, &self.rope_kv_store, grid, 256, &mut a) }
+        unsafe { self.launch(s, &self.rope_kv_store[shape.kv.index()], grid, 256, &mut a) }
     }
 
     /// `out = silu(gate) * up` with `gate_up` rows `[gate | up]` of 2 x inter.
@@ -595,8 +657,8 @@ impl Kernels {
         out_stride: usize,
         q: Dptr<bf16>,
         q_stride: usize,
-        k_cache: Dptr<bf16>,
-        v_cache: Dptr<bf16>,
+        k_cache: Dptr<u8>,
+        v_cache: Dptr<u8>,
         kv_indptr: Dptr<i32>,
         kv_indices: Dptr<i32>,
         partial_o: Dptr<f32>,
@@ -608,7 +670,7 @@ impl Kernels {
             return Ok(());
         }
         let group = shape.n_heads / shape.n_kv_heads;
-        let f = &self.decode[dim_index(shape.head_dim)?][group_index(group)?];
+        let f = &self.decode[shape.kv.index()][dim_index(shape.head_dim)?][group_index(group)?];
         let (po, pml, qa, kc, vc, ip, ix) = (
             partial_o.addr(),
             partial_ml.addr(),
@@ -672,8 +734,8 @@ impl Kernels {
         out_stride: usize,
         q: Dptr<bf16>,
         q_stride: usize,
-        k_cache: Dptr<bf16>,
-        v_cache: Dptr<bf16>,
+        k_cache: Dptr<u8>,
+        v_cache: Dptr<u8>,
         kv_indptr: Dptr<i32>,
         kv_indices: Dptr<i32>,
         partial_o: Dptr<f32>,
@@ -710,8 +772,8 @@ impl Kernels {
         out: Dptr<bf16>,
         out_stride: usize,
         qkv: Dptr<bf16>,
-        k_cache: Dptr<bf16>,
-        v_cache: Dptr<bf16>,
+        k_cache: Dptr<u8>,
+        v_cache: Dptr<u8>,
         positions: Dptr<i32>,
         inv_freq: Dptr<f32>,
         kv_indptr: Dptr<i32>,
@@ -756,8 +818,8 @@ impl Kernels {
         out_stride: usize,
         q: Dptr<bf16>,
         q_stride: usize,
-        k_cache: Dptr<bf16>,
-        v_cache: Dptr<bf16>,
+        k_cache: Dptr<u8>,
+        v_cache: Dptr<u8>,
         kv_indptr: Dptr<i32>,
         kv_indices: Dptr<i32>,
         rope: Option<(Dptr<i32>, Dptr<f32>)>,
@@ -812,7 +874,7 @@ impl Kernels {
                     arg(&nh),
                     arg(&scale_log2),
                 ];
-                let f = &self.decode_merged[di][gi];
+                let f = &self.decode_merged[shape.kv.index()][di][gi];
                 // SAFETY: argument types match the kernel; the caller guarantees the extents.
                 unsafe { self.launch(s, f, grid, 128, &mut a) }
             }
@@ -836,7 +898,7 @@ impl Kernels {
                     arg(&nh),
                     arg(&scale_log2),
                 ];
-                let f = &self.decode_rope[di][gi];
+                let f = &self.decode_rope[shape.kv.index()][di][gi];
                 // SAFETY: as above.
                 unsafe { self.launch(s, f, grid, 128, &mut a) }
             }
@@ -857,8 +919,8 @@ impl Kernels {
         out_stride: usize,
         qkv: Dptr<bf16>,
         q_stride: usize,
-        k_cache: Dptr<bf16>,
-        v_cache: Dptr<bf16>,
+        k_cache: Dptr<u8>,
+        v_cache: Dptr<u8>,
         tiles: Dptr<i32>,
         n_tiles: usize,
         q_indptr: Dptr<i32>,
@@ -870,7 +932,7 @@ impl Kernels {
         if n_tiles == 0 {
             return Ok(());
         }
-        let f = &self.prefill[dim_index(shape.head_dim)?];
+        let f = &self.prefill[shape.kv.index()][dim_index(shape.head_dim)?];
         let (o, qa, kc, vc, t, qi, ki, kx, pl) = (
             out.addr(),
             qkv.addr(),

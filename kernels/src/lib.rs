@@ -14,7 +14,7 @@ mod source;
 pub use gemm::Gemm;
 pub use launch::{
     AR_BLOCKS, AR_MAX_RANKS, ArPeers, AttnShape, DecodeAttnPlan, GEMV_MAX_SPLITS, GEMV_MAX_TOKENS,
-    GEMV_PREFETCH_STEPS, GemvEpilogue, GemvPlan, GemvWorkspace, Kernels, LogitEdit,
+    GEMV_PREFETCH_STEPS, GemvEpilogue, GemvPlan, GemvWorkspace, Kernels, KvDtype, LogitEdit,
     MAX_DECODE_SPLITS, WeightRef, prefill_tiles,
 };
 pub use source::{KERNEL_NAMES, SOURCE, compile_ptx, nvrtc_available};
@@ -96,6 +96,14 @@ impl<T> Dptr<T> {
 
     pub fn addr(self) -> u64 {
         self.addr
+    }
+
+    /// The same address, as one of `U`s (the KV pool's bytes hold elements of its dtype).
+    pub const fn cast<U>(self) -> Dptr<U> {
+        Dptr {
+            addr: self.addr,
+            _t: PhantomData,
+        }
     }
 }
 

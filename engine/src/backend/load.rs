@@ -7,6 +7,18 @@ use crate::model::Model;
 use crate::model::llama::TensorParallel;
 use crate::model::tensors::Quantization;
 
+/// The KV cache's element type (`--kv-cache-dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvCacheDtype {
+    /// The backend's own (bf16 on the GPU, f32 on the CPU).
+    #[default]
+    Auto,
+    /// One FP8 byte per element, no scale (CUDA only): `fp8_e4m3` saturates at +-448,
+    /// `fp8_e5m2` at +-57344 with a coarser mantissa. Half the bytes of bf16: twice the tokens.
+    Fp8E4m3,
+    Fp8E5m2,
+}
+
 /// What a backend is built with (SGLang's flags of the same names where there are).
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
@@ -16,6 +28,8 @@ pub struct LoadOptions {
     pub context_length: usize,
     /// The form weights are stored in (`--quantization`).
     pub quantization: Quantization,
+    /// The KV cache's element type (`--kv-cache-dtype`).
+    pub kv_cache_dtype: KvCacheDtype,
     /// This process's share of the weights (`--tp-size`).
     pub tensor_parallel: TensorParallel,
     /// CPU: sample on the host with passes handed out one step late, so that the scheduler's
@@ -36,6 +50,7 @@ impl Default for LoadOptions {
             max_total_tokens: None,
             context_length: 4096,
             quantization: Quantization::AsStored,
+            kv_cache_dtype: KvCacheDtype::Auto,
             tensor_parallel: TensorParallel::default(),
             host_overlap: false,
             mem_fraction_static: 0.88,
@@ -54,6 +69,9 @@ pub fn load(device: DeviceKind, model: &Model, opts: &LoadOptions) -> Result<Box
             opts.tensor_parallel.size
         ))
         .into());
+    }
+    if opts.kv_cache_dtype != KvCacheDtype::Auto && device != DeviceKind::Cuda {
+        return Err(BackendError::Unsupported(crate::config::FP8_KV_ON_CPU.into()).into());
     }
     match device {
         DeviceKind::Cpu => {

@@ -12,7 +12,7 @@ mod load;
 
 pub use error::BackendError;
 pub use host_sampling::HostSampling;
-pub use load::{LoadOptions, detect_device, load};
+pub use load::{KvCacheDtype, LoadOptions, detect_device, load};
 
 use crate::error::Result;
 

@@ -102,6 +102,13 @@ fn check_device_flags(args: &ServerArgs, cfg: &ModelConfig) -> Result<()> {
             crate::config::FP8_ON_CPU.into(),
         ));
     }
+    if args.kv_cache_dtype() != crate::backend::KvCacheDtype::Auto
+        && args.device() != DeviceKind::Cuda
+    {
+        return Err(EngineError::InvalidArgument(
+            crate::config::FP8_KV_ON_CPU.into(),
+        ));
+    }
     if args.tp_size == 1 {
         return Ok(());
     }
@@ -130,6 +137,7 @@ pub fn launch(mut args: ServerArgs) -> Result<EngineHandle> {
     check_device_flags(&args, &cfg)?;
     let opts = LoadOptions {
         quantization: args.weight_quantization(),
+        kv_cache_dtype: args.kv_cache_dtype(),
         max_total_tokens: args.max_total_tokens,
         context_length,
         host_overlap: args.device() == DeviceKind::Cpu && args.enable_overlap_schedule,

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream};
 use half::bf16;
 use sgl_kernels::{
-    AttnShape, Dptr, Gemm, GemvEpilogue, GemvWorkspace, Kernels, LogitEdit, WeightRef, dptr,
-    prefill_tiles,
+    AttnShape, Dptr, Gemm, GemvEpilogue, GemvWorkspace, Kernels, KvDtype, LogitEdit, WeightRef,
+    dptr, prefill_tiles,
 };
 
 type R<T> = Result<T, Box<dyn std::error::Error>>;
@@ -182,7 +182,7 @@ fn llama3_inv_freq(hd: usize) -> Vec<f32> {
         .collect()
 }
 
-fn check_rope(c: &mut Ctx) -> R<()> {
+fn check_rope(c: &mut Ctx, kv: KvDtype) -> R<()> {
     let (t, nh, nkv, hd) = (11, 32, 8, 128);
     let w = (nh + 2 * nkv) * hd;
     let n_slots = 64;
@@ -191,14 +191,14 @@ fn check_rope(c: &mut Ctx) -> R<()> {
     let slots: Vec<i32> = c.rng.perm(n_slots)[..t].iter().map(|&x| x as i32).collect();
     let inv = llama3_inv_freq(hd);
     let (dq, dp, ds, di) = (c.up(&qkv)?, c.up(&pos)?, c.up(&slots)?, c.up(&inv)?);
-    let (kc, vc) = (
-        c.poisoned(n_slots * nkv * hd)?,
-        c.poisoned(n_slots * nkv * hd)?,
-    );
+    // every byte 0xff: NaN in each pool type
+    let poison = vec![0xffu8; n_slots * nkv * hd * kv.bytes()];
+    let (kc, vc) = (c.up(&poison)?, c.up(&poison)?);
     let shape = AttnShape {
         n_heads: nh,
         n_kv_heads: nkv,
         head_dim: hd,
+        kv,
     };
     // SAFETY: shapes as allocated; slots < n_slots.
     unsafe {
@@ -214,7 +214,14 @@ fn check_rope(c: &mut Ctx) -> R<()> {
             shape,
         )?
     };
-    let (gq, gk, gv) = (c.down(&dq)?, c.down(&kc)?, c.down(&vc)?);
+    let gq = c.down(&dq)?;
+    c.s.synchronize()?;
+    let (gk, gv) = (
+        kv_decode(&c.s.clone_dtoh(&kc)?, kv),
+        kv_decode(&c.s.clone_dtoh(&vc)?, kv),
+    );
+    // the pool's rounding of a bf16 result
+    let pooled = |x: f32| kv_encode(&[x], kv).1[0];
     let (mut got, mut want) = (Vec::new(), Vec::new());
     let half = hd / 2;
     for r in 0..t {
@@ -226,22 +233,26 @@ fn check_rope(c: &mut Ctx) -> R<()> {
                 let x2 = qkv[r * w + head * hd + i + half].to_f32();
                 let o1 = rbf(rbf(x1 * cs) + rbf(-x2 * sn));
                 let o2 = rbf(rbf(x2 * cs) + rbf(x1 * sn));
-                let (g1, g2) = if head < nh {
-                    (gq[r * w + head * hd + i], gq[r * w + head * hd + i + half])
+                if head < nh {
+                    got.extend([gq[r * w + head * hd + i], gq[r * w + head * hd + i + half]]);
+                    want.extend([o1, o2]);
                 } else {
                     let base = slots[r] as usize * nkv * hd + (head - nh) * hd;
-                    (gk[base + i], gk[base + i + half])
-                };
-                got.extend([g1, g2]);
-                want.extend([o1, o2]);
+                    got.extend([gk[base + i], gk[base + i + half]]);
+                    want.extend([pooled(o1), pooled(o2)]);
+                }
             }
         }
         for j in 0..nkv * hd {
             got.push(gv[slots[r] as usize * nkv * hd + j]);
-            want.push(qkv[r * w + (nh + nkv) * hd + j].to_f32());
+            want.push(pooled(qkv[r * w + (nh + nkv) * hd + j].to_f32()));
         }
     }
-    c.record("rope_kv_store (llama3 scaling)", rel_err(&got, &want), 1e-2);
+    c.record(
+        &format!("rope_kv_store (llama3 scaling), {} pool", kv_name(kv)),
+        rel_err(&got, &want),
+        1e-2,
+    );
     Ok(())
 }
 
@@ -303,27 +314,36 @@ fn attn_ref(
     o.iter().map(|x| (x / l) as f32).collect()
 }
 
+/// Random K and V pools of `kv` elements: the values they hold, and the pools on the device.
 #[allow(clippy::type_complexity)]
 fn random_cache(
     c: &mut Ctx,
     n_slots: usize,
     nkv: usize,
     hd: usize,
-) -> R<(Vec<f32>, Vec<f32>, CudaSlice<bf16>, CudaSlice<bf16>)> {
-    let k: Vec<f32> = (0..n_slots * nkv * hd)
-        .map(|_| rbf(c.rng.sym() * 2.0))
-        .collect();
-    let v: Vec<f32> = (0..n_slots * nkv * hd).map(|_| rbf(c.rng.sym())).collect();
-    let (dk, dv) = (c.up(&bf(&k))?, c.up(&bf(&v))?);
+    kv: KvDtype,
+) -> R<(Vec<f32>, Vec<f32>, CudaSlice<u8>, CudaSlice<u8>)> {
+    let k: Vec<f32> = (0..n_slots * nkv * hd).map(|_| c.rng.sym() * 2.0).collect();
+    let v: Vec<f32> = (0..n_slots * nkv * hd).map(|_| c.rng.sym()).collect();
+    let ((kb, k), (vb, v)) = (kv_encode(&k, kv), kv_encode(&v, kv));
+    let (dk, dv) = (c.up(&kb)?, c.up(&vb)?);
     Ok((k, v, dk, dv))
 }
 
-fn check_decode(c: &mut Ctx, hd: usize, nh: usize, nkv: usize) -> R<()> {
+fn kv_name(kv: KvDtype) -> &'static str {
+    match kv {
+        KvDtype::Bf16 => "bf16",
+        KvDtype::Fp8E4m3 => "fp8_e4m3",
+        KvDtype::Fp8E5m2 => "fp8_e5m2",
+    }
+}
+
+fn check_decode(c: &mut Ctx, hd: usize, nh: usize, nkv: usize, kv: KvDtype) -> R<()> {
     let lens = [1usize, 17, 300, 1029, 2500];
     let b = lens.len();
     let total: usize = lens.iter().sum();
     let n_slots = total + 100;
-    let (k, v, dk, dv) = random_cache(c, n_slots, nkv, hd)?;
+    let (k, v, dk, dv) = random_cache(c, n_slots, nkv, hd, kv)?;
     let perm = c.rng.perm(n_slots);
     let mut indptr = vec![0i32];
     let mut idx = Vec::new();
@@ -340,6 +360,7 @@ fn check_decode(c: &mut Ctx, hd: usize, nh: usize, nkv: usize) -> R<()> {
         n_heads: nh,
         n_kv_heads: nkv,
         head_dim: hd,
+        kv,
     };
     let max_len = *lens.iter().max().unwrap_or(&1);
     for plan in [
@@ -388,7 +409,11 @@ fn check_decode(c: &mut Ctx, hd: usize, nh: usize, nkv: usize) -> R<()> {
                 ));
             }
         }
-        let name = format!("decode_attn d{hd} {nh}/{nkv} heads, {} splits", plan.splits);
+        let name = format!(
+            "decode_attn d{hd} {nh}/{nkv} heads, {} splits, {} pool",
+            plan.splits,
+            kv_name(kv)
+        );
         c.record(&name, rel_err(&got, &want), 1e-2);
     }
     Ok(())
@@ -401,13 +426,20 @@ fn check_decode(c: &mut Ctx, hd: usize, nh: usize, nkv: usize) -> R<()> {
 /// `rope_kv_store` + `decode_attn` + merge: outputs, the K and V pools (the new tokens' slots
 /// NaN before), the qkv rows left unmodified, and the arrival counters back at zero; each
 /// fused launch runs twice, into NaN-poisoned outputs.
-fn check_decode_fused(c: &mut Ctx, hd: usize, nh: usize, nkv: usize, lens: &[usize]) -> R<()> {
+fn check_decode_fused(
+    c: &mut Ctx,
+    hd: usize,
+    nh: usize,
+    nkv: usize,
+    lens: &[usize],
+    kv: KvDtype,
+) -> R<()> {
     let b = lens.len();
     let total: usize = lens.iter().sum();
     let n_slots = total + 16;
     let row = (nh + 2 * nkv) * hd;
     let kv_row = nkv * hd;
-    let (mut k, mut v, _, _) = random_cache(c, n_slots, nkv, hd)?;
+    let (mut k, mut v, _, _) = random_cache(c, n_slots, nkv, hd, kv)?;
     let perm = c.rng.perm(n_slots);
     let mut indptr = vec![0i32];
     let mut idx: Vec<i32> = Vec::new();
@@ -433,6 +465,7 @@ fn check_decode_fused(c: &mut Ctx, hd: usize, nh: usize, nkv: usize, lens: &[usi
         n_heads: nh,
         n_kv_heads: nkv,
         head_dim: hd,
+        kv,
     };
     let (dip, dix, dpos, dsl, dinv) = (
         c.up(&indptr)?,
@@ -459,7 +492,8 @@ fn check_decode_fused(c: &mut Ctx, hd: usize, nh: usize, nkv: usize, lens: &[usi
         let po = c.s.alloc_zeros::<f32>(parts * hd)?;
         let pml = c.s.alloc_zeros::<f32>(parts * 2)?;
         // unfused: rope_kv_store, then decode_attn + merge
-        let (dq1, dk1, dv1) = (c.up(&qkv)?, c.up(&bf(&k))?, c.up(&bf(&v))?);
+        let pool = |x: &[f32]| kv_encode(x, kv).0;
+        let (dq1, dk1, dv1) = (c.up(&qkv)?, c.up(&pool(&k))?, c.up(&pool(&v))?);
         let out1 = c.poisoned(b * nh * hd)?;
         // SAFETY: shapes as allocated; new_slots inside the pool.
         unsafe {
@@ -497,7 +531,11 @@ fn check_decode_fused(c: &mut Ctx, hd: usize, nh: usize, nkv: usize, lens: &[usi
             c.s.synchronize()?;
             Ok(c.s.clone_dtoh(d)?.iter().map(|x| x.to_bits()).collect())
         };
-        let (want_o, want_k, want_v) = (bits(&out1)?, bits(&dk1)?, bits(&dv1)?);
+        let bytes = |d: &CudaSlice<u8>| -> R<Vec<u16>> {
+            c.s.synchronize()?;
+            Ok(c.s.clone_dtoh(d)?.iter().map(|&x| x as u16).collect())
+        };
+        let (want_o, want_k, want_v) = (bits(&out1)?, bytes(&dk1)?, bytes(&dv1)?);
         for _ in 0..2 {
             // merged, on the rotated rows
             let out2 = c.poisoned(b * nh * hd)?;
@@ -525,7 +563,7 @@ fn check_decode_fused(c: &mut Ctx, hd: usize, nh: usize, nkv: usize, lens: &[usi
             compared += want_o.len();
         }
         // rope form on the raw rows and a pool whose new slots are still NaN
-        let (dq3, dk3, dv3) = (c.up(&qkv)?, c.up(&bf(&k))?, c.up(&bf(&v))?);
+        let (dq3, dk3, dv3) = (c.up(&qkv)?, c.up(&pool(&k))?, c.up(&pool(&v))?);
         for _ in 0..2 {
             let out3 = c.poisoned(b * nh * hd)?;
             // SAFETY: as above.
@@ -550,8 +588,8 @@ fn check_decode_fused(c: &mut Ctx, hd: usize, nh: usize, nkv: usize, lens: &[usi
                 )?
             };
             differ += diff_bits(&bits(&out3)?, &want_o);
-            differ += diff_bits(&bits(&dk3)?, &want_k);
-            differ += diff_bits(&bits(&dv3)?, &want_v);
+            differ += diff_bits(&bytes(&dk3)?, &want_k);
+            differ += diff_bits(&bytes(&dv3)?, &want_v);
             compared += want_o.len() + want_k.len() + want_v.len();
         }
         let raw: Vec<u16> = qkv.iter().map(|x| x.to_bits()).collect();
@@ -564,7 +602,8 @@ fn check_decode_fused(c: &mut Ctx, hd: usize, nh: usize, nkv: usize, lens: &[usi
     }
     c.record(
         &format!(
-            "decode_attn_merged / decode_attn_rope d{hd} {nh}/{nkv} heads, lens {lens:?}, splits {splits:?}: bits vs rope_kv_store + decode_attn + merge ({differ} of {compared} differ, {nonfinite} reference outputs not finite)"
+            "decode_attn_merged / decode_attn_rope d{hd} {nh}/{nkv} heads, {} pool, lens {lens:?}, splits {splits:?}: bits vs rope_kv_store + decode_attn + merge ({differ} of {compared} differ, {nonfinite} reference outputs not finite)",
+            kv_name(kv)
         ),
         if nonfinite == 0 {
             differ as f64 / compared as f64
@@ -576,12 +615,12 @@ fn check_decode_fused(c: &mut Ctx, hd: usize, nh: usize, nkv: usize, lens: &[usi
     Ok(())
 }
 
-fn check_prefill(c: &mut Ctx, hd: usize, nh: usize, nkv: usize) -> R<()> {
+fn check_prefill(c: &mut Ctx, hd: usize, nh: usize, nkv: usize, kv: KvDtype) -> R<()> {
     // (prefix already cached, new query tokens)
     let seqs = [(0usize, 1usize), (0, 70), (150, 200), (37, 64), (0, 513)];
     let total_kv: usize = seqs.iter().map(|(p, q)| p + q).sum();
     let n_slots = total_kv + 50;
-    let (k, v, dk, dv) = random_cache(c, n_slots, nkv, hd)?;
+    let (k, v, dk, dv) = random_cache(c, n_slots, nkv, hd, kv)?;
     let perm = c.rng.perm(n_slots);
     let (mut q_indptr, mut kv_indptr, mut prefix, mut idx) =
         (vec![0i32], vec![0i32], Vec::new(), Vec::new());
@@ -612,6 +651,7 @@ fn check_prefill(c: &mut Ctx, hd: usize, nh: usize, nkv: usize) -> R<()> {
         n_heads: nh,
         n_kv_heads: nkv,
         head_dim: hd,
+        kv,
     };
     // SAFETY: shapes as allocated.
     unsafe {
@@ -654,7 +694,10 @@ fn check_prefill(c: &mut Ctx, hd: usize, nh: usize, nkv: usize) -> R<()> {
         }
     }
     c.record(
-        &format!("prefill_attn d{hd} {nh}/{nkv} heads, cached prefixes"),
+        &format!(
+            "prefill_attn d{hd} {nh}/{nkv} heads, cached prefixes, {} pool",
+            kv_name(kv)
+        ),
         rel_err(&got, &want),
         1e-2,
     );
@@ -843,6 +886,92 @@ fn e4m3_value(b: u8) -> f64 {
         s * m / 512.0
     } else {
         s * (1.0 + m / 8.0) * 2f64.powi(e - 7)
+    }
+}
+
+/// e5m2 of `f`, rounded to nearest even and saturated to +-57344 (`f2e5m2` of kv.cuh).
+fn f2e5m2(f: f32) -> u8 {
+    let sign = ((f.to_bits() >> 24) & 0x80) as u8;
+    let a = f.abs();
+    if a.is_nan() {
+        return sign | 0x7f;
+    }
+    if a < 6.103_515_6e-5 {
+        return sign | (a * 65536.0).round_ties_even() as u8;
+    }
+    let u = a
+        .to_bits()
+        .wrapping_add(0xfffff + ((a.to_bits() >> 21) & 1));
+    let e = (u >> 23) as i32 - 127;
+    let m = ((u >> 21) & 3) as u8;
+    if e > 15 {
+        return sign | 0x7b;
+    }
+    sign | (((e + 15) as u8) << 2) | m
+}
+
+fn e5m2_value(b: u8) -> f64 {
+    let s = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let (e, m) = (((b >> 2) & 31) as i32, (b & 3) as f64);
+    if e == 31 {
+        return f64::NAN;
+    }
+    if e == 0 {
+        s * m / 65536.0
+    } else {
+        s * (1.0 + m / 4.0) * 2f64.powi(e - 15)
+    }
+}
+
+/// `vals` as a KV pool of `kv` elements: the bytes to upload (each value rounded to bf16 first,
+/// as the kernels store bf16 results) and the values those bytes stand for.
+fn kv_encode(vals: &[f32], kv: KvDtype) -> (Vec<u8>, Vec<f32>) {
+    let mut bytes = Vec::with_capacity(vals.len() * kv.bytes());
+    let mut back = Vec::with_capacity(vals.len());
+    for &v in vals {
+        let b = bf16::from_f32(v);
+        match kv {
+            KvDtype::Bf16 => {
+                bytes.extend(b.to_bits().to_le_bytes());
+                back.push(b.to_f32());
+            }
+            KvDtype::Fp8E4m3 => {
+                let q = f2e4m3(b.to_f32());
+                bytes.push(q);
+                back.push(if q & 0x7f == 0x7f {
+                    f32::NAN
+                } else {
+                    e4m3_value(q) as f32
+                });
+            }
+            KvDtype::Fp8E5m2 => {
+                let q = f2e5m2(b.to_f32());
+                bytes.push(q);
+                back.push(e5m2_value(q) as f32);
+            }
+        }
+    }
+    (bytes, back)
+}
+
+/// The values of a pool's bytes.
+fn kv_decode(bytes: &[u8], kv: KvDtype) -> Vec<f32> {
+    match kv {
+        KvDtype::Bf16 => bytes
+            .chunks_exact(2)
+            .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+            .collect(),
+        KvDtype::Fp8E4m3 => bytes
+            .iter()
+            .map(|&q| {
+                if q & 0x7f == 0x7f {
+                    f32::NAN
+                } else {
+                    e4m3_value(q) as f32
+                }
+            })
+            .collect(),
+        KvDtype::Fp8E5m2 => bytes.iter().map(|&q| e5m2_value(q) as f32).collect(),
     }
 }
 
@@ -1638,6 +1767,7 @@ impl DecodeModel {
             n_heads: 32,
             n_kv_heads: 8,
             head_dim: 128,
+            kv: KvDtype::Bf16,
         };
         let qkv_n = (shape.n_heads + 2 * shape.n_kv_heads) * shape.head_dim;
         let kv_row = shape.n_kv_heads * shape.head_dim;
@@ -1792,8 +1922,8 @@ impl DecodeModel {
         );
         let mut launches = 0;
         for l in 0..self.layers {
-            let kc = dptr(&self.k_cache, s).add(l * kv_layer);
-            let vc = dptr(&self.v_cache, s).add(l * kv_layer);
+            let kc = dptr(&self.k_cache, s).add(l * kv_layer).cast::<u8>();
+            let vc = dptr(&self.v_cache, s).add(l * kv_layer).cast::<u8>();
             let wq = dptr(&self.qkv_w, s).add(l * qkv_n * HIDDEN);
             let wo = dptr(&self.o_w, s).add(l * HIDDEN * q_dim);
             let wgu = dptr(&self.gate_up_w, s).add(l * 2 * INTER * HIDDEN);
@@ -2267,15 +2397,41 @@ fn main() -> R<()> {
         return bench_decode(&mut c);
     }
     let only_fp8 = std::env::args().nth(1).as_deref() == Some("fp8");
+    let only_kv = std::env::args().nth(1).as_deref() == Some("kv");
+    // FP8 KV pools: the store, the decode forms and prefill attention on e4m3 and e5m2 bytes
+    // (`kv`: these alone)
+    for kv in [KvDtype::Fp8E4m3, KvDtype::Fp8E5m2] {
+        if only_fp8 {
+            break;
+        }
+        check_rope(&mut c, kv)?;
+        check_decode(&mut c, 128, 32, 8, kv)?;
+        check_decode(&mut c, 64, 16, 2, kv)?;
+        for (hd, nh, nkv) in [(128, 32, 8), (128, 64, 8), (64, 16, 4)] {
+            check_decode_fused(&mut c, hd, nh, nkv, &[300], kv)?;
+            check_decode_fused(
+                &mut c,
+                hd,
+                nh,
+                nkv,
+                &[2, 17, 33, 300, 1029, 2500, 64, 129],
+                kv,
+            )?;
+        }
+        check_prefill(&mut c, 128, 32, 8, kv)?;
+        check_prefill(&mut c, 64, 8, 4, kv)?;
+    }
+    let only_fp8 = only_fp8 || only_kv;
     if !only_fp8 {
+        let kv = KvDtype::Bf16;
         check_embedding(&mut c)?;
         check_rmsnorm(&mut c)?;
-        check_rope(&mut c)?;
+        check_rope(&mut c, kv)?;
         check_silu(&mut c)?;
-        check_decode(&mut c, 128, 32, 8)?;
-        check_decode(&mut c, 128, 8, 8)?;
-        check_decode(&mut c, 64, 16, 2)?;
-        check_decode(&mut c, 128, 16, 8)?;
+        check_decode(&mut c, 128, 32, 8, kv)?;
+        check_decode(&mut c, 128, 8, 8, kv)?;
+        check_decode(&mut c, 64, 16, 2, kv)?;
+        check_decode(&mut c, 128, 16, 8, kv)?;
         let fused_shapes = [
             (128, 32, 8),
             (128, 8, 8),
@@ -2287,12 +2443,19 @@ fn main() -> R<()> {
             (64, 32, 4),
         ];
         for (hd, nh, nkv) in fused_shapes {
-            check_decode_fused(&mut c, hd, nh, nkv, &[300])?;
-            check_decode_fused(&mut c, hd, nh, nkv, &[1, 130, 257])?;
-            check_decode_fused(&mut c, hd, nh, nkv, &[2, 17, 33, 300, 1029, 2500, 64, 129])?;
+            check_decode_fused(&mut c, hd, nh, nkv, &[300], kv)?;
+            check_decode_fused(&mut c, hd, nh, nkv, &[1, 130, 257], kv)?;
+            check_decode_fused(
+                &mut c,
+                hd,
+                nh,
+                nkv,
+                &[2, 17, 33, 300, 1029, 2500, 64, 129],
+                kv,
+            )?;
         }
-        check_prefill(&mut c, 128, 32, 8)?;
-        check_prefill(&mut c, 64, 8, 4)?;
+        check_prefill(&mut c, 128, 32, 8, kv)?;
+        check_prefill(&mut c, 64, 8, 4, kv)?;
         if std::env::args().nth(1).as_deref() == Some("bench-gemv") {
             return bench_gemv(&mut c);
         }
@@ -2300,7 +2463,9 @@ fn main() -> R<()> {
         check_gemv(&mut c)?;
         check_gemv_rmsnorm(&mut c)?;
     }
-    check_fp8(&mut c)?;
+    if !only_kv {
+        check_fp8(&mut c)?;
+    }
     if !only_fp8 {
         check_logit_edits(&mut c)?;
         check_copy_tokens(&mut c)?;

@@ -85,13 +85,14 @@ __device__ __forceinline__ void dec_rope_pair(float pos, float inv_freq, float x
 
 // Key/value rows of one tile: this thread's 8 dims (`head_off`) of keys t0 + i * KPP + kk.
 // Every load of the tile is issued before any is used, so a block waits for memory once per
-// tile rather than once per key step.
-template <int KPT, int KPP>
-__device__ __forceinline__ void dec_load_tile(const bf16_t* k_cache, const bf16_t* v_cache,
+// tile rather than once per key step. KV: the pool's element type (kv.cuh).
+template <typename KV, int KPT, int KPP>
+__device__ __forceinline__ void dec_load_tile(const typename KV::T* k_cache,
+                                              const typename KV::T* v_cache,
                                               const int* __restrict__ kv_indices, int beg,
                                               int t0, int k1, int kk, size_t head_off,
-                                              int kv_stride, uint4 (&kr)[KPT],
-                                              uint4 (&vr)[KPT]) {
+                                              int kv_stride, typename KV::Raw8 (&kr)[KPT],
+                                              typename KV::Raw8 (&vr)[KPT]) {
     int slot[KPT];
 #pragma unroll
     for (int i = 0; i < KPT; ++i) {
@@ -102,11 +103,11 @@ __device__ __forceinline__ void dec_load_tile(const bf16_t* k_cache, const bf16_
     for (int i = 0; i < KPT; ++i) {
         if (slot[i] >= 0) {
             const size_t row = (size_t)slot[i] * kv_stride + head_off;
-            kr[i] = *(const uint4*)(k_cache + row);
-            vr[i] = *(const uint4*)(v_cache + row);
+            kr[i] = KV::load8(k_cache + row);
+            vr[i] = KV::load8(v_cache + row);
         } else {
-            kr[i] = make_uint4(0u, 0u, 0u, 0u);
-            vr[i] = make_uint4(0u, 0u, 0u, 0u);
+            kr[i] = KV::zero8();
+            vr[i] = KV::zero8();
         }
     }
 }
@@ -117,12 +118,12 @@ struct DecTile {
     static constexpr int KPT = G >= 8 ? 4 : 8;
 };
 
-template <int D, int G, int MODE>
+template <int D, int G, int MODE, typename KV>
 __device__ __forceinline__ void decode_attn_impl(
     bf16_t* __restrict__ out, int out_stride, float* __restrict__ partial_o,
     float* __restrict__ partial_ml, unsigned int* __restrict__ counters,
-    const bf16_t* __restrict__ q, int q_stride, const bf16_t* k_cache, const bf16_t* v_cache,
-    bf16_t* k_store, bf16_t* v_store, int kv_stride, const int* __restrict__ kv_indptr,
+    const bf16_t* __restrict__ q, int q_stride, const typename KV::T* k_cache,
+    const typename KV::T* v_cache, typename KV::T* k_store, typename KV::T* v_store, int kv_stride, const int* __restrict__ kv_indptr,
     const int* __restrict__ kv_indices, const int* __restrict__ positions,
     const float* __restrict__ inv_freq, int n_heads, float scale_log2) {
     constexpr int LPK = D / 8;              // lanes per key (8 dims each)
@@ -174,8 +175,8 @@ __device__ __forceinline__ void decode_attn_impl(
     }
 
     const size_t head_off = (size_t)kvh * D + sub * 8;
-    uint4 kr[KPT], vr[KPT];
-    dec_load_tile<KPT, KPP>(k_cache, v_cache, kv_indices, beg, k0, k1, kk, head_off, kv_stride,
+    typename KV::Raw8 kr[KPT], vr[KPT];
+    dec_load_tile<KV, KPT, KPP>(k_cache, v_cache, kv_indices, beg, k0, k1, kk, head_off, kv_stride,
                             kr, vr);
 
     // q dims of this thread, for every head of the group
@@ -200,17 +201,20 @@ __device__ __forceinline__ void decode_attn_impl(
                 s_q[g][i] = bf2f(o1);
                 s_q[g][i + HALF] = bf2f(o2);
             } else {
-                k_store[kv_row + i] = o1;
-                k_store[kv_row + i + HALF] = o2;
-                s_knew[i] = bf2f(o1);
-                s_knew[i + HALF] = bf2f(o2);
+                // the pool's rounding, and attention uses the value as stored
+                const typename KV::T e1 = KV::enc(o1), e2 = KV::enc(o2);
+                k_store[kv_row + i] = e1;
+                k_store[kv_row + i + HALF] = e2;
+                s_knew[i] = KV::dec(e1);
+                s_knew[i + HALF] = KV::dec(e2);
             }
         }
         if (has_new) {
             const bf16_t* v = row + (size_t)(n_heads + gridDim.y + kvh) * D;
             for (int i = tid; i < D; i += DEC_THREADS) {
-                v_store[kv_row + i] = v[i];
-                s_vnew[i] = bf2f(v[i]);
+                const typename KV::T e = KV::enc(v[i]);
+                v_store[kv_row + i] = e;
+                s_vnew[i] = KV::dec(e);
             }
         }
         __syncthreads();
@@ -237,7 +241,7 @@ __device__ __forceinline__ void decode_attn_impl(
     }
     for (int t0 = k0; t0 < k1; t0 += TILE) {
         if (t0 != k0) {
-            dec_load_tile<KPT, KPP>(k_cache, v_cache, kv_indices, beg, t0, k1, kk, head_off,
+            dec_load_tile<KV, KPT, KPP>(k_cache, v_cache, kv_indices, beg, t0, k1, kk, head_off,
                                     kv_stride, kr, vr);
         }
         float p[KPT][G];  // scores, then weights
@@ -249,7 +253,7 @@ __device__ __forceinline__ void decode_attn_impl(
 #pragma unroll
                 for (int j = 0; j < 8; ++j) kf[j] = s_knew[(sub * 8 + j) % ROPE_D];
             } else {
-                unpack8(kr[i], kf);
+                KV::unpack(kr[i], kf);
             }
 #pragma unroll
             for (int g = 0; g < G; ++g) {
@@ -291,7 +295,7 @@ __device__ __forceinline__ void decode_attn_impl(
 #pragma unroll
                 for (int j = 0; j < 8; ++j) vf[j] = s_vnew[(sub * 8 + j) % ROPE_D];
             } else {
-                unpack8(vr[i], vf);
+                KV::unpack(vr[i], vf);
             }
 #pragma unroll
             for (int g = 0; g < G; ++g)
@@ -398,43 +402,54 @@ __device__ __forceinline__ void decode_attn_impl(
     }
 }
 
-#define DECODE_ATTN(D, G)                                                                      \
+// Kernel names: decode_attn[_merged|_rope]_d<D>_g<G> for a bf16 pool, with _e4m3 / _e5m2
+// appended for an FP8 pool.
+#define DECODE_ATTN(D, G, SUF, KV)                                                             \
     extern "C" __global__ void __launch_bounds__(DEC_THREADS)                                  \
-        decode_attn_d##D##_g##G(float* po, float* pml, const bf16_t* q, int q_stride,          \
-                                const bf16_t* kc, const bf16_t* vc, int kv_stride,             \
-                                const int* kv_indptr, const int* kv_indices, int n_heads,      \
-                                float scale_log2) {                                            \
-        decode_attn_impl<D, G, DEC_PARTIALS>(nullptr, 0, po, pml, nullptr, q, q_stride, kc, vc, \
-                                             nullptr, nullptr, kv_stride, kv_indptr,           \
-                                             kv_indices, nullptr, nullptr, n_heads,            \
+        decode_attn_d##D##_g##G##SUF(float* po, float* pml, const bf16_t* q, int q_stride,     \
+                                     const KV::T* kc, const KV::T* vc, int kv_stride,          \
+                                     const int* kv_indptr, const int* kv_indices, int n_heads, \
+                                     float scale_log2) {                                       \
+        decode_attn_impl<D, G, DEC_PARTIALS, KV>(nullptr, 0, po, pml, nullptr, q, q_stride,    \
+                                                 kc, vc, nullptr, nullptr, kv_stride,          \
+                                                 kv_indptr, kv_indices, nullptr, nullptr,      \
+                                                 n_heads, scale_log2);                         \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS)                                  \
+        decode_attn_merged_d##D##_g##G##SUF(                                                   \
+            bf16_t* out, int out_stride, float* po, float* pml, unsigned int* counters,        \
+            const bf16_t* q, int q_stride, const KV::T* kc, const KV::T* vc, int kv_stride,    \
+            const int* kv_indptr, const int* kv_indices, int n_heads, float scale_log2) {      \
+        decode_attn_impl<D, G, DEC_MERGED, KV>(out, out_stride, po, pml, counters, q,          \
+                                               q_stride, kc, vc, nullptr, nullptr, kv_stride,  \
+                                               kv_indptr, kv_indices, nullptr, nullptr,        \
+                                               n_heads, scale_log2);                           \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS)                                  \
+        decode_attn_rope_d##D##_g##G##SUF(                                                     \
+            bf16_t* out, int out_stride, float* po, float* pml, unsigned int* counters,        \
+            const bf16_t* qkv, int q_stride, KV::T* kc, KV::T* vc, int kv_stride,              \
+            const int* kv_indptr, const int* kv_indices, const int* positions,                 \
+            const float* inv_freq, int n_heads, float scale_log2) {                            \
+        decode_attn_impl<D, G, DEC_ROPE, KV>(out, out_stride, po, pml, counters, qkv,          \
+                                             q_stride, kc, vc, kc, vc, kv_stride, kv_indptr,   \
+                                             kv_indices, positions, inv_freq, n_heads,         \
                                              scale_log2);                                      \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(DEC_THREADS) decode_attn_merged_d##D##_g##G(  \
-        bf16_t* out, int out_stride, float* po, float* pml, unsigned int* counters,            \
-        const bf16_t* q, int q_stride, const bf16_t* kc, const bf16_t* vc, int kv_stride,      \
-        const int* kv_indptr, const int* kv_indices, int n_heads, float scale_log2) {          \
-        decode_attn_impl<D, G, DEC_MERGED>(out, out_stride, po, pml, counters, q, q_stride, kc, \
-                                           vc, nullptr, nullptr, kv_stride, kv_indptr,         \
-                                           kv_indices, nullptr, nullptr, n_heads, scale_log2); \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(DEC_THREADS) decode_attn_rope_d##D##_g##G(    \
-        bf16_t* out, int out_stride, float* po, float* pml, unsigned int* counters,            \
-        const bf16_t* qkv, int q_stride, bf16_t* kc, bf16_t* vc, int kv_stride,                \
-        const int* kv_indptr, const int* kv_indices, const int* positions,                     \
-        const float* inv_freq, int n_heads, float scale_log2) {                                \
-        decode_attn_impl<D, G, DEC_ROPE>(out, out_stride, po, pml, counters, qkv, q_stride, kc, \
-                                         vc, kc, vc, kv_stride, kv_indptr, kv_indices,         \
-                                         positions, inv_freq, n_heads, scale_log2);            \
     }
 
-DECODE_ATTN(64, 1)
-DECODE_ATTN(64, 2)
-DECODE_ATTN(64, 4)
-DECODE_ATTN(64, 8)
-DECODE_ATTN(128, 1)
-DECODE_ATTN(128, 2)
-DECODE_ATTN(128, 4)
-DECODE_ATTN(128, 8)
+#define DECODE_ATTN_ALL(SUF, KV)  \
+    DECODE_ATTN(64, 1, SUF, KV)   \
+    DECODE_ATTN(64, 2, SUF, KV)   \
+    DECODE_ATTN(64, 4, SUF, KV)   \
+    DECODE_ATTN(64, 8, SUF, KV)   \
+    DECODE_ATTN(128, 1, SUF, KV)  \
+    DECODE_ATTN(128, 2, SUF, KV)  \
+    DECODE_ATTN(128, 4, SUF, KV)  \
+    DECODE_ATTN(128, 8, SUF, KV)
+
+DECODE_ATTN_ALL(, KvBf16)
+DECODE_ATTN_ALL(_e4m3, KvE4m3)
+DECODE_ATTN_ALL(_e5m2, KvE5m2)
 
 // out[b, h*D + d] = merge over splits. Grid (batch, heads), block D threads.
 extern "C" __global__ void attn_merge_splits(bf16_t* __restrict__ out, int out_stride,

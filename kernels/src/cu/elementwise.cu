@@ -70,13 +70,15 @@ extern "C" __global__ void add_rmsnorm_bf16(bf16_t* __restrict__ out, bf16_t* __
 // cos/sin are rounded to bf16 and each product rounded, as transformers' apply_rotary_pos_emb.
 // One block per token: the token's cos/sin (head_dim / 2 <= 256 of each) are computed once
 // into shared memory, then every head is rotated four pairs at a time. head_dim % 8 == 0.
-extern "C" __global__ void rope_kv_store_bf16(bf16_t* __restrict__ qkv,
-                                              bf16_t* __restrict__ k_cache,
-                                              bf16_t* __restrict__ v_cache,
-                                              const int* __restrict__ positions,
-                                              const int* __restrict__ slots,
-                                              const float* __restrict__ inv_freq, int n_heads,
-                                              int n_kv_heads, int head_dim) {
+// The pool's element type is KV's (kv.cuh): rope_kv_store_bf16, _e4m3 and _e5m2.
+template <typename KV>
+__device__ __forceinline__ void rope_kv_store_impl(bf16_t* __restrict__ qkv,
+                                                   typename KV::T* __restrict__ k_cache,
+                                                   typename KV::T* __restrict__ v_cache,
+                                                   const int* __restrict__ positions,
+                                                   const int* __restrict__ slots,
+                                                   const float* __restrict__ inv_freq,
+                                                   int n_heads, int n_kv_heads, int head_dim) {
     __shared__ float s_cos[256], s_sin[256];
     pdl_wait();
     pdl_trigger_early();
@@ -115,18 +117,34 @@ extern "C" __global__ void rope_kv_store_bf16(bf16_t* __restrict__ qkv,
             ow1[w] = (unsigned int)o1[0] | ((unsigned int)o1[1] << 16);
             ow2[w] = (unsigned int)o2[0] | ((unsigned int)o2[1] << 16);
         }
-        bf16_t* dst = head < n_heads ? row + head * head_dim
-                                     : k_cache + kv_row + (head - n_heads) * head_dim;
-        *(uint2*)(dst + i) = make_uint2(ow1[0], ow1[1]);
-        *(uint2*)(dst + i + half) = make_uint2(ow2[0], ow2[1]);
+        if (head < n_heads) {
+            bf16_t* dst = row + head * head_dim;
+            *(uint2*)(dst + i) = make_uint2(ow1[0], ow1[1]);
+            *(uint2*)(dst + i + half) = make_uint2(ow2[0], ow2[1]);
+        } else {
+            typename KV::T* dst = k_cache + kv_row + (head - n_heads) * head_dim;
+            KV::store4(dst + i, make_uint2(ow1[0], ow1[1]));
+            KV::store4(dst + i + half, make_uint2(ow2[0], ow2[1]));
+        }
     }
     const bf16_t* v = row + (n_heads + n_kv_heads) * head_dim;
     const int nvec = n_kv_heads * head_dim / 8;
     for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
-        ((uint4*)(v_cache + kv_row))[i] = ((const uint4*)v)[i];
+        KV::store8(v_cache + kv_row + (size_t)i * 8, ((const uint4*)v)[i]);
     }
     pdl_trigger_end();
 }
+
+#define ROPE_KV_STORE(SUF, KV)                                                                 \
+    extern "C" __global__ void rope_kv_store_##SUF(                                            \
+        bf16_t* qkv, KV::T* k_cache, KV::T* v_cache, const int* positions, const int* slots,  \
+        const float* inv_freq, int n_heads, int n_kv_heads, int head_dim) {                    \
+        rope_kv_store_impl<KV>(qkv, k_cache, v_cache, positions, slots, inv_freq, n_heads,     \
+                               n_kv_heads, head_dim);                                          \
+    }
+ROPE_KV_STORE(bf16, KvBf16)
+ROPE_KV_STORE(e4m3, KvE4m3)
+ROPE_KV_STORE(e5m2, KvE5m2)
 
 // out[t, i] = bf16(bf16(silu(gate[t, i])) * up[t, i]) with gate_up = [gate | up] per row.
 extern "C" __global__ void silu_mul_bf16(bf16_t* __restrict__ out,

@@ -46,24 +46,42 @@ __device__ __forceinline__ void pf_slots(int (&slot)[NP], const int* __restrict_
     }
 }
 
-// Issue the cp.async copies of one K or V tile (rows of `slot`) into `dst`.
-template <int NP, int RPP, int CH, int LD>
-__device__ __forceinline__ void pf_issue(bf16_t* dst, const bf16_t* cache, const int (&slot)[NP],
-                                         int kv_stride, size_t head_off, int tid) {
+// Issue the copies of one K or V tile (rows of `slot`) into `dst`: cp.async from a bf16 pool;
+// from an FP8 pool (kv.cuh) each thread loads its 8 bytes, widens them to bf16 (exact) and
+// stores them itself, so the tile is in place once the block synchronizes, as after
+// pf_cp_wait.
+template <typename KV, int NP, int RPP, int CH, int LD>
+__device__ __forceinline__ void pf_issue(bf16_t* dst, const typename KV::T* cache,
+                                         const int (&slot)[NP], int kv_stride, size_t head_off,
+                                         int tid) {
     const int c = tid % CH;
+    typename KV::Raw8 raw[NP];
+    if constexpr (sizeof(typename KV::T) != 2) {
+#pragma unroll
+        for (int i = 0; i < NP; ++i) {
+            raw[i] = slot[i] >= 0
+                         ? KV::load8(cache + (size_t)slot[i] * kv_stride + head_off + c * 8)
+                         : KV::zero8();
+        }
+    }
 #pragma unroll
     for (int i = 0; i < NP; ++i) {
         const int r = tid / CH + i * RPP;
-        const bf16_t* src =
-            slot[i] >= 0 ? cache + (size_t)slot[i] * kv_stride + head_off + c * 8 : cache;
-        pf_cp_async16(dst + r * LD + c * 8, src, slot[i] >= 0);
+        if constexpr (sizeof(typename KV::T) == 2) {
+            const bf16_t* src =
+                slot[i] >= 0 ? cache + (size_t)slot[i] * kv_stride + head_off + c * 8 : cache;
+            pf_cp_async16(dst + r * LD + c * 8, src, slot[i] >= 0);
+        } else {
+            *(uint4*)(dst + r * LD + c * 8) = KV::to_bf16x8(raw[i]);
+        }
     }
 }
 
-template <int D>
+template <int D, typename KV>
 __device__ __forceinline__ void prefill_attn_impl(
     bf16_t* __restrict__ out, int out_stride, const bf16_t* __restrict__ qkv, int q_stride,
-    const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache, int kv_stride,
+    const typename KV::T* __restrict__ k_cache, const typename KV::T* __restrict__ v_cache,
+    int kv_stride,
     const int* __restrict__ tiles, const int* __restrict__ q_indptr,
     const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
     const int* __restrict__ prefix_lens, int group, float scale_log2) {
@@ -93,7 +111,7 @@ __device__ __forceinline__ void prefill_attn_impl(
     // the first K tile loads while Q is staged through sV into registers (A fragments)
     int slot[NP], slot_next[NP];
     pf_slots<NP, RPP, CH>(slot, kv_indices, kvbeg, 0, kv_end, tid);
-    pf_issue<NP, RPP, CH, LD>(sK, k_cache, slot, kv_stride, head_off, tid);
+    pf_issue<KV, NP, RPP, CH, LD>(sK, k_cache, slot, kv_stride, head_off, tid);
     pf_cp_commit();
     for (int idx = tid; idx < PF_BQ * CH; idx += PF_THREADS) {
         const int r = idx / CH, c = idx % CH;
@@ -128,7 +146,7 @@ __device__ __forceinline__ void prefill_attn_impl(
     for (int kt = 0; kt < kv_end; kt += PF_BK) {
         const bool more = kt + PF_BK < kv_end;
         if (more) pf_slots<NP, RPP, CH>(slot_next, kv_indices, kvbeg, kt + PF_BK, kv_end, tid);
-        pf_issue<NP, RPP, CH, LD>(sV, v_cache, slot, kv_stride, head_off, tid);
+        pf_issue<KV, NP, RPP, CH, LD>(sV, v_cache, slot, kv_stride, head_off, tid);
         pf_cp_commit();
         pf_cp_wait<1>();  // this tile's K
         __syncthreads();
@@ -198,7 +216,7 @@ __device__ __forceinline__ void prefill_attn_impl(
         pf_cp_wait<0>();  // this tile's V
         __syncthreads();  // every warp is done with sK
         if (more) {
-            pf_issue<NP, RPP, CH, LD>(sK, k_cache, slot_next, kv_stride, head_off, tid);
+            pf_issue<KV, NP, RPP, CH, LD>(sK, k_cache, slot_next, kv_stride, head_off, tid);
             pf_cp_commit();
         }
         // O += P V; P's accumulator layout is reused as the A fragment.
@@ -249,15 +267,21 @@ __device__ __forceinline__ void prefill_attn_impl(
     }
 }
 
-#define PREFILL_ATTN(D)                                                                         \
-    extern "C" __global__ void __launch_bounds__(PF_THREADS) prefill_attn_d##D(                 \
-        bf16_t* out, int out_stride, const bf16_t* qkv, int q_stride, const bf16_t* kc,         \
-        const bf16_t* vc, int kv_stride, const int* tiles, const int* q_indptr,                 \
-        const int* kv_indptr, const int* kv_indices, const int* prefix_lens, int group,         \
-        float scale_log2) {                                                                     \
-        prefill_attn_impl<D>(out, out_stride, qkv, q_stride, kc, vc, kv_stride, tiles, q_indptr, \
-                             kv_indptr, kv_indices, prefix_lens, group, scale_log2);            \
+// Kernel names: prefill_attn_d<D> for a bf16 pool, with _e4m3 / _e5m2 appended for FP8.
+#define PREFILL_ATTN(D, SUF, KV)                                                               \
+    extern "C" __global__ void __launch_bounds__(PF_THREADS) prefill_attn_d##D##SUF(           \
+        bf16_t* out, int out_stride, const bf16_t* qkv, int q_stride, const KV::T* kc,         \
+        const KV::T* vc, int kv_stride, const int* tiles, const int* q_indptr,                 \
+        const int* kv_indptr, const int* kv_indices, const int* prefix_lens, int group,        \
+        float scale_log2) {                                                                    \
+        prefill_attn_impl<D, KV>(out, out_stride, qkv, q_stride, kc, vc, kv_stride, tiles,     \
+                                 q_indptr, kv_indptr, kv_indices, prefix_lens, group,          \
+                                 scale_log2);                                                  \
     }
 
-PREFILL_ATTN(64)
-PREFILL_ATTN(128)
+PREFILL_ATTN(64, , KvBf16)
+PREFILL_ATTN(128, , KvBf16)
+PREFILL_ATTN(64, _e4m3, KvE4m3)
+PREFILL_ATTN(128, _e4m3, KvE4m3)
+PREFILL_ATTN(64, _e5m2, KvE5m2)
+PREFILL_ATTN(128, _e5m2, KvE5m2)

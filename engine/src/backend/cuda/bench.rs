@@ -82,6 +82,16 @@ fn open(args: &[String]) -> Result<CudaBackend> {
                 )));
             }
         },
+        kv: match arg(args, "--kv-cache-dtype") {
+            None | Some("auto") => sgl_kernels::KvDtype::Bf16,
+            Some("fp8_e4m3") => sgl_kernels::KvDtype::Fp8E4m3,
+            Some("fp8_e5m2") => sgl_kernels::KvDtype::Fp8E5m2,
+            Some(k) => {
+                return Err(EngineError::InvalidArgument(format!(
+                    "--kv-cache-dtype {k}: auto, fp8_e4m3 or fp8_e5m2"
+                )));
+            }
+        },
         ..CudaOptions::default()
     };
     CudaBackend::load(&model, &opts)

@@ -209,11 +209,14 @@ impl CudaBackend {
             n_heads: self.cfg.num_heads,
             n_kv_heads: self.cfg.num_kv_heads,
             head_dim: self.cfg.head_dim,
+            kv: self.opts.kv,
         }
     }
 
-    fn kv_layer(&self, layer: usize) -> (Dptr<bf16>, Dptr<bf16>) {
-        let per = (self.capacity + 1) * self.cfg.num_kv_heads * self.cfg.head_dim;
+    /// Layer `layer`'s K and V pools, as bytes (elements of `--kv-cache-dtype`).
+    fn kv_layer(&self, layer: usize) -> (Dptr<u8>, Dptr<u8>) {
+        let per =
+            (self.capacity + 1) * self.cfg.num_kv_heads * self.cfg.head_dim * self.opts.kv.bytes();
         let base = dptr(&self.kv, &self.stream).add(layer * 2 * per);
         (base, base.add(per))
     }

@@ -22,12 +22,11 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use half::bf16;
-use sgl_kernels::{Gemm, GemvWorkspace, Kernels, MAX_DECODE_SPLITS};
+use sgl_kernels::{Gemm, GemvWorkspace, Kernels, KvDtype, MAX_DECODE_SPLITS};
 
 use super::{
-    Backend, BackendError, DeviceSampler, DeviceSampling, LoadOptions, Overlap, SampleInput,
-    SeqInput,
+    Backend, BackendError, DeviceSampler, DeviceSampling, KvCacheDtype, LoadOptions, Overlap,
+    SampleInput, SeqInput,
 };
 use crate::error::{EngineError, Result};
 use crate::model::config::ModelConfig;
@@ -50,6 +49,8 @@ pub struct CudaOptions {
     /// Tokens one forward pass may carry before scratch buffers grow.
     pub max_forward_tokens: usize,
     pub quantization: Quantization,
+    /// The KV pool's element type (`--kv-cache-dtype`).
+    pub kv: KvDtype,
     pub tensor_parallel: TensorParallel,
     /// Tensor parallelism: NCCL for every all-reduce, no one-shot kernel.
     pub disable_custom_all_reduce: bool,
@@ -64,6 +65,7 @@ impl Default for CudaOptions {
             disable_cuda_graph: false,
             max_forward_tokens: 8192,
             quantization: Quantization::AsStored,
+            kv: KvDtype::Bf16,
             tensor_parallel: TensorParallel::default(),
             disable_custom_all_reduce: false,
         }
@@ -83,6 +85,11 @@ impl From<&LoadOptions> for CudaOptions {
             cuda_graph_max_bs: o.cuda_graph_max_bs,
             disable_cuda_graph: o.disable_cuda_graph,
             quantization: o.quantization,
+            kv: match o.kv_cache_dtype {
+                KvCacheDtype::Auto => KvDtype::Bf16,
+                KvCacheDtype::Fp8E4m3 => KvDtype::Fp8E4m3,
+                KvCacheDtype::Fp8E5m2 => KvDtype::Fp8E5m2,
+            },
             tensor_parallel: o.tensor_parallel,
             disable_custom_all_reduce: o.disable_custom_all_reduce,
             ..CudaOptions::default()
@@ -107,8 +114,9 @@ pub struct CudaBackend {
     fuse_attn: bool,
     cfg: ModelConfig,
     pub(crate) w: weights::Weights,
-    /// [layer][k | v][slot][kv_heads * head_dim]; slot `capacity` is the padding rows' spare.
-    kv: CudaSlice<bf16>,
+    /// [layer][k | v][slot][kv_heads * head_dim] elements of `opts.kv`, as bytes; slot
+    /// `capacity` is the padding rows' spare.
+    kv: CudaSlice<u8>,
     capacity: usize,
     inv_freq: CudaSlice<f32>,
     scratch: forward::Scratch,
@@ -195,13 +203,18 @@ impl CudaBackend {
         let ctx = p.ctx.clone();
         let rest = (|| -> Result<_> {
             // SAFETY: every slot is written (rope_kv_store) before attention reads it.
-            let kv = unsafe { stream.alloc::<bf16>((capacity + 1) * p.per_slot / 2) }
-                .map_err(cuda_err)?;
+            let kv =
+                unsafe { stream.alloc::<u8>((capacity + 1) * p.per_slot) }.map_err(cuda_err)?;
             if rank == 0 {
                 tracing::info!(
-                    "KV pool: {capacity} tokens ({:.1} GB{})",
+                    "KV pool: {capacity} tokens ({:.1} GB{}, {})",
                     (capacity * p.per_slot) as f64 / 1e9,
-                    if group.is_some() { " per GPU" } else { "" }
+                    if group.is_some() { " per GPU" } else { "" },
+                    match opts.kv {
+                        KvDtype::Bf16 => "bf16",
+                        KvDtype::Fp8E4m3 => "fp8_e4m3",
+                        KvDtype::Fp8E5m2 => "fp8_e5m2",
+                    }
                 );
             }
             let graphs = forward::Graphs::new(&stream, p.max_bs, capacity, &cfg)?;
@@ -350,7 +363,7 @@ impl CudaBackend {
         // KV pool: what is left of mem_fraction_static of the card after weights and scratch.
         let (free, total) = ctx.mem_get_info().map_err(cuda_err)?;
         let used = total - free;
-        let per_slot = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2;
+        let per_slot = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * opts.kv.bytes();
         let budget = (opts.mem_fraction_static as f64 * total as f64) as usize;
         let reserve = 256 << 20; // graphs, cuBLAS plans, merge buffers, NCCL buffers
         let mut capacity = budget.saturating_sub(used + reserve) / per_slot;
@@ -622,10 +635,11 @@ impl Backend for CudaBackend {
                 1 => String::new(),
                 n => format!(" x{n}, tensor parallel"),
             },
-            if self.w.fp8() {
-                "FP8 linear weights (e4m3), bf16 activations and KV cache"
-            } else {
-                "bf16"
+            match (self.w.fp8(), self.opts.kv) {
+                (false, KvDtype::Bf16) => "bf16",
+                (true, KvDtype::Bf16) => "FP8 linear weights (e4m3), bf16 activations and KV cache",
+                (false, _) => "bf16, FP8 KV cache",
+                (true, _) => "FP8 linear weights (e4m3) and KV cache, bf16 activations",
             },
             self.capacity,
             if self.use_gemv { "on" } else { "off" },
