@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::config::ServerArgs;
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, Result, RetryAfter};
 use crate::grammar::GrammarBackend;
 use crate::metrics::Metrics;
 use crate::request::{GenerateRequest, StreamEvent};
@@ -199,6 +199,12 @@ impl WaitingQueue {
             f64::INFINITY
         })
     }
+
+    /// `Retry-After` for a request refused now: the wait of one arriving now (by then the
+    /// requests ahead have started), or `default` before the rate is measured.
+    fn retry_after(&self, default: RetryAfter) -> RetryAfter {
+        self.expected_wait().map_or(default, RetryAfter::from_wait)
+    }
 }
 
 impl Admission {
@@ -242,17 +248,23 @@ impl Admission {
         let counts = q.requests > 0 && scheduler_full;
         q.rate.advance(Instant::now(), counts);
         if q.requests >= self.max_requests {
-            return Err(EngineError::Overloaded(format!(
-                "too many waiting requests ({}, --max-queued-requests); retry later",
-                self.max_requests
-            )));
+            return Err(EngineError::Overloaded {
+                message: format!(
+                    "too many waiting requests ({}, --max-queued-requests); retry later",
+                    self.max_requests
+                ),
+                retry_after: q.retry_after(RetryAfter::OVERLOADED),
+            });
         }
         if q.requests > 0 && q.tokens.saturating_add(tokens) > self.max_tokens {
-            return Err(EngineError::Overloaded(format!(
-                "the waiting requests already hold {} prompt tokens (bound: {}, twice the KV \
-                 cache); retry later",
-                q.tokens, self.max_tokens
-            )));
+            return Err(EngineError::Overloaded {
+                message: format!(
+                    "the waiting requests already hold {} prompt tokens (bound: {}, twice the \
+                     KV cache); retry later",
+                    q.tokens, self.max_tokens
+                ),
+                retry_after: q.retry_after(RetryAfter::OVERLOADED),
+            });
         }
         if let Some(timeout) = self.timeout
             && (scheduler_full || q.requests >= self.max_running)
@@ -260,13 +272,16 @@ impl Admission {
             && wait > SHED_AT * timeout.as_secs_f64()
         {
             self.publish(&q);
-            return Err(EngineError::Unavailable(format!(
-                "the request would wait about {wait:.0} s before it starts ({} requests ahead, \
-                 starting at {:.2}/s), past --queue-timeout-secs {}; retry later",
-                q.requests,
-                q.rate.per_sec().unwrap_or(0.0),
-                timeout.as_secs()
-            )));
+            return Err(EngineError::Unavailable {
+                message: format!(
+                    "the request would wait about {wait:.0} s before it starts ({} requests \
+                     ahead, starting at {:.2}/s), past --queue-timeout-secs {}; retry later",
+                    q.requests,
+                    q.rate.per_sec().unwrap_or(0.0),
+                    timeout.as_secs()
+                ),
+                retry_after: RetryAfter::from_wait(wait),
+            });
         }
         q.requests += 1;
         q.tokens += tokens;
@@ -286,6 +301,11 @@ impl Admission {
         q.requests = q.requests.saturating_sub(1);
         q.tokens = q.tokens.saturating_sub(tokens);
         self.publish(&q);
+    }
+
+    /// `Retry-After` for a request refused now (see [`WaitingQueue::retry_after`]).
+    fn retry_after(&self, default: RetryAfter) -> RetryAfter {
+        self.queue.lock().retry_after(default)
     }
 
     /// The estimated wait of a request arriving now, as a metric (0 while none is measured).
@@ -413,8 +433,8 @@ impl EngineHandle {
     pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream> {
         let stats = &self.inner.stats;
         if !stats.alive.load(Ordering::Acquire) {
-            return Err(EngineError::Unavailable(
-                "the engine's scheduler is not running".into(),
+            return Err(EngineError::unavailable(
+                "the engine's scheduler is not running",
             ));
         }
         let tokens = req.input_ids.len();
@@ -438,7 +458,7 @@ impl EngineHandle {
         self.inner
             .tx
             .send(SchedulerMsg::Generate(Box::new(pending)))
-            .map_err(|_| EngineError::Unavailable("the engine is shutting down".into()))?;
+            .map_err(|_| EngineError::unavailable("the engine is shutting down"))?;
         Ok(RequestStream {
             id,
             rx,
@@ -468,8 +488,8 @@ pub struct RequestStream {
     done: bool,
     /// Its place among the waiting requests until the first event.
     waiting: Option<Waiting>,
-    /// How long it had waited when the queue deadline ended it.
-    expired: Option<Duration>,
+    /// How long it had waited when the queue deadline ended it, and when to come back.
+    expired: Option<(Duration, RetryAfter)>,
 }
 
 impl RequestStream {
@@ -487,7 +507,10 @@ impl RequestStream {
             Some(at) => match tokio::time::timeout_at(at.into(), self.rx.recv()).await {
                 Ok(ev) => ev,
                 Err(_) => {
-                    self.expired = self.waiting.take().map(|w| w.since.elapsed());
+                    self.expired = self.waiting.take().map(|w| {
+                        let retry = w.inner.admission.retry_after(RetryAfter::UNAVAILABLE);
+                        (w.since.elapsed(), retry)
+                    });
                     // Not done: dropping the stream aborts the request in the scheduler.
                     let _ = self.tx.send(SchedulerMsg::Abort(self.id));
                     self.done = true;
@@ -519,13 +542,15 @@ impl RequestStream {
 
     /// The 503 for a request that waited past the queue deadline, if this one did.
     pub fn expired(&self) -> Option<EngineError> {
-        self.expired.map(|waited| {
-            EngineError::Unavailable(format!(
-                "the request waited {:.1} s in the queue without starting (--queue-timeout-secs); \
-                 retry later",
-                waited.as_secs_f64()
-            ))
-        })
+        self.expired
+            .map(|(waited, retry_after)| EngineError::Unavailable {
+                message: format!(
+                    "the request waited {:.1} s in the queue without starting \
+                     (--queue-timeout-secs); retry later",
+                    waited.as_secs_f64()
+                ),
+                retry_after,
+            })
     }
 }
 

@@ -30,17 +30,80 @@ pub enum EngineError {
     NotFound(String),
     #[error("{0}")]
     Unauthorized(String),
-    /// The waiting queue is full.
-    #[error("{0}")]
-    Overloaded(String),
-    /// The scheduler is gone (shutting down) or the backend failed.
-    #[error("{0}")]
-    Unavailable(String),
+    /// The waiting queue is full (429).
+    #[error("{message}")]
+    Overloaded {
+        message: String,
+        retry_after: RetryAfter,
+    },
+    /// The request cannot be served now (503): it would wait or waited past the queue
+    /// deadline, the scheduler is gone (shutting down), the backend failed.
+    #[error("{message}")]
+    Unavailable {
+        message: String,
+        retry_after: RetryAfter,
+    },
     #[error("internal error: {0}")]
     Internal(String),
 }
 
+/// When a refused client should come back: whole seconds for `Retry-After`, from an
+/// estimated wait where there is one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryAfter(u32);
+
+impl RetryAfter {
+    /// Shortest and longest advice: a client told 0 retries at once, and past a minute an
+    /// estimate says more about the queue's past than about when it will have room.
+    pub const MIN_SECS: u32 = 1;
+    pub const MAX_SECS: u32 = 60;
+    /// Without an estimate: a full queue frees a place soon (429) ...
+    pub const OVERLOADED: RetryAfter = RetryAfter(1);
+    /// ... and an engine that cannot serve takes longer to come back (503).
+    pub const UNAVAILABLE: RetryAfter = RetryAfter(5);
+
+    /// An estimated wait in seconds, rounded up into `MIN_SECS..=MAX_SECS` (an infinite or
+    /// undefined one gives `MAX_SECS`).
+    pub fn from_wait(secs: f64) -> RetryAfter {
+        let (min, max) = (f64::from(Self::MIN_SECS), f64::from(Self::MAX_SECS));
+        if secs.is_nan() {
+            return RetryAfter(Self::MAX_SECS);
+        }
+        // In range after the clamp, so the cast is exact.
+        RetryAfter(secs.ceil().clamp(min, max) as u32)
+    }
+
+    pub fn secs(self) -> u32 {
+        self.0
+    }
+}
+
 impl EngineError {
+    /// A 429 with the default `Retry-After` ([`RetryAfter::OVERLOADED`]).
+    pub fn overloaded(message: impl Into<String>) -> Self {
+        EngineError::Overloaded {
+            message: message.into(),
+            retry_after: RetryAfter::OVERLOADED,
+        }
+    }
+
+    /// A 503 with the default `Retry-After` ([`RetryAfter::UNAVAILABLE`]).
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        EngineError::Unavailable {
+            message: message.into(),
+            retry_after: RetryAfter::UNAVAILABLE,
+        }
+    }
+
+    /// When to come back, for the answers that say so (429 and 503).
+    pub fn retry_after(&self) -> Option<RetryAfter> {
+        match self {
+            EngineError::Overloaded { retry_after, .. }
+            | EngineError::Unavailable { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
     pub fn bad_request(message: impl Into<String>) -> Self {
         EngineError::BadRequest {
             message: message.into(),
@@ -62,8 +125,8 @@ impl EngineError {
             }
             EngineError::NotFound(_) => StatusCode::NOT_FOUND,
             EngineError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            EngineError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
-            EngineError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            EngineError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            EngineError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             EngineError::Load(_)
             | EngineError::Model(_)
             | EngineError::Backend(_)
@@ -78,8 +141,8 @@ impl EngineError {
             }
             EngineError::NotFound(_) => "not_found_error",
             EngineError::Unauthorized(_) => "authentication_error",
-            EngineError::Overloaded(_) => "rate_limit_error",
-            EngineError::Unavailable(_) => "service_unavailable",
+            EngineError::Overloaded { .. } => "rate_limit_error",
+            EngineError::Unavailable { .. } => "service_unavailable",
             EngineError::Load(_)
             | EngineError::Model(_)
             | EngineError::Backend(_)
@@ -125,16 +188,12 @@ impl From<crate::backend::BackendError> for EngineError {
 impl IntoResponse for EngineError {
     /// 429 and 503 say when to come back (`Retry-After`, seconds).
     fn into_response(self) -> Response {
-        let retry_after = match self {
-            EngineError::Overloaded(_) => Some("1"),
-            EngineError::Unavailable(_) => Some("5"),
-            _ => None,
-        };
+        let retry_after = self.retry_after();
         let mut resp = (self.status(), Json(self.body())).into_response();
-        if let Some(secs) = retry_after {
+        if let Some(r) = retry_after {
             resp.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from_static(secs),
+                axum::http::HeaderValue::from(r.secs()),
             );
         }
         resp
@@ -142,3 +201,43 @@ impl IntoResponse for EngineError {
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_an_estimate_up_within_a_minute() {
+        let secs = |w: f64| RetryAfter::from_wait(w).secs();
+        assert_eq!(secs(0.0), 1);
+        assert_eq!(secs(-3.0), 1);
+        assert_eq!(secs(0.2), 1);
+        assert_eq!(secs(1.0), 1);
+        assert_eq!(secs(1.01), 2);
+        assert_eq!(secs(17.4), 18);
+        assert_eq!(secs(60.0), 60);
+        assert_eq!(secs(61.0), 60);
+        assert_eq!(secs(f64::INFINITY), 60);
+        assert_eq!(secs(f64::NAN), 60);
+    }
+
+    #[test]
+    fn shed_answers_carry_their_retry_after() {
+        let e = EngineError::Unavailable {
+            message: "would wait".into(),
+            retry_after: RetryAfter::from_wait(12.3),
+        };
+        let resp = e.into_response();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers()[axum::http::header::RETRY_AFTER], "13");
+        let resp = EngineError::overloaded("full").into_response();
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(resp.headers()[axum::http::header::RETRY_AFTER], "1");
+        let resp = EngineError::bad_request("no").into_response();
+        assert!(
+            resp.headers()
+                .get(axum::http::header::RETRY_AFTER)
+                .is_none()
+        );
+    }
+}

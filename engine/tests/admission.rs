@@ -203,6 +203,28 @@ fn statuses(answers: &[Answer]) -> Vec<(u16, &str)> {
     answers.iter().map(|a| (a.status, a.message())).collect()
 }
 
+/// The `Retry-After` of a 503 from the estimate, checked to be the wait its message names
+/// ("would wait about N s", to the nearest second) rounded up into 1..=60 seconds.
+fn retry_after_of_estimate(a: &Answer) -> u32 {
+    let estimate: u32 = a
+        .message()
+        .split_once("would wait about ")
+        .and_then(|(_, rest)| rest.split_once(" s"))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("no estimated wait in {}", a.body));
+    let retry: u32 = a
+        .retry_after
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("503 without a Retry-After in seconds: {}", a.body));
+    assert!(
+        retry == estimate.clamp(1, 60) || retry == (estimate + 1).clamp(1, 60),
+        "Retry-After {retry} for an estimated wait of {estimate} s: {}",
+        a.body
+    );
+    retry
+}
+
 /// 503s that the estimate gave at submission (not the deadline's).
 fn refused_at_once(answers: &[Answer]) -> Vec<&Answer> {
     answers
@@ -283,8 +305,15 @@ async fn far_above_capacity_the_excess_gets_503_at_once() {
         accepted.len(),
         statuses(&answers)
     );
+    let mut advised = Vec::new();
     for a in &at_once {
-        assert_eq!(a.retry_after.as_deref(), Some("5"), "{}", a.body);
+        let retry = retry_after_of_estimate(a);
+        // Refused because the wait is past 3/4 of the deadline, so the advice is too.
+        assert!(
+            f64::from(retry) >= 0.75 * DEADLINE as f64 - 1.0,
+            "Retry-After {retry}"
+        );
+        advised.push(retry);
         assert!(a.message().contains("--queue-timeout-secs"), "{}", a.body);
         // Answered on arrival, nowhere near the deadline.
         assert!(
@@ -293,6 +322,11 @@ async fn far_above_capacity_the_excess_gets_503_at_once() {
             a.took
         );
     }
+    println!(
+        "Retry-After of the refused: {}..={} s",
+        advised.iter().min().unwrap_or(&0),
+        advised.iter().max().unwrap_or(&0)
+    );
     for a in &accepted {
         assert_eq!(
             a.body["meta_info"]["completion_tokens"], TOKENS,
@@ -345,7 +379,16 @@ async fn an_idle_or_lightly_loaded_engine_refuses_nothing() {
             hot.iter().filter(|a| a.status == 200).count(),
             refused_at_once(&hot).len()
         );
-        if !refused_at_once(&hot).is_empty() {
+        let refused = refused_at_once(&hot);
+        if !refused.is_empty() {
+            // A shorter deadline, a shorter wait to advise than the test above.
+            for a in refused {
+                let retry = retry_after_of_estimate(a);
+                assert!(
+                    retry <= 3 * DEADLINE as u32,
+                    "Retry-After {retry} with a {DEADLINE} s deadline"
+                );
+            }
             break;
         }
         assert!(

@@ -121,7 +121,7 @@ impl Generation {
                 Err(EngineError::Internal(message))
             }
             None => Err(self.stream.expired().unwrap_or_else(|| {
-                EngineError::Unavailable("the engine stopped before the request finished".into())
+                EngineError::unavailable("the engine stopped before the request finished")
             })),
         }
     }

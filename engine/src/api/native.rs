@@ -525,7 +525,7 @@ pub async fn health(State(engine): State<EngineHandle>) -> Response {
     if engine.stats().alive.load(Ordering::Acquire) {
         StatusCode::OK.into_response()
     } else {
-        EngineError::Unavailable("the engine's scheduler is not running".into()).into_response()
+        EngineError::unavailable("the engine's scheduler is not running").into_response()
     }
 }
 
@@ -554,10 +554,10 @@ pub async fn health_generate(State(engine): State<EngineHandle>) -> Result<Respo
     let gens = submit_all(&engine, vec![req])?;
     match tokio::time::timeout(HEALTH_GENERATE_TIMEOUT, finish_all(gens)).await {
         Ok(Ok(_)) => Ok(StatusCode::OK.into_response()),
-        Ok(Err(e)) => Err(EngineError::Unavailable(format!(
+        Ok(Err(e)) => Err(EngineError::unavailable(format!(
             "health generation failed: {e}"
         ))),
-        Err(_) => Err(EngineError::Unavailable(format!(
+        Err(_) => Err(EngineError::unavailable(format!(
             "health generation did not finish within {} s",
             HEALTH_GENERATE_TIMEOUT.as_secs()
         ))),

@@ -178,7 +178,7 @@ impl From<GrammarError> for EngineError {
     fn from(e: GrammarError) -> Self {
         match e {
             GrammarError::UnknownBackend(_) => EngineError::InvalidArgument(e.to_string()),
-            GrammarError::Busy(_) => EngineError::Unavailable(e.to_string()),
+            GrammarError::Busy(_) => EngineError::unavailable(e.to_string()),
             e if e.is_user_error() => EngineError::bad_request(e.to_string()),
             e => EngineError::Internal(e.to_string()),
         }
