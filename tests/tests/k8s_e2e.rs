@@ -1730,9 +1730,14 @@ async fn q1_rollouts_under_streaming_load_lose_no_stream() {
             .await
             .unwrap_or_else(|e| panic!("{e}"))[0],
     );
-    // Steady load: three clients, streams of about 2 s each.
+    // Steady load: three clients, streams of about 2 s each at the rate of one stream per
+    // engine with three engines sharing the CPU.
     let rate = stream_rate(&http, &router_ip, 3).await;
     let steady_tokens = ((rate * 2.0) as u32).clamp(16, 512);
+    // Long streams: about 16 s at that rate, past a new engine's start and the 5 s preStop
+    // wait (about 9 s in all), so they are running when the old engine gets SIGTERM. The old
+    // engine serves little else once the new one is ready, so they may run faster than this.
+    let long_tokens = ((rate * 16.0) as u32).clamp(64, 2000);
     let load = rollout::StreamLoad::start(&http, &router_ip, 3, steady_tokens);
     wait_for("steady streams to complete", WAIT, || async {
         let n = rollout::tally(&load.records()).0;
@@ -1757,11 +1762,6 @@ async fn q1_rollouts_under_streaming_load_lose_no_stream() {
     let selector = format!("serving.sgl-rs.io/engine={name}");
     let old_name =
         wait_ready_pods(c, &client, ns, &selector, 1, "one ready engine").await[0].name_any();
-    // Long streams: about 11 s at the rate one engine gives under this load (longer while
-    // two engines share the CPU), past a new engine's start and the 5 s preStop wait, so they
-    // are running when the old engine gets SIGTERM.
-    let rate = stream_rate(&http, &router_ip, 2).await;
-    let long_tokens = ((rate * 11.0) as u32).clamp(64, 2000);
     let long = start_long_streams(&http, &router_ip, 2, long_tokens).await;
     let before = load.records().len();
     let applied = std::time::SystemTime::now();
@@ -1790,7 +1790,7 @@ async fn q1_rollouts_under_streaming_load_lose_no_stream() {
         .collect();
     let (complete, failed, truncated) = rollout::tally(&records);
     eprintln!(
-        "q1: load from {t_load:.1} s; flag rollout at dp 3 in {:.1} s ({during_flag} streams ended meanwhile); image rollout at dp 1 in {:.1} s (old engine's SIGTERM {sigterm_after:.1} s after the apply; {during_image} steady streams ended meanwhile; {outlived} of 2 long streams of {long_tokens} tokens, {long_secs:?} s, outlived the SIGTERM); steady streams of {steady_tokens} tokens: {complete} complete, {} failed, {} truncated; {:.1} s to here",
+        "q1: {rate:.1} tokens/s per stream; load from {t_load:.1} s; flag rollout at dp 3 in {:.1} s ({during_flag} streams ended meanwhile); image rollout at dp 1 in {:.1} s (old engine's SIGTERM {sigterm_after:.1} s after the apply; {during_image} steady streams ended meanwhile; {outlived} of 2 long streams of {long_tokens} tokens, {long_secs:?} s, outlived the SIGTERM); steady streams of {steady_tokens} tokens: {complete} complete, {} failed, {} truncated; {:.1} s to here",
         flag_rollout.as_secs_f64(),
         image_rollout.as_secs_f64(),
         failed.len(),
