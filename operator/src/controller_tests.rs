@@ -235,7 +235,7 @@ async fn dp_size_sets_the_replicas_with_or_without_the_hpa() {
     );
 }
 
-/// The replicas each reconcile applies to the StatefulSet, for a service at `dp_size`.
+/// The replicas each reconcile applies to the engine Deployment, for a service at `dp_size`.
 async fn applied_replicas(spec: Value) -> Value {
     let svc = service(spec);
     let (ctx, api) = FakeApi::start(&svc, ready_statuses(), no_override());
@@ -459,7 +459,7 @@ fn backoff_doubles_and_caps() {
     assert_eq!(backoff(30), Duration::from_secs(300));
 }
 
-/// A reconcile that sees `pods`, with StatefulSet counts of a 2-replica service where one
+/// A reconcile that sees `pods`, with engine Deployment counts of a 2-replica service where one
 /// engine is ready.
 async fn reconcile_with_pods(pods: Vec<Value>) -> FakeApi {
     let svc = service(json!({}));

@@ -62,8 +62,8 @@ fn pods_metric(name: &str, average: f64) -> MetricSpec {
 /// The HPA, or `None` when autoscaling is off.
 ///
 /// It scales the `SGLangService` itself through its scale subresource (`spec.dpSize`), never
-/// the StatefulSet: the operator always applies the StatefulSet's replicas from `dpSize`, so
-/// there is one owner of the count. Turning autoscaling on starts the HPA from the replicas
+/// the engine Deployment: the operator always applies the Deployment's replicas from
+/// `dpSize`, so there is one owner of the count. Turning autoscaling on starts the HPA from the replicas
 /// that run; turning it off keeps the last count the HPA set.
 pub fn hpa(svc: &SGLangService, names: &Names) -> Result<Option<HorizontalPodAutoscaler>, Error> {
     let Some(a) = svc.spec.autoscaling.as_ref().filter(|a| a.enabled) else {
