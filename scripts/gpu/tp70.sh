@@ -12,7 +12,9 @@
 #            llama-70b example's engine flags (ARGS_FILE, rendered by `sgl-operator render`)
 #            serving the checkpoint through HTTP
 # Expects the binary in .dev/gpu (scripts/gpu/README.md) and writes to $OUT.
-# Knobs: TP (4), PHASE (1), NUM_PROMPTS (1000), BUDGET_S (570), ARGS_FILE (.dev/gpu/l70-args.txt).
+# Knobs: TP (4), PHASE (1), NUM_PROMPTS (1000), BUDGET_S (570), ARGS_FILE (.dev/gpu/l70-args.txt);
+# phase 3: OFFLINE_MODES (bf16 fp8; fp8kv = FP8 weights and an fp8_e5m2 KV cache), ONE_BATCH_MODES
+# (none; fp8 and/or fp8kv: batch-1 decode and TTFT before the example).
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 D=.dev/gpu; W=/tmp/sgl; mkdir -p $W
@@ -88,11 +90,20 @@ fi
 if [ "$PHASE" = 3 ]; then
   N=${NUM_PROMPTS:-1000}
   OFF="--model $C --dataset-name random --random-input-len 1024 --random-output-len 1024 --num-prompts $N"
-  for q in bf16 fp8; do
+  for q in ${OFFLINE_MODES:-bf16 fp8}; do
     Q=; [ $q = fp8 ] && Q="--quantization fp8"
+    [ $q = fp8kv ] && Q="--quantization fp8 --kv-cache-dtype fp8_e5m2"
     stage "offline random, $N prompts, tp $TP, $q" 240 $E bench-offline-throughput $OFF --tp-size $TP $Q 2>&1 \
       | keep | tee $OUT/offline-tp$TP-$q.txt
   done
+  if [ -n "$ONE_BATCH_MODES" ]; then
+    for q in $ONE_BATCH_MODES; do
+      Q="--quantization fp8"; [ $q = fp8kv ] && Q="--quantization fp8 --kv-cache-dtype fp8_e5m2"
+      stage "batch-1 decode and TTFT of 1024 tokens, tp $TP, $q" 150 $E bench-one-batch \
+        --model $C --batch 1 --input 128 --output 256 --gemv on --ttft-input 1024 --tp-size $TP $Q 2>&1 \
+        | keep | tee $OUT/one-batch-tp$TP-$q.txt
+    done
+  fi
   A=${ARGS_FILE:-$D/l70-args.txt}
   if [ -f "$A" ]; then
     # The example's flags as rendered, with the model path pointing at the checkpoint here.
