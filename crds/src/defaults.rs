@@ -41,6 +41,12 @@ pub(crate) fn default_scale_down_stabilization() -> i32 {
 pub(crate) fn default_termination_grace_period() -> i64 {
     300
 }
+pub(crate) fn default_router_queue_size() -> i64 {
+    100
+}
+pub(crate) fn default_router_queue_timeout() -> i64 {
+    60
+}
 
 impl Default for super::RouterSpec {
     fn default() -> Self {
@@ -52,6 +58,8 @@ impl Default for super::RouterSpec {
             cache_threshold: default_cache_threshold(),
             balance_abs_threshold: default_balance_abs_threshold(),
             balance_rel_threshold: default_balance_rel_threshold(),
+            queue_size: default_router_queue_size(),
+            queue_timeout_seconds: default_router_queue_timeout(),
             resources: None,
         }
     }

@@ -252,6 +252,18 @@ pub struct RouterSpec {
     #[serde(default = "default_balance_rel_threshold")]
     #[x_kube(validation = Rule::new("self >= 1.0").message("balanceRelThreshold must be at least 1.0"))]
     pub balance_rel_threshold: f64,
+    /// Requests that may wait in the router while no engine can take them (none ready yet,
+    /// as while a service scaled to zero starts its first engine, or all of them failing
+    /// their health checks) (`--queue-size`); beyond it a request is answered 503 with
+    /// `Retry-After`. 0 answers them so at once.
+    #[serde(default = "default_router_queue_size")]
+    #[schemars(range(min = 0, max = 100000))]
+    pub queue_size: i64,
+    /// Longest wait of a request in that queue before it is answered 503 with `Retry-After`
+    /// (`--queue-timeout-secs`).
+    #[serde(default = "default_router_queue_timeout")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub queue_timeout_seconds: i64,
     /// Router container resources; without CPU or memory requests it requests 100m and 128Mi.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,

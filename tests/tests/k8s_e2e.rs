@@ -1815,3 +1815,152 @@ async fn q1_rollouts_under_streaming_load_lose_no_stream() {
         t_test.elapsed().as_secs_f64()
     );
 }
+
+/// The router's `sgl_router_pending_requests` (requests waiting for an engine).
+async fn router_pending(http: &reqwest::Client, router_ip: &str) -> Result<f64, String> {
+    let text = http
+        .get(format!("http://{router_ip}:30000/metrics"))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .text()
+        .await
+        .map_err(|e| e.to_string())?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("sgl_router_pending_requests "))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| "no sgl_router_pending_requests".to_string())
+}
+
+/// Scale from zero with the router as the activator: a service at zero engines has a ready
+/// router that holds requests in its bounded queue (counted by `sgl_router_pending_requests`,
+/// the signal an autoscaler scales from zero on); a request beyond the queue is answered 503
+/// with `Retry-After` at once; once the service has an engine (here `kubectl scale`, as an
+/// autoscaler would), the held requests are served.
+#[tokio::test]
+async fn r1_a_service_at_zero_engines_holds_requests_until_its_first_engine_serves() {
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    ensure_chart(c, &client).await;
+    let (ns, name) = ("zero-e2e", "idle");
+    ensure_namespace(c, ns);
+    c.apply(&format!(
+        r#"apiVersion: serving.sgl-rs.io/v1alpha1
+kind: SGLangService
+metadata:
+  name: {name}
+  namespace: {ns}
+spec:
+  model:
+    path: /models/SmolLM2-135M-Instruct.Q4_1.gguf
+    servedModelName: {name}
+  device: cpu
+  tpSize: 1
+  dpSize: 0
+  router:
+    queueSize: 2
+    queueTimeoutSeconds: 120
+"#
+    ));
+    let api: Api<SGLangService> = Api::namespaced(client.clone(), ns);
+    wait_for("the service to say it is scaled to zero", WAIT, || async {
+        let s = api.get(name).await.map_err(|e| e.to_string())?;
+        let ready = s.status.as_ref().and_then(|st| {
+            st.conditions
+                .iter()
+                .find(|c| c.type_ == "Ready")
+                .map(|c| (c.status.clone(), c.reason.clone()))
+        });
+        (ready == Some(("False".into(), "ScaledToZero".into())))
+            .then_some(())
+            .ok_or(format!("Ready {ready:?}"))
+    })
+    .await;
+    // The router is ready with no engine at all.
+    let router = wait_ready_pods(
+        c,
+        &client,
+        ns,
+        &format!("app.kubernetes.io/instance={name},app.kubernetes.io/component=router"),
+        1,
+        "a ready router with no engine",
+    )
+    .await;
+    let router_ip = pod_ip(&router[0]);
+    assert!(
+        ready_pods(&client, ns, &format!("serving.sgl-rs.io/engine={name}"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .is_empty()
+    );
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let held: Vec<_> = (0..2)
+        .map(|k| {
+            let (http, ip) = (http.clone(), router_ip.clone());
+            tokio::spawn(async move { chat(&http, &ip, "idle", &format!("Say {k}.")).await })
+        })
+        .collect();
+    wait_for(
+        "both requests to wait in the router's queue",
+        WAIT,
+        || async {
+            let n = router_pending(&http, &router_ip).await?;
+            (n == 2.0).then_some(()).ok_or(format!("{n} pending"))
+        },
+    )
+    .await;
+    // The queue is full: the next request is refused at once, with when to come back.
+    let t = std::time::Instant::now();
+    let refused = http
+        .post(format!("http://{router_ip}:30000/v1/chat/completions"))
+        .json(&json!({"model": "idle", "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 4}))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("the request beyond the queue: {e}"));
+    let refused_in = t.elapsed();
+    assert_eq!(refused.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
+    let retry_after = refused
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    assert!(
+        retry_after.is_some_and(|s| s > 0),
+        "{:?}",
+        refused.headers()
+    );
+    assert!(
+        refused_in < Duration::from_secs(5),
+        "refused after {refused_in:?}"
+    );
+
+    // The first engine comes; the held requests are served.
+    let t = std::time::Instant::now();
+    c.kubectl(&["scale", "sgls", name, "-n", ns, "--replicas=1"]);
+    let mut latencies = Vec::new();
+    for h in held {
+        let body = h
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("a held request: {e}"));
+        latencies.push(t.elapsed().as_secs_f64());
+        assert!(
+            body["usage"]["completion_tokens"].as_u64().unwrap_or(0) > 0,
+            "{body}"
+        );
+    }
+    let pending = router_pending(&http, &router_ip)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(pending, 0.0);
+    eprintln!(
+        "r1: the request beyond the queue refused in {:.3} s (Retry-After {retry_after:?}); the held requests answered {latencies:.1?} s after the scale to one engine",
+        refused_in.as_secs_f64()
+    );
+    delete_service(&client, ns, name).await;
+}

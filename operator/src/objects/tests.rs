@@ -291,7 +291,8 @@ fn cpu_services_request_no_gpu() {
 fn router_follows_the_spec_and_discovers_only_its_engines() {
     let p = planned(
         json!({"router": {"replicas": 3, "policy": "round_robin", "cacheThreshold": 0.3,
-        "balanceAbsThreshold": 8, "balanceRelThreshold": 1.5, "image": "r:1"}, "apiKeySecretRef": {"name": "s", "key": "k"}}),
+        "balanceAbsThreshold": 8, "balanceRelThreshold": 1.5, "image": "r:1", "queueSize": 7,
+        "queueTimeoutSeconds": 20}, "apiKeySecretRef": {"name": "s", "key": "k"}}),
     );
     let r = router(&p);
     let args = strings(&r["args"]);
@@ -300,6 +301,8 @@ fn router_follows_the_spec_and_discovers_only_its_engines() {
         ("--cache-threshold", "0.3"),
         ("--balance-abs-threshold", "8"),
         ("--balance-rel-threshold", "1.5"),
+        ("--queue-size", "7"),
+        ("--queue-timeout-secs", "20"),
         ("--selector", "serving.sgl-rs.io/engine=llama"),
         ("--service-discovery-namespace", "ml"),
     ] {
