@@ -66,6 +66,7 @@ pub enum CrdError {
 #[x_kube(validation = Rule::new(served::GGUF_ON_CPU_RULE).message(served::GGUF_ON_CPU_MESSAGE))]
 #[x_kube(validation = Rule::new(served::TP_ON_CUDA_RULE).message(served::TP_ON_CUDA_MESSAGE))]
 #[x_kube(validation = Rule::new(served::FP8_ON_CUDA_RULE).message(served::FP8_ON_CUDA_MESSAGE))]
+#[x_kube(validation = Rule::new(served::FP8_KV_ON_CUDA_RULE).message(served::FP8_KV_ON_CUDA_MESSAGE))]
 pub struct SGLangServiceSpec {
     /// Which model to serve.
     pub model: ModelSpec,
@@ -98,9 +99,9 @@ pub struct SGLangServiceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new(served::QUANTIZATION_RULE).message(served::QUANTIZATION_MESSAGE))]
     pub quantization: Option<Quantization>,
-    /// KV cache data type (`--kv-cache-dtype`). This engine version serves `auto` only.
+    /// KV cache data type (`--kv-cache-dtype`): `auto` (bf16 on the GPU), or `fp8_e5m2` /
+    /// `fp8_e4m3` on `device: cuda` (one byte per element: twice the tokens in the same memory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new(served::KV_CACHE_DTYPE_RULE).message(served::KV_CACHE_DTYPE_MESSAGE))]
     pub kv_cache_dtype: Option<KvCacheDtype>,
     /// Grammar backend for structured outputs (`--grammar-backend`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -14,8 +14,9 @@ use crate::{GrammarBackend, KvCacheDtype, Quantization, SchedulePolicy};
 pub const TP_SIZES: &[i32] = &[1, 2, 4, 8];
 /// `quantization` values the engine serves (`--quantization`).
 pub const QUANTIZATIONS: &[Quantization] = &[Quantization::Fp8];
-/// `kvCacheDtype` values the engine serves (`--kv-cache-dtype`).
-pub const KV_CACHE_DTYPES: &[KvCacheDtype] = &[KvCacheDtype::Auto];
+/// `kvCacheDtype` values the engine serves (`--kv-cache-dtype`; the FP8 types on `device: cuda`).
+pub const KV_CACHE_DTYPES: &[KvCacheDtype] =
+    &[KvCacheDtype::Auto, KvCacheDtype::Fp8E5m2, KvCacheDtype::Fp8E4m3];
 /// `schedulePolicy` values the engine serves (`--schedule-policy`).
 pub const SCHEDULE_POLICIES: &[SchedulePolicy] = &[
     SchedulePolicy::Lpm,
@@ -43,8 +44,8 @@ pub const FP8_ON_CUDA_RULE: &str =
     "!has(self.quantization) || !has(self.device) || self.device == 'cuda'";
 pub const FP8_ON_CUDA_MESSAGE: &str = "quantization fp8 runs on device: cuda (FP8 tensor cores); a CPU engine serves the checkpoint's own format or a GGUF file's quantization";
 
-pub const KV_CACHE_DTYPE_RULE: &str = "self == 'auto'";
-pub const KV_CACHE_DTYPE_MESSAGE: &str = "kvCacheDtype fp8_e5m2 and fp8_e4m3 are not served by this engine version yet; leave kvCacheDtype unset or auto";
+pub const FP8_KV_ON_CUDA_RULE: &str = "!has(self.kvCacheDtype) || self.kvCacheDtype == 'auto' || !has(self.device) || self.device == 'cuda'";
+pub const FP8_KV_ON_CUDA_MESSAGE: &str = "kvCacheDtype fp8_e5m2 and fp8_e4m3 run on device: cuda; a CPU engine keeps its KV cache in f32 (kvCacheDtype auto)";
 
 pub const CHAT_TEMPLATE_RULE: &str = "self.startsWith('/')";
 pub const CHAT_TEMPLATE_MESSAGE: &str = "model.chatTemplate must be the absolute path of a Jinja template file in the image or a mounted volume (or use model.chatTemplateConfigMap); built-in template names such as chatml are not served by this engine version";

@@ -185,12 +185,22 @@ fn cel_rules_refuse_exactly_what_the_engine_does_not_serve() {
             "quantization: only fp8 is served by this engine version",
         );
     }
+    // Every kvCacheDtype value is served; the FP8 ones on device: cuda only.
     for d in KvCacheDtype::ALL {
-        served_or_refused(
-            &format!("kvCacheDtype: {}", d.as_flag()),
-            served::KV_CACHE_DTYPES.contains(d),
-            "kvCacheDtype fp8_e5m2 and fp8_e4m3 are not served",
-        );
+        assert!(served::KV_CACHE_DTYPES.contains(d), "{d:?}");
+        with(&format!("kvCacheDtype: {}", d.as_flag()))
+            .validate()
+            .unwrap_or_else(|e| panic!("kvCacheDtype {d:?}: {e}"));
+        let on_cpu = with(&format!("kvCacheDtype: {}\n  device: cpu", d.as_flag())).validate();
+        if *d == KvCacheDtype::Auto {
+            on_cpu.unwrap_or_else(|e| panic!("kvCacheDtype auto on cpu: {e}"));
+        } else {
+            let e = on_cpu.expect_err("an FP8 KV cache on device: cpu was accepted");
+            assert!(
+                e.to_string().contains("kvCacheDtype fp8_e5m2 and fp8_e4m3 run on device: cuda"),
+                "{e}"
+            );
+        }
     }
     // Every schedulePolicy value is served.
     for p in SchedulePolicy::ALL {

@@ -95,8 +95,13 @@ fn the_served_lists_are_what_the_engine_accepts() {
         cpu.as_ref().is_err_and(|e| e.contains("--device cuda")),
         "{cpu:?}"
     );
-    // The same for FP8 weights (FP8_ON_CUDA_RULE).
+    // The same for FP8 weights (FP8_ON_CUDA_RULE) and an FP8 KV cache (FP8_KV_ON_CUDA_RULE).
     let cpu = engine_accepts_spec(json!({"quantization": "fp8", "device": "cpu"}));
+    assert!(
+        cpu.as_ref().is_err_and(|e| e.contains("--device cuda")),
+        "{cpu:?}"
+    );
+    let cpu = engine_accepts_spec(json!({"kvCacheDtype": "fp8_e5m2", "device": "cpu"}));
     assert!(
         cpu.as_ref().is_err_and(|e| e.contains("--device cuda")),
         "{cpu:?}"
@@ -171,11 +176,8 @@ fn a_spec_with_every_engine_field_renders_flags_the_engine_accepts() {
 }
 
 /// Examples the CRD refuses until the engine serves what they ask for, with the rule messages
-/// the API server answers.
-const REFUSED_EXAMPLES: &[(&str, &[&str])] = &[(
-    "llama-70b-tp4.yaml",
-    &["kvCacheDtype fp8_e5m2 and fp8_e4m3 are not served"],
-)];
+/// the API server answers (none today: every example is served).
+const REFUSED_EXAMPLES: &[(&str, &[&str])] = &[];
 
 #[test]
 fn every_example_passes_the_crd_and_the_engine_or_is_refused_as_documented() {
