@@ -560,10 +560,11 @@ spec:
     c.apply(&yaml);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let message = wait_for("the pod to report the engine's exit", WAIT, || async {
-        let p = pods
-            .get("broken-engine-0")
+        let list = pods
+            .list(&ListParams::default().labels("serving.sgl-rs.io/engine=broken"))
             .await
             .map_err(|e| e.to_string())?;
+        let p = list.items.first().ok_or("no engine pod")?;
         let st = p
             .status
             .as_ref()
