@@ -46,33 +46,39 @@ __device__ __forceinline__ void pf_slots(int (&slot)[NP], const int* __restrict_
     }
 }
 
-// Issue the copies of one K or V tile (rows of `slot`) into `dst`: cp.async from a bf16 pool;
-// from an FP8 pool (kv.cuh) each thread loads its 8 bytes, widens them to bf16 (exact) and
-// stores them itself, so the tile is in place once the block synchronizes, as after
-// pf_cp_wait.
+// Fetch one K or V tile (rows of `slot`) for `dst`. From a bf16 pool: cp.async straight into
+// `dst`. From an FP8 pool (kv.cuh): each thread's 8 bytes per row into `raw`, registers, so the
+// loads overlap the work until pf_land widens them to bf16 (exact) and stores them into `dst`
+// (where the bf16 form waits for its cp.async group); a __syncthreads after either makes the
+// tile visible.
 template <typename KV, int NP, int RPP, int CH, int LD>
-__device__ __forceinline__ void pf_issue(bf16_t* dst, const typename KV::T* cache,
+__device__ __forceinline__ void pf_fetch(bf16_t* dst, const typename KV::T* cache,
                                          const int (&slot)[NP], int kv_stride, size_t head_off,
-                                         int tid) {
+                                         int tid, typename KV::Raw8 (&raw)[NP]) {
     const int c = tid % CH;
-    typename KV::Raw8 raw[NP];
-    if constexpr (sizeof(typename KV::T) != 2) {
 #pragma unroll
-        for (int i = 0; i < NP; ++i) {
+    for (int i = 0; i < NP; ++i) {
+        if constexpr (sizeof(typename KV::T) == 2) {
+            const int r = tid / CH + i * RPP;
+            const bf16_t* src =
+                slot[i] >= 0 ? cache + (size_t)slot[i] * kv_stride + head_off + c * 8 : cache;
+            pf_cp_async16(dst + r * LD + c * 8, src, slot[i] >= 0);
+        } else {
             raw[i] = slot[i] >= 0
                          ? KV::load8(cache + (size_t)slot[i] * kv_stride + head_off + c * 8)
                          : KV::zero8();
         }
     }
+}
+
+template <typename KV, int NP, int RPP, int CH, int LD>
+__device__ __forceinline__ void pf_land(bf16_t* dst, const typename KV::Raw8 (&raw)[NP],
+                                        int tid) {
+    if constexpr (sizeof(typename KV::T) != 2) {
+        const int c = tid % CH;
 #pragma unroll
-    for (int i = 0; i < NP; ++i) {
-        const int r = tid / CH + i * RPP;
-        if constexpr (sizeof(typename KV::T) == 2) {
-            const bf16_t* src =
-                slot[i] >= 0 ? cache + (size_t)slot[i] * kv_stride + head_off + c * 8 : cache;
-            pf_cp_async16(dst + r * LD + c * 8, src, slot[i] >= 0);
-        } else {
-            *(uint4*)(dst + r * LD + c * 8) = KV::to_bf16x8(raw[i]);
+        for (int i = 0; i < NP; ++i) {
+            *(uint4*)(dst + (tid / CH + i * RPP) * LD + c * 8) = KV::to_bf16x8(raw[i]);
         }
     }
 }
@@ -110,8 +116,9 @@ __device__ __forceinline__ void prefill_attn_impl(
 
     // the first K tile loads while Q is staged through sV into registers (A fragments)
     int slot[NP], slot_next[NP];
+    typename KV::Raw8 raw_k[NP], raw_v[NP];  // an FP8 pool's bytes on their way (pf_fetch)
     pf_slots<NP, RPP, CH>(slot, kv_indices, kvbeg, 0, kv_end, tid);
-    pf_issue<KV, NP, RPP, CH, LD>(sK, k_cache, slot, kv_stride, head_off, tid);
+    pf_fetch<KV, NP, RPP, CH, LD>(sK, k_cache, slot, kv_stride, head_off, tid, raw_k);
     pf_cp_commit();
     for (int idx = tid; idx < PF_BQ * CH; idx += PF_THREADS) {
         const int r = idx / CH, c = idx % CH;
@@ -146,7 +153,8 @@ __device__ __forceinline__ void prefill_attn_impl(
     for (int kt = 0; kt < kv_end; kt += PF_BK) {
         const bool more = kt + PF_BK < kv_end;
         if (more) pf_slots<NP, RPP, CH>(slot_next, kv_indices, kvbeg, kt + PF_BK, kv_end, tid);
-        pf_issue<KV, NP, RPP, CH, LD>(sV, v_cache, slot, kv_stride, head_off, tid);
+        pf_land<KV, NP, RPP, CH, LD>(sK, raw_k, tid);  // sK is free since the last scores
+        pf_fetch<KV, NP, RPP, CH, LD>(sV, v_cache, slot, kv_stride, head_off, tid, raw_v);
         pf_cp_commit();
         pf_cp_wait<1>();  // this tile's K
         __syncthreads();
@@ -213,10 +221,11 @@ __device__ __forceinline__ void prefill_attn_impl(
             o[nb][2] *= a1;
             o[nb][3] *= a1;
         }
+        pf_land<KV, NP, RPP, CH, LD>(sV, raw_v, tid);  // sV is free since the last P V
         pf_cp_wait<0>();  // this tile's V
         __syncthreads();  // every warp is done with sK
         if (more) {
-            pf_issue<KV, NP, RPP, CH, LD>(sK, k_cache, slot_next, kv_stride, head_off, tid);
+            pf_fetch<KV, NP, RPP, CH, LD>(sK, k_cache, slot_next, kv_stride, head_off, tid, raw_k);
             pf_cp_commit();
         }
         // O += P V; P's accumulator layout is reused as the A fragment.
