@@ -15,8 +15,11 @@ pub const TP_SIZES: &[i32] = &[1, 2, 4, 8];
 /// `quantization` values the engine serves (`--quantization`).
 pub const QUANTIZATIONS: &[Quantization] = &[Quantization::Fp8];
 /// `kvCacheDtype` values the engine serves (`--kv-cache-dtype`; the FP8 types on `device: cuda`).
-pub const KV_CACHE_DTYPES: &[KvCacheDtype] =
-    &[KvCacheDtype::Auto, KvCacheDtype::Fp8E5m2, KvCacheDtype::Fp8E4m3];
+pub const KV_CACHE_DTYPES: &[KvCacheDtype] = &[
+    KvCacheDtype::Auto,
+    KvCacheDtype::Fp8E5m2,
+    KvCacheDtype::Fp8E4m3,
+];
 /// `schedulePolicy` values the engine serves (`--schedule-policy`).
 pub const SCHEDULE_POLICIES: &[SchedulePolicy] = &[
     SchedulePolicy::Lpm,

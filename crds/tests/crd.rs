@@ -197,7 +197,8 @@ fn cel_rules_refuse_exactly_what_the_engine_does_not_serve() {
         } else {
             let e = on_cpu.expect_err("an FP8 KV cache on device: cpu was accepted");
             assert!(
-                e.to_string().contains("kvCacheDtype fp8_e5m2 and fp8_e4m3 run on device: cuda"),
+                e.to_string()
+                    .contains("kvCacheDtype fp8_e5m2 and fp8_e4m3 run on device: cuda"),
                 "{e}"
             );
         }
