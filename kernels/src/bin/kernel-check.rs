@@ -2361,6 +2361,29 @@ fn check_sampling(c: &mut Ctx) -> R<()> {
     Ok(())
 }
 
+/// Every attention check on a pool of `kv` elements: the RoPE store, decode attention at
+/// `decode` shapes (head_dim, heads, KV heads), the one-launch forms at `fused` shapes for each
+/// batch of sequence lengths in `lens`, and prefill attention.
+fn check_attention(
+    c: &mut Ctx,
+    kv: KvDtype,
+    decode: &[(usize, usize, usize)],
+    fused: &[(usize, usize, usize)],
+    lens: &[&[usize]],
+) -> R<()> {
+    check_rope(c, kv)?;
+    for &(hd, nh, nkv) in decode {
+        check_decode(c, hd, nh, nkv, kv)?;
+    }
+    for &(hd, nh, nkv) in fused {
+        for l in lens {
+            check_decode_fused(c, hd, nh, nkv, l, kv)?;
+        }
+    }
+    check_prefill(c, 128, 32, 8, kv)?;
+    check_prefill(c, 64, 8, 4, kv)
+}
+
 fn main() -> R<()> {
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
@@ -2400,62 +2423,42 @@ fn main() -> R<()> {
     let only_kv = std::env::args().nth(1).as_deref() == Some("kv");
     // FP8 KV pools: the store, the decode forms and prefill attention on e4m3 and e5m2 bytes
     // (`kv`: these alone)
-    for kv in [KvDtype::Fp8E4m3, KvDtype::Fp8E5m2] {
-        if only_fp8 {
-            break;
-        }
-        check_rope(&mut c, kv)?;
-        check_decode(&mut c, 128, 32, 8, kv)?;
-        check_decode(&mut c, 64, 16, 2, kv)?;
-        for (hd, nh, nkv) in [(128, 32, 8), (128, 64, 8), (64, 16, 4)] {
-            check_decode_fused(&mut c, hd, nh, nkv, &[300], kv)?;
-            check_decode_fused(
+    if !only_fp8 {
+        for kv in [KvDtype::Fp8E4m3, KvDtype::Fp8E5m2] {
+            check_attention(
                 &mut c,
-                hd,
-                nh,
-                nkv,
-                &[2, 17, 33, 300, 1029, 2500, 64, 129],
                 kv,
+                &[(128, 32, 8), (64, 16, 2)],
+                &[(128, 32, 8), (128, 64, 8), (64, 16, 4)],
+                &[&[300], &[2, 17, 33, 300, 1029, 2500, 64, 129]],
             )?;
         }
-        check_prefill(&mut c, 128, 32, 8, kv)?;
-        check_prefill(&mut c, 64, 8, 4, kv)?;
     }
     let only_fp8 = only_fp8 || only_kv;
     if !only_fp8 {
-        let kv = KvDtype::Bf16;
         check_embedding(&mut c)?;
         check_rmsnorm(&mut c)?;
-        check_rope(&mut c, kv)?;
         check_silu(&mut c)?;
-        check_decode(&mut c, 128, 32, 8, kv)?;
-        check_decode(&mut c, 128, 8, 8, kv)?;
-        check_decode(&mut c, 64, 16, 2, kv)?;
-        check_decode(&mut c, 128, 16, 8, kv)?;
-        let fused_shapes = [
-            (128, 32, 8),
-            (128, 8, 8),
-            (128, 16, 8),
-            (128, 16, 2),
-            (64, 8, 8),
-            (64, 16, 8),
-            (64, 16, 4),
-            (64, 32, 4),
-        ];
-        for (hd, nh, nkv) in fused_shapes {
-            check_decode_fused(&mut c, hd, nh, nkv, &[300], kv)?;
-            check_decode_fused(&mut c, hd, nh, nkv, &[1, 130, 257], kv)?;
-            check_decode_fused(
-                &mut c,
-                hd,
-                nh,
-                nkv,
+        check_attention(
+            &mut c,
+            KvDtype::Bf16,
+            &[(128, 32, 8), (128, 8, 8), (64, 16, 2), (128, 16, 8)],
+            &[
+                (128, 32, 8),
+                (128, 8, 8),
+                (128, 16, 8),
+                (128, 16, 2),
+                (64, 8, 8),
+                (64, 16, 8),
+                (64, 16, 4),
+                (64, 32, 4),
+            ],
+            &[
+                &[300],
+                &[1, 130, 257],
                 &[2, 17, 33, 300, 1029, 2500, 64, 129],
-                kv,
-            )?;
-        }
-        check_prefill(&mut c, 128, 32, 8, kv)?;
-        check_prefill(&mut c, 64, 8, 4, kv)?;
+            ],
+        )?;
         if std::env::args().nth(1).as_deref() == Some("bench-gemv") {
             return bench_gemv(&mut c);
         }
