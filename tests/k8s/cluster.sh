@@ -14,8 +14,10 @@
 # `up` builds the components once (build.sh), makes certificates with openssl, starts every
 # component on free ports and waits until a node is Ready; `up` and `env` end by printing
 # `export KUBECONFIG=<path>`. --owner-pid stops the cluster when that process exits (tests pass
-# their own pid so nothing outlives them). --runner starts the pod runner with the cluster's
-# kubeconfig; arguments after `--` are passed to it. `apiserver-stop` and `apiserver-start`
+# their own pid so nothing outlives them); with --remove-work it then deletes the work folder
+# too (etcd, Prometheus, pod folders and logs: over 100 MB a run), unless SGL_K8S_KEEP_WORK=1.
+# --runner starts the pod runner with the cluster's kubeconfig; arguments after `--` are
+# passed to it. `apiserver-stop` and `apiserver-start`
 # stop the API server and start it again with the same flags (port, etcd, certificates).
 #
 # Nodes (all kwok, label type=kwok, pod CIDRs in 127.0.0.0/8):
@@ -32,12 +34,14 @@ cmd="${1:-}"
 [ -n "$cmd" ] && shift
 work="${SGL_K8S_WORK:-$root/.cache/k8s/cluster}"
 owner_pid=""
+remove_work=0
 runner=""
 runner_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --work) work="$2"; shift 2 ;;
     --owner-pid) owner_pid="$2"; shift 2 ;;
+    --remove-work) remove_work=1; shift ;;
     --runner) runner="$2"; shift 2 ;;
     --) shift; runner_args=("$@"); break ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
@@ -130,7 +134,7 @@ case "$cmd" in
     print_env
     exit 0 ;;
   up) ;;
-  *) echo "usage: $0 up|down|env|apiserver-stop|apiserver-start [--work DIR] [--owner-pid PID] [--runner BIN -- ARGS...]" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|env|apiserver-stop|apiserver-start [--work DIR] [--owner-pid PID [--remove-work]] [--runner BIN -- ARGS...]" >&2; exit 2 ;;
 esac
 
 start_time=$(date +%s)
@@ -432,8 +436,10 @@ if [ -n "$runner" ]; then
 fi
 if [ -n "$owner_pid" ]; then
   # Stops everything when the owner exits, whether it finished, failed or was killed.
-  setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; "$2" down --work "$3"' _ \
-    "$owner_pid" "$here/cluster.sh" "$work" > "$work/logs/watchdog.log" 2>&1 < /dev/null &
+  [ "${SGL_K8S_KEEP_WORK:-0}" = 1 ] && remove_work=0
+  setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; "$2" down --work "$3"
+    if [ "$4" = 1 ]; then rm -rf "$3"; fi' _ \
+    "$owner_pid" "$here/cluster.sh" "$work" "$remove_work" > "$work/logs/watchdog.log" 2>&1 < /dev/null &
 fi
 
 trap - EXIT

@@ -1,7 +1,8 @@
 //! The test side of the control plane: one cluster per test process, started on first use
 //! by `tests/k8s/cluster.sh up` with the pod runner, stopped by the script's watchdog when
-//! the process exits (passed or failed). Tests take [`Cluster::lock`] so they run one at a
-//! time on it (two cores).
+//! the process exits (passed, failed or killed), which then deletes its work folder
+//! (`$TMPDIR/sgl-k8s-<pid>`; `SGL_K8S_KEEP_WORK=1` keeps it to read the logs). Tests take
+//! [`Cluster::lock`] so they run one at a time on it (two cores).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -74,6 +75,7 @@ impl Cluster {
             .parent()
             .ok_or_else(|| format!("{} has no folder", model.display()))?
             .to_path_buf();
+        sweep_stale_work(&std::env::temp_dir());
         let work = std::env::temp_dir().join(format!("sgl-k8s-{}", std::process::id()));
         let started = Instant::now();
         let out = Command::new(root.join("tests/k8s/cluster.sh"))
@@ -82,6 +84,7 @@ impl Cluster {
             .arg(&work)
             .arg("--owner-pid")
             .arg(std::process::id().to_string())
+            .arg("--remove-work")
             .arg("--runner")
             .arg(runner)
             .arg("--")
@@ -200,6 +203,38 @@ impl Cluster {
             }
         }
         out
+    }
+}
+
+/// Deletes the work folders (`sgl-k8s-<pid>`) of test processes that are gone and left no
+/// process running: those of runs before the watchdog deleted them, or whose watchdog was
+/// killed. A folder with a live owner, or with a component still running (a watchdog that
+/// is stopping it), is left alone.
+fn sweep_stale_work(tmp: &Path) {
+    let alive = |pid: &str| pid.parse::<u32>().is_ok() && Path::new("/proc").join(pid).exists();
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(owner) = name.strip_prefix("sgl-k8s-") else {
+            continue;
+        };
+        if owner.parse::<u32>().is_err() || alive(owner) {
+            continue;
+        }
+        let running = std::fs::read_dir(e.path().join("pids"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|f| std::fs::read_to_string(f.path()).is_ok_and(|pid| alive(pid.trim())));
+        if running {
+            continue;
+        }
+        match std::fs::remove_dir_all(e.path()) {
+            Ok(()) => eprintln!("removed {} (its test process is gone)", e.path().display()),
+            Err(err) => eprintln!("could not remove {}: {err}", e.path().display()),
+        }
     }
 }
 
