@@ -3,15 +3,37 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use serde_json::Value;
 use sgl_engine::api::parse_object;
-use sgl_engine::api::validate::{Dialect, Obj, parse_sampling};
+use sgl_engine::api::schema::{self, ChatBody, CompletionBody, GenerateBody, Message};
+use sgl_engine::api::validate::{Dialect, parse_sampling};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(body) = parse_object(data) else {
         return;
     };
-    let _ = parse_sampling(&Obj::new(&body), Dialect::OpenAi);
-    if let Some(serde_json::Value::Object(params)) = body.get("sampling_params") {
-        let _ = parse_sampling(&Obj::new(params), Dialect::Native);
+    let body = Value::Object(body);
+    let _ = parse_sampling(&body, "", Dialect::OpenAi);
+    match body.get("sampling_params") {
+        Some(params @ Value::Object(_)) => {
+            let _ = parse_sampling(params, "sampling_params", Dialect::Native);
+        }
+        Some(Value::Array(list)) => {
+            for params in list {
+                let _ = parse_sampling(params, "sampling_params[0]", Dialect::Native);
+            }
+        }
+        _ => {}
+    }
+    let _ = schema::read::<GenerateBody>(&body, "");
+    let _ = schema::read::<CompletionBody>(&body, "");
+    if let Ok(chat) = schema::read_owned::<ChatBody>(body, "") {
+        let _: Vec<Value> = chat
+            .messages
+            .map(|m| m.0)
+            .unwrap_or_default()
+            .into_iter()
+            .map(Message::into_template_value)
+            .collect();
     }
 });

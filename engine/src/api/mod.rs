@@ -1,7 +1,7 @@
 //! The HTTP API: SGLang's native routes and the OpenAI-compatible ones, on axum.
 //!
-//! Handlers parse a body into [`GenerateRequest`](crate::request::GenerateRequest)s
-//! ([`validate`]), submit them to the engine and answer with JSON or server-sent events
+//! Handlers read a body into its serde types ([`schema`]), check and turn them into
+//! [`GenerateRequest`](crate::request::GenerateRequest)s ([`validate`]), submit them to the engine and answer with JSON or server-sent events
 //! ([`sse`]). Every error goes through [`EngineError`]'s one HTTP mapping. A client that goes
 //! away drops its handler (or its event stream), which drops the request's stream and so
 //! aborts the request in the scheduler.
@@ -9,6 +9,7 @@
 mod generation;
 mod native;
 mod openai;
+pub mod schema;
 mod sse;
 pub mod validate;
 

@@ -27,10 +27,10 @@ use serde_json::{Map, Value, json};
 use super::generation::{
     Output, Step, Tagged, finish_all, merge, prefill_shared_prompts, submit_all,
 };
+use super::schema::{self, Count, GenerateBody, InputIds, Int, OneOrMany};
 use super::validate::{
-    Dialect, Limits, LogprobInput, MaxTokensDefault, NATIVE_DEFAULT_MAX_NEW_TOKENS, Obj,
+    Dialect, Fields, Limits, LogprobInput, MaxTokensDefault, NATIVE_DEFAULT_MAX_NEW_TOKENS,
     SamplingInput, build_request, compile_grammar, describe, new_rid, parse_sampling,
-    token_id_list,
 };
 use super::{JsonObject, run_blocking, sse};
 use crate::config::ServerArgs;
@@ -58,8 +58,12 @@ struct ParsedGenerate {
 
 /// The prompts of a `/generate` body: `text` (string or list) or `input_ids` (list or list of
 /// lists). Returns the token ids of each prompt and whether the input was a batch.
-fn generate_prompts(engine: &EngineHandle, obj: &Obj<'_>) -> Result<(Vec<Vec<u32>>, bool)> {
-    match (obj.get("text"), obj.get("input_ids")) {
+fn generate_prompts(
+    engine: &EngineHandle,
+    text: Option<OneOrMany<String>>,
+    input_ids: Option<InputIds>,
+) -> Result<(Vec<Vec<u32>>, bool)> {
+    match (text, input_ids) {
         (Some(_), Some(_)) => Err(EngineError::bad_request(
             "give either `text` or `input_ids`, not both",
         )),
@@ -84,60 +88,42 @@ fn generate_prompts(engine: &EngineHandle, obj: &Obj<'_>) -> Result<(Vec<Vec<u32
                     .map_err(|e| EngineError::bad_param(field, e.to_string()))
             };
             match text {
-                Value::String(s) => Ok((vec![encode(s, "text")?], false)),
-                Value::Array(items) if items.is_empty() => Err(EngineError::bad_param(
+                OneOrMany::One(s) => Ok((vec![encode(&s, "text")?], false)),
+                OneOrMany::Many(items) if items.is_empty() => Err(EngineError::bad_param(
                     "text",
                     "`text` is an empty list: give at least one prompt",
                 )),
-                Value::Array(items) => {
-                    let mut out = Vec::with_capacity(items.len());
-                    for (i, item) in items.iter().enumerate() {
-                        let field = format!("text[{i}]");
-                        let s = item.as_str().ok_or_else(|| {
-                            EngineError::bad_param(
-                                &field,
-                                format!("`{field}` must be a string, got {}", describe(item)),
-                            )
-                        })?;
-                        out.push(encode(s, &field)?);
-                    }
+                OneOrMany::Many(items) => {
+                    let out = items
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| encode(s, &format!("text[{i}]")))
+                        .collect::<Result<Vec<_>>>()?;
                     Ok((out, true))
                 }
-                other => Err(obj.err(
-                    "text",
-                    format!(
-                        "must be a string or a list of strings, got {}",
-                        describe(other)
-                    ),
-                )),
             }
         }
-        (None, Some(ids)) => match ids {
-            Value::Array(items) if !items.is_empty() && items.iter().all(Value::is_array) => {
-                let out = items
-                    .iter()
-                    .enumerate()
-                    .map(|(i, item)| token_id_list(item, &format!("input_ids[{i}]")))
-                    .collect::<Result<Vec<_>>>()?;
-                Ok((out, true))
-            }
-            other => Ok((vec![token_id_list(other, "input_ids")?], false)),
-        },
+        (None, Some(InputIds::One(ids))) => Ok((vec![ids], false)),
+        (None, Some(InputIds::Batch(lists))) => Ok((lists, true)),
     }
 }
 
 /// `sampling_params`: one object for every prompt, or a list with one per prompt.
-fn generate_sampling(obj: &Obj<'_>, prompts: usize, batch: bool) -> Result<Vec<SamplingInput>> {
-    let one = |m: &Map<String, Value>, prefix: String| {
-        parse_sampling(&Obj::with_prefix(m, prefix), Dialect::Native)
-    };
-    match obj.get("sampling_params") {
-        None => Ok(vec![one(&Map::new(), String::new())?; prompts]),
-        Some(Value::Object(m)) => Ok(vec![one(m, "sampling_params.".into())?; prompts]),
+fn generate_sampling(
+    params: Option<&Value>,
+    prompts: usize,
+    batch: bool,
+) -> Result<Vec<SamplingInput>> {
+    let f = Fields::new("");
+    let key = "sampling_params";
+    let empty = Value::Object(Map::new());
+    match params {
+        None | Some(Value::Null) => Ok(vec![parse_sampling(&empty, "", Dialect::Native)?; prompts]),
+        Some(v @ Value::Object(_)) => Ok(vec![parse_sampling(v, key, Dialect::Native)?; prompts]),
         Some(Value::Array(list)) if batch => {
             if list.len() != prompts {
-                return Err(obj.err(
-                    "sampling_params",
+                return Err(f.err(
+                    key,
                     format!(
                         "has {} entries but the batch has {prompts} prompts",
                         list.len()
@@ -147,17 +133,17 @@ fn generate_sampling(obj: &Obj<'_>, prompts: usize, batch: bool) -> Result<Vec<S
             list.iter()
                 .enumerate()
                 .map(|(i, v)| match v {
-                    Value::Object(m) => one(m, format!("sampling_params[{i}].")),
-                    Value::Null => one(&Map::new(), String::new()),
-                    other => Err(obj.err(
-                        &format!("sampling_params[{i}]"),
+                    Value::Object(_) => parse_sampling(v, &format!("{key}[{i}]"), Dialect::Native),
+                    Value::Null => parse_sampling(&empty, "", Dialect::Native),
+                    other => Err(f.err(
+                        &format!("{key}[{i}]"),
                         format!("must be an object, got {}", describe(other)),
                     )),
                 })
                 .collect()
         }
-        Some(other) => Err(obj.err(
-            "sampling_params",
+        Some(other) => Err(f.err(
+            key,
             format!(
                 "must be an object{}, got {}",
                 if batch {
@@ -171,24 +157,54 @@ fn generate_sampling(obj: &Obj<'_>, prompts: usize, batch: bool) -> Result<Vec<S
     }
 }
 
+/// A top-level field given once for every prompt, or (in a batch) as a list with one value
+/// per prompt. `check` takes each value and its field name for errors. `default` fills the
+/// prompts when the field is absent.
+fn per_prompt<T: Clone, U: Clone>(
+    key: &str,
+    value: Option<OneOrMany<T>>,
+    prompts: usize,
+    batch: bool,
+    default: U,
+    check: impl Fn(T, &str) -> Result<U>,
+) -> Result<Vec<U>> {
+    let f = Fields::new("");
+    match value {
+        None => Ok(vec![default; prompts]),
+        Some(OneOrMany::One(v)) => Ok(vec![check(v, key)?; prompts]),
+        Some(OneOrMany::Many(list)) if batch => {
+            if list.len() != prompts {
+                return Err(f.err(
+                    key,
+                    format!(
+                        "has {} entries but the batch has {prompts} prompts",
+                        list.len()
+                    ),
+                ));
+            }
+            list.into_iter()
+                .enumerate()
+                .map(|(i, v)| check(v, &format!("{key}[{i}]")))
+                .collect()
+        }
+        Some(OneOrMany::Many(_)) => Err(f.err(
+            key,
+            "must be one value for a single prompt, got a list (lists give one value per prompt of a batch)",
+        )),
+    }
+}
+
 /// `rid`: a string (single prompt) or a list of strings (batch).
-fn generate_rids(obj: &Obj<'_>, prompts: usize, batch: bool) -> Result<Vec<String>> {
-    match obj.get("rid") {
+fn generate_rids(
+    rid: Option<OneOrMany<String>>,
+    prompts: usize,
+    batch: bool,
+) -> Result<Vec<String>> {
+    match rid {
         None => Ok((0..prompts).map(|_| new_rid()).collect()),
-        Some(Value::String(s)) if !batch => Ok(vec![s.clone()]),
-        Some(Value::Array(list)) if batch && list.len() == prompts => list
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                v.as_str().map(str::to_string).ok_or_else(|| {
-                    obj.err(
-                        &format!("rid[{i}]"),
-                        format!("must be a string, got {}", describe(v)),
-                    )
-                })
-            })
-            .collect(),
-        Some(other) => Err(obj.err(
+        Some(OneOrMany::One(s)) if !batch => Ok(vec![s]),
+        Some(OneOrMany::Many(list)) if batch && list.len() == prompts => Ok(list),
+        Some(other) => Err(Fields::new("").err(
             "rid",
             format!(
                 "must be {}, got {}",
@@ -197,83 +213,65 @@ fn generate_rids(obj: &Obj<'_>, prompts: usize, batch: bool) -> Result<Vec<Strin
                 } else {
                     "a string".into()
                 },
-                describe(other)
+                match other {
+                    OneOrMany::One(_) => "a single string".to_string(),
+                    OneOrMany::Many(l) => format!("a list of {}", l.len()),
+                }
             ),
         )),
-    }
-}
-
-/// A top-level field given once for every prompt, or (in a batch) as a list with one value per
-/// prompt. `read` parses one value; its second argument is the field name for errors.
-fn per_prompt<T: Clone>(
-    obj: &Obj<'_>,
-    key: &str,
-    prompts: usize,
-    batch: bool,
-    read: impl Fn(&Value, &str) -> Result<T>,
-) -> Result<Option<Vec<T>>> {
-    match obj.get(key) {
-        None => Ok(None),
-        Some(Value::Array(list)) if batch => {
-            if list.len() != prompts {
-                return Err(obj.err(
-                    key,
-                    format!(
-                        "has {} entries but the batch has {prompts} prompts",
-                        list.len()
-                    ),
-                ));
-            }
-            list.iter()
-                .enumerate()
-                .map(|(i, v)| read(v, &obj.name(&format!("{key}[{i}]"))))
-                .collect::<Result<Vec<_>>>()
-                .map(Some)
-        }
-        Some(v) => Ok(Some(vec![read(v, &obj.name(key))?; prompts])),
     }
 }
 
 /// The logprob fields of a `/generate` body, one entry per prompt.
 fn generate_logprobs(
-    obj: &Obj<'_>,
+    body: &mut GenerateBody,
     prompts: usize,
     batch: bool,
 ) -> Result<Vec<Option<LogprobInput>>> {
-    let read_bool = |v: &Value, name: &str| {
-        v.as_bool().ok_or_else(|| {
-            EngineError::bad_param(
-                name,
-                format!("`{name}` must be true or false, got {}", describe(v)),
-            )
-        })
-    };
-    let read_start = |v: &Value, name: &str| match v.as_i64() {
-        Some(x) if x >= -1 => Ok(x),
-        _ => Err(EngineError::bad_param(
-            name,
-            format!(
-                "`{name}` must be -1 (output logprobs only) or a prompt position >= 0, got {}",
-                describe(v)
-            ),
-        )),
-    };
-    let read_top = |v: &Value, name: &str| match v.as_u64() {
-        Some(x) if x as usize <= MAX_TOP_LOGPROBS_NUM => Ok(x as usize),
-        _ => Err(EngineError::bad_param(
-            name,
-            format!(
-                "`{name}` must be an integer in [0, {MAX_TOP_LOGPROBS_NUM}], got {}",
-                describe(v)
-            ),
-        )),
-    };
-    let want = per_prompt(obj, "return_logprob", prompts, batch, read_bool)?
-        .unwrap_or_else(|| vec![false; prompts]);
-    let start = per_prompt(obj, "logprob_start_len", prompts, batch, read_start)?
-        .unwrap_or_else(|| vec![-1; prompts]);
-    let top = per_prompt(obj, "top_logprobs_num", prompts, batch, read_top)?
-        .unwrap_or_else(|| vec![0; prompts]);
+    let want = per_prompt(
+        "return_logprob",
+        body.return_logprob.take(),
+        prompts,
+        batch,
+        false,
+        |b, _| Ok(b),
+    )?;
+    let start = per_prompt(
+        "logprob_start_len",
+        body.logprob_start_len.take(),
+        prompts,
+        batch,
+        -1,
+        |Int(x), name| {
+            if x >= -1 {
+                Ok(x)
+            } else {
+                Err(EngineError::bad_param(
+                    name,
+                    format!(
+                        "`{name}` must be -1 (output logprobs only) or a prompt position >= 0, got {x}"
+                    ),
+                ))
+            }
+        },
+    )?;
+    let top = per_prompt(
+        "top_logprobs_num",
+        body.top_logprobs_num.take(),
+        prompts,
+        batch,
+        0,
+        |Count(x), name| {
+            if x <= MAX_TOP_LOGPROBS_NUM {
+                Ok(x)
+            } else {
+                Err(EngineError::bad_param(
+                    name,
+                    format!("`{name}` must be an integer in [0, {MAX_TOP_LOGPROBS_NUM}], got {x}"),
+                ))
+            }
+        },
+    )?;
     Ok((0..prompts)
         .map(|i| {
             want[i].then_some(LogprobInput {
@@ -285,26 +283,43 @@ fn generate_logprobs(
         .collect())
 }
 
-fn parse_generate(engine: &EngineHandle, body: &Map<String, Value>) -> Result<ParsedGenerate> {
-    let obj = Obj::new(body);
-    obj.unsupported(
+fn parse_generate(engine: &EngineHandle, body: Map<String, Value>) -> Result<ParsedGenerate> {
+    let mut body: GenerateBody = schema::read_owned(Value::Object(body), "")?;
+    let f = Fields::new("");
+    f.unsupported(
         "return_hidden_states",
+        body.return_hidden_states.as_ref(),
         &[Value::Bool(false)],
         "hidden states",
     )?;
-    obj.unsupported("image_data", &[], "images")?;
-    obj.unsupported("lora_path", &[], "LoRA adapters")?;
-    obj.unsupported("input_embeds", &[], "input embeddings")?;
-    obj.unsupported("custom_logit_processor", &[], "custom logit processors")?;
-    let (prompts, batch) = generate_prompts(engine, &obj)?;
-    let mut sampling = generate_sampling(&obj, prompts.len(), batch)?;
-    let logprobs = generate_logprobs(&obj, prompts.len(), batch)?;
+    f.unsupported("image_data", body.image_data.as_ref(), &[], "images")?;
+    f.unsupported("lora_path", body.lora_path.as_ref(), &[], "LoRA adapters")?;
+    f.unsupported(
+        "input_embeds",
+        body.input_embeds.as_ref(),
+        &[],
+        "input embeddings",
+    )?;
+    f.unsupported(
+        "custom_logit_processor",
+        body.custom_logit_processor.as_ref(),
+        &[],
+        "custom logit processors",
+    )?;
+    let field = if body.text.is_some() {
+        "text"
+    } else {
+        "input_ids"
+    };
+    let (prompts, batch) = generate_prompts(engine, body.text.take(), body.input_ids.take())?;
+    let mut sampling = generate_sampling(body.sampling_params.as_ref(), prompts.len(), batch)?;
+    let logprobs = generate_logprobs(&mut body, prompts.len(), batch)?;
     for (s, lp) in sampling.iter_mut().zip(logprobs) {
         s.logprobs = lp;
     }
-    let return_text = obj.bool("return_text_in_logprobs")?.unwrap_or(false);
-    let rids = generate_rids(&obj, prompts.len(), batch)?;
-    let stream = obj.bool("stream")?.unwrap_or(false);
+    let return_text = body.return_text_in_logprobs.unwrap_or(false);
+    let rids = generate_rids(body.rid.take(), prompts.len(), batch)?;
+    let stream = body.stream.unwrap_or(false);
     let total: usize = sampling.iter().map(|s| s.n).sum();
     if total > super::validate::MAX_FAN_OUT {
         return Err(EngineError::bad_request(format!(
@@ -316,7 +331,6 @@ fn parse_generate(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Pa
         compile_grammar(engine, s)?;
     }
     let limits = Limits::of(engine);
-    let field = if obj.has("text") { "text" } else { "input_ids" };
     let mut reqs = Vec::with_capacity(total);
     for ((ids, s), rid) in prompts.into_iter().zip(&sampling).zip(rids) {
         let default = MaxTokensDefault::Fixed(NATIVE_DEFAULT_MAX_NEW_TOKENS);
@@ -472,7 +486,7 @@ pub async fn generate(
     JsonObject(body): JsonObject,
 ) -> Result<Response> {
     let e = engine.clone();
-    let mut p = run_blocking(move || parse_generate(&e, &body)).await?;
+    let mut p = run_blocking(move || parse_generate(&e, body)).await?;
     prefill_shared_prompts(&engine, &p.reqs).await?;
     let gens = submit_all(&engine, std::mem::take(&mut p.reqs))?;
     if p.stream {

@@ -34,10 +34,13 @@ use futures::StreamExt;
 use serde_json::{Map, Value, json};
 
 use super::generation::{Output, Step, finish_all, merge, prefill_shared_prompts, submit_all};
+use super::schema::{
+    self, ChatBody, CompletionBody, CompletionPrompt, Count, Message, MessageContent, Messages,
+};
 use super::validate::{
-    COMPLETIONS_DEFAULT_MAX_TOKENS, Dialect, GrammarInput, Limits, LogprobInput, MaxTokensDefault,
-    OPENAI_DEFAULT_MAX_TOKENS_CAP, Obj, SamplingInput, build_request, check_model, compile_grammar,
-    describe, new_rid, parse_sampling, token_id_list,
+    COMPLETIONS_DEFAULT_MAX_TOKENS, Dialect, Fields, GrammarInput, Limits, LogprobInput,
+    MaxTokensDefault, OPENAI_DEFAULT_MAX_TOKENS_CAP, SamplingInput, build_request, check_model,
+    compile_grammar, new_rid, parse_sampling,
 };
 use super::{JsonObject, run_blocking, sse};
 use crate::engine::EngineHandle;
@@ -106,22 +109,29 @@ fn no_tokenizer(what: &str) -> EngineError {
     ))
 }
 
+/// The fields both OpenAI bodies share beside the sampling ones.
+struct RouteFields {
+    model: Option<String>,
+    stream: bool,
+    include_usage: bool,
+}
+
 /// Read the shared fields and fan prompts out into requests.
 fn build(
     engine: &EngineHandle,
-    obj: &Obj<'_>,
+    route: RouteFields,
     kind: Kind,
     prompts: Vec<Vec<u32>>,
     prompt_field: &str,
     echo: Vec<String>,
     mut sampling: SamplingInput,
 ) -> Result<Parsed> {
-    let model = check_model(engine, obj)?;
-    let stream = obj.bool("stream")?.unwrap_or(false);
-    let include_usage = match obj.object("stream_options")? {
-        Some(o) => o.bool("include_usage")?.unwrap_or(false),
-        None => false,
-    };
+    let model = check_model(engine, route.model.as_deref())?;
+    let RouteFields {
+        stream,
+        include_usage,
+        ..
+    } = route;
     let n = sampling.n;
     let total = prompts.len().saturating_mul(n);
     if total > super::validate::MAX_FAN_OUT {
@@ -177,51 +187,39 @@ fn build(
 }
 
 /// Chat's `logprobs` (a boolean) and `top_logprobs` (0..=20).
-fn chat_logprobs(obj: &Obj<'_>) -> Result<Option<LogprobInput>> {
-    let want = obj.bool("logprobs")?.unwrap_or(false);
-    let top = obj.usize("top_logprobs").map_err(|_| {
-        obj.err(
-            "top_logprobs",
-            format!(
-                "must be an integer in [0, {MAX_CHAT_TOP_LOGPROBS}], got {}",
-                obj.get("top_logprobs").map(describe).unwrap_or_default()
-            ),
-        )
-    })?;
-    if let Some(k) = top {
+fn chat_logprobs(logprobs: Option<bool>, top: Option<Count>) -> Result<Option<LogprobInput>> {
+    let f = Fields::new("");
+    let want = logprobs.unwrap_or(false);
+    if let Some(Count(k)) = top {
         if k > MAX_CHAT_TOP_LOGPROBS {
-            return Err(obj.err(
+            return Err(f.err(
                 "top_logprobs",
                 format!("must be an integer in [0, {MAX_CHAT_TOP_LOGPROBS}], got {k}"),
             ));
         }
         if k > 0 && !want {
-            return Err(obj.err("top_logprobs", "needs `logprobs: true`"));
+            return Err(f.err("top_logprobs", "needs `logprobs: true`"));
         }
     }
     Ok(want.then_some(LogprobInput {
         start_len: -1,
-        top_k: top.unwrap_or(0),
+        top_k: top.map_or(0, |c| c.0),
         start_field: "logprobs",
     }))
 }
 
 /// Completions' `logprobs` (0..=5 alternatives per token); with `echo` the prompt's tokens
 /// get logprobs too.
-fn completion_logprobs(obj: &Obj<'_>, echo: bool) -> Result<Option<LogprobInput>> {
-    let bad = || {
-        obj.err(
-            "logprobs",
-            format!(
-                "must be an integer in [0, {MAX_COMPLETION_LOGPROBS}], got {}",
-                obj.get("logprobs").map(describe).unwrap_or_default()
-            ),
-        )
-    };
-    let k = match obj.usize("logprobs") {
-        Ok(None) => return Ok(None),
-        Ok(Some(k)) if k <= MAX_COMPLETION_LOGPROBS => k,
-        _ => return Err(bad()),
+fn completion_logprobs(logprobs: Option<Count>, echo: bool) -> Result<Option<LogprobInput>> {
+    let k = match logprobs {
+        None => return Ok(None),
+        Some(Count(k)) if k <= MAX_COMPLETION_LOGPROBS => k,
+        Some(Count(k)) => {
+            return Err(Fields::new("").err(
+                "logprobs",
+                format!("must be an integer in [0, {MAX_COMPLETION_LOGPROBS}], got {k}"),
+            ));
+        }
     };
     Ok(Some(LogprobInput {
         start_len: if echo { 0 } else { -1 },
@@ -305,110 +303,62 @@ fn logprobs_json(p: &Parsed, entries: &[TokenLogprob], offset: &mut usize) -> Va
     }
 }
 
-/// Check the shape of `messages`. The template gets them as they are, except that a missing
-/// or null `content` (an assistant turn that only made tool calls) becomes `""`, as SGLang
-/// passes it, so that templates without tool support can still concatenate it.
-fn check_messages(obj: &Obj<'_>) -> Result<Vec<Value>> {
-    let Some(v) = obj.get("messages") else {
+/// Check `messages` and turn them into what the chat template reads (see
+/// [`Message::into_template_value`]).
+fn check_messages(messages: Option<Messages>) -> Result<Vec<Value>> {
+    let Some(Messages(messages)) = messages else {
         return Err(EngineError::bad_param(
             "messages",
             "`messages` is required: a list of {\"role\": ..., \"content\": ...} objects",
         ));
     };
-    let Value::Array(messages) = v else {
-        return Err(obj.err(
-            "messages",
-            format!("must be a list of message objects, got {}", describe(v)),
-        ));
-    };
     if messages.is_empty() {
-        return Err(obj.err("messages", "is empty: give at least one message"));
+        return Err(Fields::new("").err("messages", "is empty: give at least one message"));
     }
     for (i, m) in messages.iter().enumerate() {
         let name = format!("messages[{i}]");
-        let Value::Object(map) = m else {
-            return Err(obj.err(
-                &name,
-                format!(
-                    "must be an object with `role` and `content`, got {}",
-                    describe(m)
-                ),
-            ));
-        };
-        let msg = Obj::with_prefix(map, format!("{name}."));
-        if msg.str("role")?.is_none() {
+        let msg = Fields::new(&name);
+        if m.role.is_none() {
             return Err(msg.err(
                 "role",
                 "is required (\"system\", \"user\", \"assistant\" or \"tool\")",
             ));
         }
-        match msg.get("tool_calls") {
-            None | Some(Value::Array(_)) => {}
-            Some(v) => {
-                return Err(msg.err(
-                    "tool_calls",
-                    format!("must be a list of tool calls, got {}", describe(v)),
-                ));
-            }
-        }
-        match msg.get("content") {
-            None | Some(Value::String(_)) => {}
-            Some(Value::Array(parts)) => {
-                for (j, part) in parts.iter().enumerate() {
-                    let pname = format!("content[{j}]");
-                    let Value::Object(pm) = part else {
-                        return Err(msg.err(
-                            &pname,
-                            format!("must be a content part object, got {}", describe(part)),
-                        ));
-                    };
-                    let p = Obj::with_prefix(pm, format!("{name}.{pname}."));
-                    match p.str("type")? {
-                        Some("text") => {
-                            if p.str("text")?.is_none() {
-                                return Err(p.err("text", "is required for a text part"));
-                            }
+        if let Some(MessageContent::Parts(parts)) = &m.content {
+            for (j, part) in parts.iter().enumerate() {
+                let pname = format!("{name}.content[{j}]");
+                let p = Fields::new(&pname);
+                match part.kind.as_deref() {
+                    Some("text") => {
+                        if part.text.is_none() {
+                            return Err(p.err("text", "is required for a text part"));
                         }
-                        Some(other) => {
-                            return Err(p.err(
-                                "type",
-                                format!("`{other}` is not supported: this server takes text content only"),
-                            ));
-                        }
-                        None => return Err(p.err("type", "is required (\"text\")")),
                     }
+                    Some(other) => {
+                        return Err(p.err(
+                            "type",
+                            format!(
+                                "`{other}` is not supported: this server takes text content only"
+                            ),
+                        ));
+                    }
+                    None => return Err(p.err("type", "is required (\"text\")")),
                 }
-            }
-            Some(other) => {
-                return Err(msg.err(
-                    "content",
-                    format!(
-                        "must be a string or a list of parts, got {}",
-                        describe(other)
-                    ),
-                ));
             }
         }
     }
     Ok(messages
-        .iter()
-        .map(|m| {
-            let mut m = m.clone();
-            if let Value::Object(map) = &mut m
-                && map.get("content").is_none_or(Value::is_null)
-            {
-                map.insert("content".into(), Value::from(""));
-            }
-            m
-        })
+        .into_iter()
+        .map(Message::into_template_value)
         .collect())
 }
 
-fn parse_chat(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Parsed> {
-    let obj = Obj::new(body);
-    let messages = check_messages(&obj)?;
-    let mut sampling = parse_sampling(&obj, Dialect::OpenAi)?;
-    sampling.logprobs = chat_logprobs(&obj)?;
+fn parse_chat(engine: &EngineHandle, body: Map<String, Value>) -> Result<Parsed> {
+    let body = Value::Object(body);
+    let mut sampling = parse_sampling(&body, "", Dialect::OpenAi)?;
+    let body: ChatBody = schema::read_owned(body, "")?;
+    let messages = check_messages(body.messages)?;
+    sampling.logprobs = chat_logprobs(body.logprobs, body.top_logprobs)?;
     let tok = engine
         .tokenizer()
         .ok_or_else(|| no_tokenizer("/v1/chat/completions"))?;
@@ -417,8 +367,8 @@ fn parse_chat(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Parsed
             "this model has no chat template: start the server with --chat-template FILE, or use /v1/completions",
         )
     })?;
-    let tools = ToolSpec::parse_list(obj.get("tools").unwrap_or(&Value::Null))?;
-    let choice = ToolChoice::parse(obj.get("tool_choice"), &tools)?;
+    let tools = ToolSpec::parse_list(body.tools.as_ref().unwrap_or(&Value::Null))?;
+    let choice = ToolChoice::parse(body.tool_choice.as_ref(), &tools)?;
     let parser = engine.args().tool_call_parser;
     let tool_parser = parser.filter(|_| !tools.is_empty() && choice.shows_tools());
     if choice.forces_call() {
@@ -455,16 +405,7 @@ fn parse_chat(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Parsed
     }
     let template_tools: Option<Vec<Value>> = (choice.shows_tools() && !tools.is_empty())
         .then(|| tools.iter().map(ToolSpec::to_json).collect());
-    let extra = match obj.get("chat_template_kwargs") {
-        None => Map::new(),
-        Some(Value::Object(m)) => m.clone(),
-        Some(v) => {
-            return Err(obj.err(
-                "chat_template_kwargs",
-                format!("must be an object, got {}", describe(v)),
-            ));
-        }
-    };
+    let extra = body.chat_template_kwargs.unwrap_or_default();
     let prompt = template
         .render_with(&messages, true, template_tools.as_deref(), &extra)
         .map_err(|e| {
@@ -477,9 +418,17 @@ fn parse_chat(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Parsed
     let ids = tok
         .encode(&prompt, false)
         .map_err(|e| EngineError::bad_param("messages", e.to_string()))?;
+    let route = RouteFields {
+        model: body.model,
+        stream: body.stream.unwrap_or(false),
+        include_usage: body
+            .stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
+    };
     let mut parsed = build(
         engine,
-        &obj,
+        route,
         Kind::Chat,
         vec![ids],
         "messages",
@@ -494,10 +443,10 @@ fn parse_chat(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Parsed
 /// `prompt`: a string, a list of strings, a list of token ids, or a list of such lists.
 /// Returns the token ids of each prompt and its text (for `echo`).
 fn completion_prompts(
-    obj: &Obj<'_>,
+    prompt: Option<CompletionPrompt>,
     tok: Option<&Tokenizer>,
 ) -> Result<(Vec<Vec<u32>>, Vec<String>)> {
-    let Some(v) = obj.get("prompt") else {
+    let Some(prompt) = prompt else {
         return Err(EngineError::bad_param(
             "prompt",
             "`prompt` is required: a string, a list of strings, a list of token ids, or a list of token-id lists",
@@ -514,60 +463,50 @@ fn completion_prompts(
     };
     let empty =
         || EngineError::bad_param("prompt", "`prompt` is empty: give some text or token ids");
-    match v {
-        Value::String(s) => {
+    match prompt {
+        CompletionPrompt::Text(s) => {
             if s.is_empty() {
                 return Err(empty());
             }
-            Ok((vec![encode(s)?], vec![s.clone()]))
+            Ok((vec![encode(&s)?], vec![s]))
         }
-        Value::Array(items) if items.is_empty() => Err(empty()),
-        Value::Array(items) if items.iter().all(Value::is_string) => {
+        CompletionPrompt::Texts(items) if items.is_empty() => Err(empty()),
+        CompletionPrompt::Ids(ids) if ids.is_empty() => Err(empty()),
+        CompletionPrompt::Texts(items) => {
             let mut ids = Vec::with_capacity(items.len());
-            let mut texts = Vec::with_capacity(items.len());
-            for (i, item) in items.iter().enumerate() {
-                let s = item.as_str().unwrap_or_default();
+            for (i, s) in items.iter().enumerate() {
                 if s.is_empty() {
-                    return Err(EngineError::bad_param("prompt", format!("`prompt[{i}]` is empty")));
+                    return Err(EngineError::bad_param(
+                        "prompt",
+                        format!("`prompt[{i}]` is empty"),
+                    ));
                 }
                 ids.push(encode(s)?);
-                texts.push(s.to_string());
             }
-            Ok((ids, texts))
+            Ok((ids, items))
         }
-        Value::Array(items) if items.iter().all(Value::is_array) => {
-            let ids = items
-                .iter()
-                .enumerate()
-                .map(|(i, item)| token_id_list(item, &format!("prompt[{i}]")))
-                .collect::<Result<Vec<_>>>()?;
+        CompletionPrompt::Batch(ids) => {
             let texts = ids.iter().map(|p| decode(p)).collect();
             Ok((ids, texts))
         }
-        Value::Array(_) => {
-            let ids = token_id_list(v, "prompt")?;
+        CompletionPrompt::Ids(ids) => {
             let text = decode(&ids);
             Ok((vec![ids], vec![text]))
         }
-        other => Err(obj.err(
-            "prompt",
-            format!(
-                "must be a string, a list of strings, a list of token ids, or a list of token-id lists; got {}",
-                describe(other)
-            ),
-        )),
     }
 }
 
-fn parse_completion(engine: &EngineHandle, body: &Map<String, Value>) -> Result<Parsed> {
-    let obj = Obj::new(body);
+fn parse_completion(engine: &EngineHandle, body: Map<String, Value>) -> Result<Parsed> {
+    let body = Value::Object(body);
+    let mut sampling = parse_sampling(&body, "", Dialect::OpenAi)?;
+    let body: CompletionBody = schema::read_owned(body, "")?;
     let tok = engine.tokenizer().map(|t| t.as_ref());
-    let (prompts, texts) = completion_prompts(&obj, tok)?;
-    let mut sampling = parse_sampling(&obj, Dialect::OpenAi)?;
-    let echo_on = obj.bool("echo")?.unwrap_or(false);
-    sampling.logprobs = completion_logprobs(&obj, echo_on)?;
-    if echo_on && sampling.logprobs.is_some() && obj.bool("stream")?.unwrap_or(false) {
-        return Err(obj.err(
+    let (prompts, texts) = completion_prompts(body.prompt, tok)?;
+    let echo_on = body.echo.unwrap_or(false);
+    let stream = body.stream.unwrap_or(false);
+    sampling.logprobs = completion_logprobs(body.logprobs, echo_on)?;
+    if echo_on && sampling.logprobs.is_some() && stream {
+        return Err(Fields::new("").err(
             "echo",
             "with `logprobs` is not supported by this server when streaming",
         ));
@@ -577,9 +516,17 @@ fn parse_completion(engine: &EngineHandle, body: &Map<String, Value>) -> Result<
     } else {
         vec![String::new(); prompts.len()]
     };
+    let route = RouteFields {
+        model: body.model,
+        stream,
+        include_usage: body
+            .stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
+    };
     build(
         engine,
-        &obj,
+        route,
         Kind::Completion,
         prompts,
         "prompt",
@@ -864,7 +811,7 @@ pub async fn chat_completions(
     JsonObject(body): JsonObject,
 ) -> Result<Response> {
     let e = engine.clone();
-    let parsed = run_blocking(move || parse_chat(&e, &body)).await?;
+    let parsed = run_blocking(move || parse_chat(&e, body)).await?;
     run(engine, parsed).await
 }
 
@@ -874,7 +821,7 @@ pub async fn completions(
     JsonObject(body): JsonObject,
 ) -> Result<Response> {
     let e = engine.clone();
-    let parsed = run_blocking(move || parse_completion(&e, &body)).await?;
+    let parsed = run_blocking(move || parse_completion(&e, body)).await?;
     run(engine, parsed).await
 }
 
@@ -900,8 +847,6 @@ pub async fn retrieve_model(
     State(engine): State<EngineHandle>,
     Path(model): Path<String>,
 ) -> Result<Json<Value>> {
-    let mut body = Map::new();
-    body.insert("model".into(), Value::String(model));
-    check_model(&engine, &Obj::new(&body))?;
+    check_model(&engine, Some(&model))?;
     Ok(Json(model_card(&engine)))
 }

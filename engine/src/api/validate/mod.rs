@@ -1,10 +1,11 @@
 //! Request bodies in, [`GenerateRequest`]s out ("parse, don't validate").
 //!
-//! Bodies arrive as JSON objects. Fields are read one by one through [`Obj`], so that every
-//! error names the field at fault (`sampling_params[1].top_p`) and says what would be accepted.
-//! Unknown fields are ignored, as SGLang and OpenAI do; fields this engine cannot honour yet
-//! (custom logit processors, `best_of`) are refused unless they carry their neutral value, so
-//! that a client never gets output that silently ignores what it asked for.
+//! Bodies are read into the serde types of [`super::schema`], whose errors name the field
+//! path and the type expected; this module checks their values (ranges, limits, conflicts),
+//! naming the field at fault (`sampling_params[1].top_p`) and what would be accepted. Fields
+//! this engine cannot honour yet (custom logit processors, `best_of`) are refused unless they
+//! carry their neutral value, so that a client never gets output that silently ignores what
+//! it asked for.
 //!
 //! Structured output ([`GrammarInput`]): `/generate` takes SGLang's `json_schema` (a string,
 //! or the schema object itself), `regex` and `ebnf` in `sampling_params`; the OpenAI routes
@@ -20,8 +21,12 @@
 //! in 1..=[`MAX_N`]. Logprob options ([`LogprobInput`]) are read by each route in its own
 //! names and checked against the prompt here.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
+use super::schema::{
+    self, CommonSampling, Count, Int, LogitBias, NativeSampling, Number, OpenAiSampling,
+    ResponseFormat, Seed,
+};
 use crate::engine::EngineHandle;
 use crate::error::{EngineError, Result};
 use crate::grammar::GrammarSpec;
@@ -49,12 +54,6 @@ pub const PENALTY_RANGE: f32 = 2.0;
 /// Range of a `logit_bias` value.
 pub const LOGIT_BIAS_RANGE: f32 = 100.0;
 
-/// A JSON object being read field by field. `prefix` is prepended to field names in errors.
-pub struct Obj<'a> {
-    map: &'a Map<String, Value>,
-    prefix: String,
-}
-
 /// Short description of a JSON value for error messages.
 pub fn describe(v: &Value) -> String {
     let kind = match v {
@@ -77,24 +76,25 @@ pub fn describe(v: &Value) -> String {
     format!("{kind} {text}")
 }
 
-impl<'a> Obj<'a> {
-    pub fn new(map: &'a Map<String, Value>) -> Self {
-        Obj {
-            map,
-            prefix: String::new(),
-        }
-    }
+/// Names fields in errors: `prefix` is where the object being checked sits in the body
+/// (`sampling_params[1]`; empty at the top level).
+#[derive(Debug, Clone, Copy)]
+pub struct Fields<'a> {
+    prefix: &'a str,
+}
 
-    pub fn with_prefix(map: &'a Map<String, Value>, prefix: impl Into<String>) -> Self {
-        Obj {
-            map,
-            prefix: prefix.into(),
-        }
+impl<'a> Fields<'a> {
+    pub fn new(prefix: &'a str) -> Self {
+        Fields { prefix }
     }
 
     /// Full field name as shown to the user.
     pub fn name(&self, key: &str) -> String {
-        format!("{}{key}", self.prefix)
+        if self.prefix.is_empty() {
+            key.to_string()
+        } else {
+            format!("{}.{key}", self.prefix)
+        }
     }
 
     pub fn err(&self, key: &str, message: impl std::fmt::Display) -> EngineError {
@@ -102,155 +102,31 @@ impl<'a> Obj<'a> {
         EngineError::bad_param(&name, format!("`{name}` {message}"))
     }
 
-    /// The value of `key`; JSON `null` counts as absent.
-    pub fn get(&self, key: &str) -> Option<&'a Value> {
-        self.map.get(key).filter(|v| !v.is_null())
-    }
-
-    pub fn has(&self, key: &str) -> bool {
-        self.get(key).is_some()
-    }
-
-    fn wrong(&self, key: &str, want: &str, got: &Value) -> EngineError {
-        self.err(key, format!("must be {want}, got {}", describe(got)))
-    }
-
-    pub fn f32(&self, key: &str) -> Result<Option<f32>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => match v.as_f64().map(|x| x as f32) {
-                Some(x) if x.is_finite() => Ok(Some(x)),
-                Some(_) => Err(self.err(key, format!("is out of range, got {}", describe(v)))),
-                None => Err(self.wrong(key, "a number", v)),
-            },
-        }
-    }
-
-    pub fn i64(&self, key: &str) -> Result<Option<i64>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_i64()
-                .map(Some)
-                .ok_or_else(|| self.wrong(key, "an integer", v)),
-        }
-    }
-
-    /// A non-negative integer.
-    pub fn usize(&self, key: &str) -> Result<Option<usize>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|x| usize::try_from(x).ok())
-                .map(Some)
-                .ok_or_else(|| self.wrong(key, "a non-negative integer", v)),
-        }
-    }
-
-    pub fn bool(&self, key: &str) -> Result<Option<bool>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| self.wrong(key, "true or false", v)),
-        }
-    }
-
-    pub fn str(&self, key: &str) -> Result<Option<&'a str>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_str()
-                .map(Some)
-                .ok_or_else(|| self.wrong(key, "a string", v)),
-        }
-    }
-
-    pub fn object(&self, key: &str) -> Result<Option<Obj<'a>>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(Value::Object(m)) => Ok(Some(Obj::with_prefix(m, format!("{}.", self.name(key))))),
-            Some(v) => Err(self.wrong(key, "an object", v)),
-        }
-    }
-
-    /// A string or a list of strings (OpenAI's `stop`). Empty strings are dropped.
-    pub fn string_or_list(&self, key: &str) -> Result<Vec<String>> {
-        let want = "a string or a list of strings";
-        match self.get(key) {
-            None => Ok(Vec::new()),
-            Some(Value::String(s)) => Ok(if s.is_empty() {
-                Vec::new()
-            } else {
-                vec![s.clone()]
-            }),
-            Some(Value::Array(items)) => {
-                let mut out = Vec::with_capacity(items.len());
-                for (i, item) in items.iter().enumerate() {
-                    match item {
-                        Value::String(s) if s.is_empty() => {}
-                        Value::String(s) => out.push(s.clone()),
-                        other => {
-                            return Err(self.err(
-                                &format!("{key}[{i}]"),
-                                format!("must be a string, got {}", describe(other)),
-                            ));
-                        }
-                    }
-                }
-                Ok(out)
-            }
-            Some(v) => Err(self.wrong(key, want, v)),
-        }
-    }
-
-    /// A list of token ids.
-    pub fn token_ids(&self, key: &str) -> Result<Option<Vec<u32>>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => token_id_list(v, &self.name(key)).map(Some),
-        }
-    }
-
     /// Refuse a feature this engine does not have, unless the field holds `neutral` (or is
     /// absent/null).
-    pub fn unsupported(&self, key: &str, neutral: &[Value], what: &str) -> Result<()> {
-        match self.get(key) {
-            Some(v) if !neutral.contains(v) => {
+    pub fn unsupported(
+        &self,
+        key: &str,
+        value: Option<&Value>,
+        neutral: &[Value],
+        what: &str,
+    ) -> Result<()> {
+        match value {
+            Some(v) if !v.is_null() && !neutral.contains(v) => {
                 Err(self.err(key, format!("is not supported by this server yet ({what})")))
             }
             _ => Ok(()),
         }
     }
-}
 
-/// Parse `[1, 2, 3]` into token ids; `name` is the field name for errors.
-pub fn token_id_list(v: &Value, name: &str) -> Result<Vec<u32>> {
-    let Value::Array(items) = v else {
-        return Err(EngineError::bad_param(
-            name,
-            format!("`{name}` must be a list of token ids, got {}", describe(v)),
-        ));
-    };
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| {
-            item.as_u64()
-                .and_then(|x| u32::try_from(x).ok())
-                .ok_or_else(|| {
-                    EngineError::bad_param(
-                        name,
-                        format!(
-                            "`{name}[{i}]` must be a token id (integer >= 0), got {}",
-                            describe(item)
-                        ),
-                    )
-                })
-        })
-        .collect()
+    /// A finite `f32` from a JSON number.
+    fn f32(&self, key: &str, v: Option<Number>) -> Result<Option<f32>> {
+        match v {
+            None => Ok(None),
+            Some(Number(x)) if (x as f32).is_finite() => Ok(Some(x as f32)),
+            Some(Number(x)) => Err(self.err(key, format!("is out of range, got {x}"))),
+        }
+    }
 }
 
 /// Which API's field names a body uses.
@@ -302,34 +178,28 @@ pub struct LogprobInput {
 }
 
 /// `logit_bias`: `{"<token id>": bias}` with biases in [-100, 100], sorted by id.
-fn parse_logit_bias(obj: &Obj<'_>) -> Result<Vec<(u32, f32)>> {
+fn parse_logit_bias(f: &Fields<'_>, bias: Option<LogitBias>) -> Result<Vec<(u32, f32)>> {
     let key = "logit_bias";
-    let map = match obj.get(key) {
-        None => return Ok(Vec::new()),
-        Some(Value::Object(m)) => m,
-        Some(v) => return Err(obj.wrong(key, "an object mapping token ids to biases", v)),
+    let Some(LogitBias(entries)) = bias else {
+        return Ok(Vec::new());
     };
-    let mut out = Vec::with_capacity(map.len());
-    for (k, v) in map {
+    let mut out = Vec::with_capacity(entries.len());
+    for (k, Number(v)) in entries {
         let id: u32 = k.trim().parse().map_err(|_| {
-            obj.err(
+            f.err(
                 key,
                 format!("keys must be token ids (integers >= 0, as strings), got key {k:?}"),
             )
         })?;
-        let bias = v
-            .as_f64()
-            .map(|x| x as f32)
-            .filter(|x| x.is_finite() && x.abs() <= LOGIT_BIAS_RANGE)
-            .ok_or_else(|| {
-                obj.err(
-                    key,
-                    format!(
-                        "values must be numbers in [-{LOGIT_BIAS_RANGE}, {LOGIT_BIAS_RANGE}], got {} for token {id}",
-                        describe(v)
-                    ),
-                )
-            })?;
+        let bias = v as f32;
+        if !(bias.is_finite() && bias.abs() <= LOGIT_BIAS_RANGE) {
+            return Err(f.err(
+                key,
+                format!(
+                    "values must be numbers in [-{LOGIT_BIAS_RANGE}, {LOGIT_BIAS_RANGE}], got {v} for token {id}"
+                ),
+            ));
+        }
         out.push((id, bias));
     }
     out.sort_by_key(|e| e.0);
@@ -337,57 +207,123 @@ fn parse_logit_bias(obj: &Obj<'_>) -> Result<Vec<(u32, f32)>> {
     Ok(out)
 }
 
-/// Read the sampling fields of `obj` in the given dialect.
-pub fn parse_sampling(obj: &Obj<'_>, dialect: Dialect) -> Result<SamplingInput> {
+/// The dialect's own sampling fields, as one shape.
+struct DialectSampling {
+    /// `(field, value)` of the output budget, in the order they take precedence.
+    max_tokens: Vec<(&'static str, Option<Count>)>,
+    min_tokens: (&'static str, Option<Count>),
+    grammar: Option<GrammarInput>,
+}
+
+/// Read the sampling fields of the object `body`, which sits at `prefix` in the request
+/// (empty at the top level), in the given dialect.
+pub fn parse_sampling(body: &Value, prefix: &str, dialect: Dialect) -> Result<SamplingInput> {
+    let common: CommonSampling = schema::read(body, prefix)?;
+    let f = Fields::new(prefix);
+    let own = match dialect {
+        Dialect::OpenAi => {
+            let own: OpenAiSampling = schema::read(body, prefix)?;
+            // Features the scheduler does not implement yet: accept only their neutral values.
+            f.unsupported(
+                "best_of",
+                own.best_of.as_ref(),
+                &[Value::from(1)],
+                "best_of",
+            )?;
+            f.unsupported("suffix", own.suffix.as_ref(), &[Value::from("")], "suffix")?;
+            DialectSampling {
+                max_tokens: vec![
+                    ("max_completion_tokens", own.max_completion_tokens),
+                    ("max_tokens", own.max_tokens),
+                ],
+                min_tokens: ("min_tokens", own.min_tokens),
+                grammar: response_format_grammar(&f, own.response_format)?,
+            }
+        }
+        Dialect::Native => {
+            let own: NativeSampling = schema::read(body, prefix)?;
+            let key = "json_schema";
+            let grammar = match own.json_schema {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) => Some(GrammarSpec::JsonSchema(s)),
+                Some(v @ (Value::Object(_) | Value::Bool(_))) => {
+                    Some(GrammarSpec::JsonSchema(v.to_string()))
+                }
+                Some(v) => {
+                    return Err(f.err(
+                        key,
+                        format!(
+                            "must be a JSON schema (as a string or an object), got {}",
+                            describe(&v)
+                        ),
+                    ));
+                }
+            };
+            DialectSampling {
+                max_tokens: vec![("max_new_tokens", own.max_new_tokens)],
+                min_tokens: ("min_new_tokens", own.min_new_tokens),
+                grammar: grammar.map(|spec| GrammarInput {
+                    spec,
+                    field: f.name(key),
+                }),
+            }
+        }
+    };
+    check_sampling(&f, common, own, dialect)
+}
+
+/// Checks the values of the sampling fields and turns them into [`SamplingInput`].
+fn check_sampling(
+    f: &Fields<'_>,
+    c: CommonSampling,
+    own: DialectSampling,
+    dialect: Dialect,
+) -> Result<SamplingInput> {
     let mut p = SamplingParams::default();
     // OpenAI's documented default temperature is 1.0, as is SGLang's.
-    if let Some(t) = obj.f32("temperature")? {
+    if let Some(t) = f.f32("temperature", c.temperature)? {
         if t < 0.0 {
-            return Err(obj.err(
+            return Err(f.err(
                 "temperature",
                 format!("must be >= 0 (0 means greedy), got {t}"),
             ));
         }
         p.temperature = t;
     }
-    if let Some(x) = obj.f32("top_p")? {
+    if let Some(x) = f.f32("top_p", c.top_p)? {
         if !(x > 0.0 && x <= 1.0) {
-            return Err(obj.err("top_p", format!("must be in (0, 1], got {x}")));
+            return Err(f.err("top_p", format!("must be in (0, 1], got {x}")));
         }
         p.top_p = x;
     }
-    if let Some(k) = obj.i64("top_k")? {
+    if let Some(Int(k)) = c.top_k {
         if k == 0 || k < -1 {
-            return Err(obj.err("top_k", format!("must be -1 (off) or at least 1, got {k}")));
+            return Err(f.err("top_k", format!("must be -1 (off) or at least 1, got {k}")));
         }
         p.top_k = i32::try_from(k).unwrap_or(i32::MAX);
     }
-    if let Some(x) = obj.f32("min_p")? {
+    if let Some(x) = f.f32("min_p", c.min_p)? {
         if !(0.0..=1.0).contains(&x) {
-            return Err(obj.err("min_p", format!("must be in [0, 1], got {x}")));
+            return Err(f.err("min_p", format!("must be in [0, 1], got {x}")));
         }
         p.min_p = x;
     }
-    let max_keys: &[&str] = match dialect {
-        Dialect::OpenAi => &["max_completion_tokens", "max_tokens"],
-        Dialect::Native => &["max_new_tokens"],
-    };
     let mut max_tokens = None;
-    let mut max_tokens_field = obj.name(max_keys[max_keys.len() - 1]);
-    for key in max_keys {
-        if let Some(m) = obj.usize(key)? {
+    let mut max_tokens_field = f.name(own.max_tokens.last().map_or("max_tokens", |m| m.0));
+    for (key, value) in &own.max_tokens {
+        if let Some(Count(m)) = *value {
             // /generate takes 0 (prefill only, e.g. to score a prompt); OpenAI routes do not.
             if m == 0 && dialect == Dialect::OpenAi {
-                return Err(obj.err(key, "must be at least 1"));
+                return Err(f.err(key, "must be at least 1"));
             }
             max_tokens = Some(m);
-            max_tokens_field = obj.name(key);
+            max_tokens_field = f.name(key);
             break;
         }
     }
-    p.stop = obj.string_or_list("stop")?;
+    p.stop = c.stop.map(|s| s.0).unwrap_or_default();
     if p.stop.len() > MAX_STOP_STRINGS {
-        return Err(obj.err(
+        return Err(f.err(
             "stop",
             format!(
                 "has {} stop strings; at most {MAX_STOP_STRINGS} are allowed",
@@ -401,7 +337,7 @@ pub fn parse_sampling(obj: &Obj<'_>, dialect: Dialect) -> Result<SamplingInput> 
         .enumerate()
         .find(|(_, s)| s.len() > MAX_STOP_STRING_BYTES)
     {
-        return Err(obj.err(
+        return Err(f.err(
             "stop",
             format!(
                 "string {i} is {} bytes long; a stop string may have at most {MAX_STOP_STRING_BYTES}",
@@ -409,9 +345,9 @@ pub fn parse_sampling(obj: &Obj<'_>, dialect: Dialect) -> Result<SamplingInput> 
             ),
         ));
     }
-    p.stop_token_ids = obj.token_ids("stop_token_ids")?.unwrap_or_default();
+    p.stop_token_ids = c.stop_token_ids.map(|t| t.0).unwrap_or_default();
     if p.stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
-        return Err(obj.err(
+        return Err(f.err(
             "stop_token_ids",
             format!(
                 "has {} token ids; at most {MAX_STOP_TOKEN_IDS} are allowed",
@@ -419,31 +355,27 @@ pub fn parse_sampling(obj: &Obj<'_>, dialect: Dialect) -> Result<SamplingInput> 
             ),
         ));
     }
-    if let Some(b) = obj.bool("ignore_eos")? {
+    if let Some(b) = c.ignore_eos {
         p.ignore_eos = b;
     }
-    if let Some(b) = obj.bool("skip_special_tokens")? {
+    if let Some(b) = c.skip_special_tokens {
         p.skip_special_tokens = b;
     }
-    for key in ["seed", "sampling_seed"] {
-        match obj.get(key) {
-            None => {}
-            // Negative seeds are valid for OpenAI clients; keep their bits.
-            Some(v) => match (v.as_u64(), v.as_i64()) {
-                (Some(u), _) => p.seed = Some(u),
-                (None, Some(i)) => p.seed = Some(i as u64),
-                _ => return Err(obj.err(key, format!("must be an integer, got {}", describe(v)))),
-            },
-        }
+    // `sampling_seed` (SGLang's name) wins over `seed`; negative seeds keep their bits.
+    if let Some(Seed(s)) = c.sampling_seed.or(c.seed) {
+        p.seed = Some(s);
     }
-    let n = obj.usize("n")?.unwrap_or(1);
+    let n = c.n.map_or(1, |n| n.0);
     if n == 0 || n > MAX_N {
-        return Err(obj.err("n", format!("must be between 1 and {MAX_N}, got {n}")));
+        return Err(f.err("n", format!("must be between 1 and {MAX_N}, got {n}")));
     }
-    for key in ["frequency_penalty", "presence_penalty"] {
-        if let Some(x) = obj.f32(key)? {
+    for (key, value) in [
+        ("frequency_penalty", c.frequency_penalty),
+        ("presence_penalty", c.presence_penalty),
+    ] {
+        if let Some(x) = f.f32(key, value)? {
             if x.abs() > PENALTY_RANGE {
-                return Err(obj.err(
+                return Err(f.err(
                     key,
                     format!(
                         "must be in [-{PENALTY_RANGE}, {PENALTY_RANGE}] (0 means off), got {x}"
@@ -457,139 +389,121 @@ pub fn parse_sampling(obj: &Obj<'_>, dialect: Dialect) -> Result<SamplingInput> 
             }
         }
     }
-    if let Some(x) = obj.f32("repetition_penalty")? {
+    if let Some(x) = f.f32("repetition_penalty", c.repetition_penalty)? {
         if !(x > 0.0 && x <= 2.0) {
-            return Err(obj.err(
+            return Err(f.err(
                 "repetition_penalty",
                 format!("must be in (0, 2] (1 means off), got {x}"),
             ));
         }
         p.repetition_penalty = x;
     }
-    let min_key = match dialect {
-        Dialect::OpenAi => "min_tokens",
-        Dialect::Native => "min_new_tokens",
-    };
-    if let Some(m) = obj.usize(min_key)? {
+    let (min_key, min_tokens) = own.min_tokens;
+    if let Some(Count(m)) = min_tokens {
         p.min_new_tokens = m;
     }
-    if let Some(b) = obj.bool("no_stop_trim")? {
+    if let Some(b) = c.no_stop_trim {
         p.no_stop_trim = b;
     }
-    if let Some(b) = obj.bool("spaces_between_special_tokens")? {
+    if let Some(b) = c.spaces_between_special_tokens {
         p.spaces_between_special_tokens = b;
     }
-    p.logit_bias = parse_logit_bias(obj)?;
+    p.logit_bias = parse_logit_bias(f, c.logit_bias)?;
+    f.unsupported(
+        "custom_params",
+        c.custom_params.as_ref(),
+        &[],
+        "custom logit processors",
+    )?;
 
-    let grammar = parse_grammar(obj, dialect)?;
-    // Features the scheduler does not implement yet: accept only their neutral values.
-    obj.unsupported("custom_params", &[], "custom logit processors")?;
-    if dialect == Dialect::OpenAi {
-        obj.unsupported("best_of", &[Value::from(1)], "best_of")?;
-        obj.unsupported("suffix", &[Value::from("")], "suffix")?;
-    }
-    Ok(SamplingInput {
-        params: p,
-        max_tokens,
-        max_tokens_field,
-        n,
-        min_tokens_field: obj.name(min_key),
-        logprobs: None,
-        grammar,
-    })
-}
-
-/// The structured-output fields of `obj`: SGLang's `json_schema` (a string or the schema
-/// object), `regex` and `ebnf`, plus OpenAI's `response_format` on the OpenAI routes. At most
-/// one may constrain the output.
-fn parse_grammar(obj: &Obj<'_>, dialect: Dialect) -> Result<Option<GrammarInput>> {
     let mut found: Vec<GrammarInput> = Vec::new();
-    let mut text_field = |key: &str, make: fn(String) -> GrammarSpec| -> Result<()> {
-        if let Some(s) = obj.str(key)? {
-            found.push(GrammarInput {
-                spec: make(s.to_string()),
-                field: obj.name(key),
-            });
-        }
-        Ok(())
-    };
-    text_field("regex", GrammarSpec::Regex)?;
-    text_field("ebnf", GrammarSpec::Ebnf)?;
-    if dialect == Dialect::Native {
-        match obj.get("json_schema") {
-            None => {}
-            Some(Value::String(s)) => found.push(GrammarInput {
-                spec: GrammarSpec::JsonSchema(s.clone()),
-                field: obj.name("json_schema"),
-            }),
-            Some(v @ (Value::Object(_) | Value::Bool(_))) => found.push(GrammarInput {
-                spec: GrammarSpec::JsonSchema(v.to_string()),
-                field: obj.name("json_schema"),
-            }),
-            Some(v) => {
-                return Err(obj.wrong(
-                    "json_schema",
-                    "a JSON schema (as a string or an object)",
-                    v,
-                ));
-            }
-        }
-    } else if let Some(rf) = obj.object("response_format")? {
-        match rf.str("type")? {
-            None => {
-                return Err(rf.err(
-                    "type",
-                    "is required (\"text\", \"json_object\" or \"json_schema\")",
-                ));
-            }
-            Some("text") => {}
-            Some("json_object") => found.push(GrammarInput {
-                spec: GrammarSpec::JsonObject,
-                field: obj.name("response_format"),
-            }),
-            Some("json_schema") => {
-                let Some(js) = rf.object("json_schema")? else {
-                    return Err(rf.err(
-                        "json_schema",
-                        "is required with `type` \"json_schema\": {\"name\": ..., \"schema\": {...}}",
-                    ));
-                };
-                js.str("name")?;
-                js.bool("strict")?;
-                let schema = match js.get("schema") {
-                    Some(v @ (Value::Object(_) | Value::Bool(_))) => v.to_string(),
-                    Some(v) => return Err(js.wrong("schema", "a JSON schema object", v)),
-                    None => {
-                        return Err(js.err("schema", "is required: the JSON schema of the output"));
-                    }
-                };
-                found.push(GrammarInput {
-                    spec: GrammarSpec::JsonSchema(schema),
-                    field: js.name("schema"),
-                });
-            }
-            Some(other) => {
-                return Err(rf.err(
-                    "type",
-                    format!(
-                        "`{other}` is not supported (\"text\", \"json_object\" or \"json_schema\")"
-                    ),
-                ));
-            }
-        }
+    if let Some(regex) = c.regex {
+        found.push(GrammarInput {
+            spec: GrammarSpec::Regex(regex),
+            field: f.name("regex"),
+        });
     }
-    match found.len() {
-        0 | 1 => Ok(found.pop()),
+    if let Some(ebnf) = c.ebnf {
+        found.push(GrammarInput {
+            spec: GrammarSpec::Ebnf(ebnf),
+            field: f.name("ebnf"),
+        });
+    }
+    found.extend(own.grammar);
+    let grammar = match found.len() {
+        0 | 1 => found.pop(),
         _ => {
             let names: Vec<String> = found.iter().map(|g| format!("`{}`", g.field)).collect();
-            Err(EngineError::bad_param(
+            return Err(EngineError::bad_param(
                 &found[1].field,
                 format!(
                     "{} cannot be combined: give at most one way to constrain the output",
                     names.join(" and ")
                 ),
-            ))
+            ));
         }
+    };
+    Ok(SamplingInput {
+        params: p,
+        max_tokens,
+        max_tokens_field,
+        n,
+        min_tokens_field: f.name(min_key),
+        logprobs: None,
+        grammar,
+    })
+}
+
+/// OpenAI's `response_format`: `text` (no constraint), `json_object` or `json_schema`.
+fn response_format_grammar(
+    f: &Fields<'_>,
+    rf: Option<ResponseFormat>,
+) -> Result<Option<GrammarInput>> {
+    let Some(rf) = rf else {
+        return Ok(None);
+    };
+    let field = f.name("response_format");
+    let rff = Fields::new(&field);
+    match rf.kind.as_deref() {
+        None => Err(rff.err(
+            "type",
+            "is required (\"text\", \"json_object\" or \"json_schema\")",
+        )),
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(GrammarInput {
+            spec: GrammarSpec::JsonObject,
+            field,
+        })),
+        Some("json_schema") => {
+            let Some(js) = rf.json_schema else {
+                return Err(rff.err(
+                    "json_schema",
+                    "is required with `type` \"json_schema\": {\"name\": ..., \"schema\": {...}}",
+                ));
+            };
+            let js_field = rff.name("json_schema");
+            let jsf = Fields::new(&js_field);
+            let schema = match js.schema {
+                Some(v @ (Value::Object(_) | Value::Bool(_))) => v.to_string(),
+                None | Some(Value::Null) => {
+                    return Err(jsf.err("schema", "is required: the JSON schema of the output"));
+                }
+                Some(v) => {
+                    return Err(jsf.err(
+                        "schema",
+                        format!("must be a JSON schema object, got {}", describe(&v)),
+                    ));
+                }
+            };
+            Ok(Some(GrammarInput {
+                spec: GrammarSpec::JsonSchema(schema),
+                field: jsf.name("schema"),
+            }))
+        }
+        Some(other) => Err(rff.err(
+            "type",
+            format!("`{other}` is not supported (\"text\", \"json_object\" or \"json_schema\")"),
+        )),
     }
 }
 
@@ -780,9 +694,9 @@ pub fn new_rid() -> String {
 
 /// The OpenAI `model` field: accept the served name, "default" and the model path; refuse
 /// anything else with the names that would work.
-pub fn check_model(engine: &EngineHandle, obj: &Obj<'_>) -> Result<String> {
+pub fn check_model(engine: &EngineHandle, model: Option<&str>) -> Result<String> {
     let served = engine.info().served_model_name.clone();
-    let Some(name) = obj.str("model")? else {
+    let Some(name) = model else {
         return Ok(served);
     };
     let path = engine.info().model_path.clone();
