@@ -64,6 +64,7 @@ pub fn check(mut args: ServerArgs) -> Result<String> {
     args.validate()?;
     args.resolve_device();
     let model = model::load(&args.model_path)?;
+    checkpoint_quantization(&mut args, &model)?;
     let tokenizer = load_tokenizer(&args, &model)?;
     let cfg = &model.config;
     let context_length = resolve_context_length(&args, cfg)?;
@@ -79,8 +80,16 @@ pub fn check(mut args: ServerArgs) -> Result<String> {
             ));
         }
     }
+    let weights = match (model.quant, &args.quantization) {
+        (q, _) if q.is_fp8() && device == DeviceKind::Cpu => {
+            format!("; weights: {q}, dequantized to f32 on the CPU")
+        }
+        (q, _) if q.is_fp8() => format!("; weights: {q}"),
+        (_, Some(q)) => format!("; weights: {q}, quantized at load"),
+        _ => String::new(),
+    };
     Ok(format!(
-        "{} ({} layers, hidden {}, {} attention / {} KV heads, vocab {}) on {}; context {context_length}; tokenizer: {}",
+        "{} ({} layers, hidden {}, {} attention / {} KV heads, vocab {}) on {}; context {context_length}{weights}; tokenizer: {}",
         cfg.architecture,
         cfg.num_layers,
         cfg.hidden_size,
@@ -93,6 +102,34 @@ pub fn check(mut args: ServerArgs) -> Result<String> {
             None => "skipped (--skip-tokenizer-init)".into(),
         }
     ))
+}
+
+/// An FP8 checkpoint is served as FP8 on the GPU (as if `--quantization fp8` were given, which
+/// `/get_server_info` then reports) and dequantized to f32 on the CPU. Its KV-cache scales are
+/// not applied, so an FP8 KV cache is refused with them.
+fn checkpoint_quantization(args: &mut ServerArgs, model: &model::Model) -> Result<()> {
+    let model::quant::CheckpointQuant::Fp8 { kv_scales, .. } = model.quant else {
+        return Ok(());
+    };
+    if kv_scales && args.kv_cache_dtype() != crate::backend::KvCacheDtype::Auto {
+        return Err(EngineError::InvalidArgument(format!(
+            "--kv-cache-dtype {}: this checkpoint brings KV-cache scales (kv_cache_scheme), which this engine does not apply yet; serve it with --kv-cache-dtype auto",
+            args.kv_cache_dtype
+        )));
+    }
+    if args.device() == DeviceKind::Cuda {
+        args.quantization.get_or_insert_with(|| "fp8".to_string());
+        tracing::info!(
+            "the checkpoint's weights are {}: served as FP8",
+            model.quant
+        );
+    } else {
+        tracing::info!(
+            "the checkpoint's weights are {}: dequantized to f32 for the CPU",
+            model.quant
+        );
+    }
+    Ok(())
 }
 
 /// `--tp-size` and `--quantization` against the device and the model's shapes.
@@ -131,6 +168,7 @@ pub fn launch(mut args: ServerArgs) -> Result<EngineHandle> {
     }
     tracing::info!("loading model from {}", args.model_path.display());
     let model = model::load(&args.model_path)?;
+    checkpoint_quantization(&mut args, &model)?;
     let tokenizer = load_tokenizer(&args, &model)?;
     let cfg = model.config.clone();
     let context_length = resolve_context_length(&args, &cfg)?;

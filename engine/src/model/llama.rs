@@ -4,7 +4,7 @@
 
 use super::config::ModelConfig;
 use super::error::LoadError;
-use super::tensors::{Shard, Tensor, TensorSource};
+use super::tensors::{DType, Shard, Tensor, TensorSource};
 
 /// Which checkpoint naming scheme the tensors use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,6 +237,56 @@ impl<'a> LlamaTensors<'a> {
         let shape = self.shape(part);
         let t = self.src.read(&name, Shard::Whole)?.expect_shape(&shape)?;
         t.shard(part.shard(self.tp, self.cfg.num_kv_heads))
+    }
+
+    /// The scales of layer `i`'s linear part stored as FP8 (`weight_scale` beside the weight):
+    /// one per row of this rank's shard of `rows` rows. A per-tensor scale is repeated; a
+    /// per-row one is split as the weight's rows are (a weight split by columns keeps all of
+    /// its rows, so all of its scales).
+    pub fn fp8_scales(&self, i: usize, part: Part, rows: usize) -> Result<Vec<f32>, LoadError> {
+        let weight = self.naming.layer(i, part);
+        let name = format!("{}_scale", weight);
+        let t = self.src.read(&name, Shard::Whole).map_err(|e| match e {
+            LoadError::MissingTensor { .. } => LoadError::Layout {
+                name: weight.clone(),
+                why: format!("stored as {} without its scale {name}", DType::F8E4M3),
+            },
+            other => other,
+        })?;
+        let full_rows = self.shape(part)[0];
+        let per_tensor = t.shape.iter().product::<usize>() == 1;
+        let per_row = matches!(t.shape.as_slice(), [r] | [r, 1] if *r == full_rows);
+        if !per_tensor && !per_row {
+            return Err(LoadError::Layout {
+                name,
+                why: format!(
+                    "shape {:?}: expected one scale per tensor or one per output row ({full_rows})",
+                    t.shape
+                ),
+            });
+        }
+        let values = if per_tensor {
+            vec![t.to_f32()?[0]; rows]
+        } else {
+            let shard = match part.shard(self.tp, self.cfg.num_kv_heads) {
+                s @ Shard::Rows { .. } => s,
+                Shard::Whole | Shard::Cols { .. } => Shard::Whole,
+            };
+            t.shard(shard)?.to_f32()?
+        };
+        if values.len() != rows {
+            return Err(LoadError::Layout {
+                name,
+                why: format!("{} scales for {rows} rows", values.len()),
+            });
+        }
+        if let Some(bad) = values.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
+            return Err(LoadError::Layout {
+                name,
+                why: format!("scale {bad} (scales must be positive and finite)"),
+            });
+        }
+        Ok(values)
     }
 
     /// The token embedding `[vocab, hidden]` (every rank holds it whole).

@@ -8,6 +8,7 @@ pub mod error;
 pub mod files;
 pub mod hub;
 pub mod llama;
+pub mod quant;
 pub mod tensors;
 
 use std::path::Path;
@@ -19,6 +20,7 @@ use config::ModelConfig;
 pub use error::LoadError;
 use files::ModelFiles;
 use llama::{LlamaTensors, Naming, TensorParallel};
+use quant::CheckpointQuant;
 pub use tensors::{DType, Quantization, Shard, Tensor, TensorSource};
 use tensors::{GgufFile, SafetensorsFiles};
 
@@ -28,6 +30,8 @@ pub struct Model {
     pub config: ModelConfig,
     /// The tensor naming scheme of the files.
     pub naming: Naming,
+    /// The quantization the checkpoint brings (`config.json`'s `quantization_config`).
+    pub quant: CheckpointQuant,
     source: Source,
 }
 
@@ -47,17 +51,20 @@ pub fn load(path: &Path) -> Result<Model> {
                 files,
                 config,
                 naming: Naming::Gguf,
+                quant: CheckpointQuant::None,
                 source: Source::Gguf(gguf),
             })
         }
         ModelFiles::HfDir(dir) => {
             let config = ModelConfig::from_hf_config(&dir.join("config.json"))?;
+            let quant = quant::read(&dir.join("config.json"))?;
             let shards = files::safetensors_shards(dir)?;
             let st = SafetensorsFiles::open(&shards)?;
             Ok(Model {
                 files,
                 config,
                 naming: Naming::HuggingFace,
+                quant,
                 source: Source::Safetensors(st),
             })
         }

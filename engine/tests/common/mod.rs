@@ -68,14 +68,18 @@ fn log_tail(path: &Path) -> String {
 impl Server {
     /// Start a server; `name` names its log file; `args` are extra `serve` flags.
     pub fn start(name: &str, args: &[&str]) -> Server {
-        let model = model_path();
+        Server::start_model(name, &model_path(), args)
+    }
+
+    /// [`Server::start`] on another model (a file or a folder).
+    pub fn start_model(name: &str, model: &Path, args: &[&str]) -> Server {
         let log = Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("sgl-engine-{name}-{}.log", std::process::id()));
         let log_file = File::create(&log).expect("create server log");
         let mut child = Command::new(env!("CARGO_BIN_EXE_sgl-engine"))
             .arg("serve")
             .arg("--model-path")
-            .arg(&model)
+            .arg(model)
             .args(["--host", "127.0.0.1", "--port", "0"])
             .args(args)
             .stdin(Stdio::null())

@@ -4,6 +4,7 @@
 use super::kernels::{Weight, WeightFormat};
 use crate::backend::BackendError;
 use crate::model::llama::{LlamaTensors, Part};
+use crate::model::tensors::e4m3_to_f32;
 use crate::model::{DType, LoadError, Quantization, Tensor};
 
 use candle_core::quantized::GgmlDType;
@@ -33,12 +34,7 @@ pub struct LlamaWeights {
 
 /// A 2-D tensor as a kernel weight: formats with a kernel of their own keep their bytes, the
 /// others (k-quants, ...) run as f32.
-fn matrix(t: Tensor<'_>, quant: Quantization) -> Result<Weight, BackendError> {
-    if quant != Quantization::AsStored {
-        return Err(BackendError::Unsupported(format!(
-            "{quant:?} weights run on the GPU (--device cuda); the CPU backend serves the checkpoint's own format"
-        )));
-    }
+fn matrix(t: Tensor<'_>) -> Result<Weight, BackendError> {
     let (rows, cols) = t.matrix_dims()?;
     let format = match t.dtype {
         DType::F32 => Some(WeightFormat::F32),
@@ -48,12 +44,40 @@ fn matrix(t: Tensor<'_>, quant: Quantization) -> Result<Weight, BackendError> {
         DType::Ggml(GgmlDType::Q4_0) => Some(WeightFormat::Q4_0),
         DType::Ggml(GgmlDType::Q4_1) => Some(WeightFormat::Q4_1),
         DType::Ggml(_) => None,
+        DType::F8E4M3 => {
+            return Err(LoadError::Layout {
+                name: t.name,
+                why: "FP8 is read for the linear layers' weights only (with their scales)".into(),
+            }
+            .into());
+        }
     };
     let weight = match format {
         Some(f) => Weight::from_raw(f, rows, cols, t.bytes.to_vec()),
         None => Weight::from_f32(rows, cols, t.to_f32()?),
     };
     weight.map_err(|source| BackendError::Weight {
+        name: t.name,
+        source,
+    })
+}
+
+/// A linear layer's weight as the checkpoint stores it; FP8 rows (an FP8 checkpoint) are
+/// dequantized with their scales to f32, the exact values the checkpoint means.
+fn linear(src: &LlamaTensors<'_>, layer: usize, part: Part) -> Result<Weight, BackendError> {
+    let t = src.layer(layer, part)?;
+    if t.dtype != DType::F8E4M3 {
+        return matrix(t);
+    }
+    let (rows, cols) = t.matrix_dims()?;
+    let scales = src.fp8_scales(layer, part, rows)?;
+    let values: Vec<f32> = t
+        .bytes
+        .chunks_exact(cols.max(1))
+        .zip(&scales)
+        .flat_map(|(row, &s)| row.iter().map(move |&b| e4m3_to_f32(b) * s))
+        .collect();
+    Weight::from_f32(rows, cols, values).map_err(|source| BackendError::Weight {
         name: t.name,
         source,
     })
@@ -71,10 +95,15 @@ impl LlamaWeights {
         mut progress: impl FnMut(usize, usize),
     ) -> Result<Self, BackendError> {
         let n = src.config().num_layers;
-        let embed = matrix(src.embed()?, quant)?;
+        if quant != Quantization::AsStored {
+            return Err(BackendError::Unsupported(format!(
+                "{quant:?} weights run on the GPU (--device cuda); the CPU backend serves the checkpoint's own format"
+            )));
+        }
+        let embed = matrix(src.embed()?)?;
         let mut layers = Vec::with_capacity(n);
         for i in 0..n {
-            let mat = |part: Part| matrix(src.layer(i, part)?, quant);
+            let mat = |part: Part| linear(src, i, part);
             let wq = mat(Part::Q)?;
             let wk = mat(Part::K)?;
             let wv = mat(Part::V)?;
@@ -112,7 +141,7 @@ impl LlamaWeights {
         }
         let norm = vector(src.final_norm()?)?;
         let lm_head = if src.has_lm_head() {
-            Some(matrix(src.lm_head()?, quant)?)
+            Some(matrix(src.lm_head()?)?)
         } else {
             None
         };

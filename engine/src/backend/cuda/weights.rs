@@ -4,7 +4,8 @@
 //!
 //! With `--quantization fp8` those four matrices are quantized on the GPU as they arrive: each
 //! output row becomes e4m3 values with one f32 scale (`max |row| / 448`), so a decode step
-//! reads half the bytes. Embedding, norms and the LM head stay bf16, as SGLang keeps them.
+//! reads half the bytes. An FP8 checkpoint (`model::quant`) brings its e4m3 rows and scales,
+//! uploaded as stored. Embedding, norms and the LM head stay bf16, as SGLang keeps them.
 
 use std::sync::Arc;
 
@@ -176,21 +177,70 @@ impl Uploader {
         len: usize,
         dst: u64,
     ) -> Result<(), BackendError> {
+        self.stage(2 * len, dst, |out: &mut [u8], at: usize| {
+            // SAFETY: staging buffers are page-aligned and `at` is even, so the bytes are
+            // 2-aligned; bf16 has no invalid bit patterns.
+            let out = unsafe {
+                std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<bf16>(), out.len() / 2)
+            };
+            convert_into(t, first + at / 2, out);
+        })
+    }
+
+    /// One device allocation holding the bytes of `parts` one after the other, as stored
+    /// (the e4m3 weights of an FP8 checkpoint).
+    fn upload_raw(&mut self, parts: &[Tensor<'_>]) -> Result<CudaSlice<u8>, BackendError> {
+        let n: usize = parts.iter().map(|t| t.bytes.len()).sum();
+        if self.pageable {
+            let mut d = self.stream.alloc_zeros::<u8>(n)?;
+            let mut off = 0;
+            for t in parts {
+                let mut view = d.slice_mut(off..off + t.bytes.len());
+                self.stream.memcpy_htod(&t.bytes[..], &mut view)?;
+                off += t.bytes.len();
+            }
+            return Ok(d);
+        }
+        // SAFETY: every byte is written by the copies below before any kernel reads it.
+        let d = unsafe { self.stream.alloc::<u8>(n) }?;
+        let base = dptr(&d, &self.stream).addr();
+        let mut at = 0usize;
+        for t in parts {
+            for (i, chunk) in t.bytes.chunks(CHUNK_BYTES).enumerate() {
+                let dst = base + (at + i * CHUNK_BYTES) as u64;
+                self.stage(chunk.len(), dst, |out: &mut [u8], from: usize| {
+                    out.copy_from_slice(&chunk[from..from + out.len()]);
+                })?;
+            }
+            at += t.bytes.len();
+        }
+        Ok(d)
+    }
+
+    /// Fills `len` bytes of the next staging buffer with `fill(piece, offset)` on several
+    /// threads (each gets a piece and its byte offset, a multiple of 2) and queues their copy
+    /// to `dst`.
+    fn stage(
+        &mut self,
+        len: usize,
+        dst: u64,
+        fill: impl Fn(&mut [u8], usize) + Sync,
+    ) -> Result<(), BackendError> {
         let slot = self.next;
         self.next = (self.next + 1) % self.bufs.len();
         let (_, addr, event) = &mut self.bufs[slot];
         if let Some(e) = event.take() {
             e.synchronize()?;
         }
-        // SAFETY: the buffer holds CHUNK_BYTES >= 2 * len bytes, and no queued copy reads it
-        // (its last copy's event completed above).
-        let out = unsafe { std::slice::from_raw_parts_mut(*addr as *mut bf16, len) };
-        let threads = FILL_THREADS.min(len.div_ceil(1 << 20)).max(1);
-        let piece = len.div_ceil(threads);
+        // SAFETY: the buffer holds CHUNK_BYTES >= len bytes, and no queued copy reads it (its
+        // last copy's event completed above).
+        let out = unsafe { std::slice::from_raw_parts_mut(*addr as *mut u8, len) };
+        let threads = FILL_THREADS.min(len.div_ceil(2 << 20)).max(1);
+        let piece = len.div_ceil(threads).next_multiple_of(2);
+        let fill = &fill;
         std::thread::scope(|scope| {
-            for (i, dst) in out.chunks_mut(piece).enumerate() {
-                let from = first + i * piece;
-                scope.spawn(move || convert_into(t, from, dst));
+            for (i, dst) in out.chunks_mut(piece.max(2)).enumerate() {
+                scope.spawn(move || fill(dst, i * piece));
             }
         });
         // SAFETY: `dst` lies inside the allocation sized for every part; the staged bytes stay
@@ -199,7 +249,7 @@ impl Uploader {
             cudarc::driver::sys::cuMemcpyHtoDAsync_v2(
                 dst,
                 *addr as *const std::ffi::c_void,
-                2 * len,
+                len,
                 self.stream.cu_stream(),
             )
         }
@@ -241,7 +291,7 @@ fn convert_into(t: &Tensor<'_>, from: usize, out: &mut [bf16]) {
                 *o = bf16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
             }
         }
-        DType::Ggml(_) => {}
+        DType::F8E4M3 | DType::Ggml(_) => {}
     }
 }
 
@@ -259,10 +309,32 @@ pub(super) fn load(
         bytes.set(bytes.get() + parts.iter().map(|p| elements(p) * 2).sum::<usize>());
         u.upload(parts)
     };
-    // Linear layers: bf16, or quantized to FP8 on the GPU right after their upload.
-    let lin = |u: &mut Uploader, parts: &[Tensor<'_>]| -> Result<Linear, BackendError> {
+    // Linear layers: FP8 as an FP8 checkpoint stores them (e4m3 rows and their scales), or
+    // bf16, or bf16 quantized to FP8 on the GPU right after their upload.
+    let lin = |u: &mut Uploader, l: usize, names: &[Part]| -> Result<Linear, BackendError> {
+        let parts = names
+            .iter()
+            .map(|&p| src.layer(l, p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let stored_fp8 = parts.iter().filter(|t| t.dtype == DType::F8E4M3).count();
+        let first = parts.first().map(|p| p.name.as_str()).unwrap_or("?");
+        if stored_fp8 > 0 && stored_fp8 < parts.len() {
+            return Err(BackendError::Unsupported(format!(
+                "{first}: the checkpoint stores some of the matrices fused with it in FP8 and some not"
+            )));
+        }
+        if stored_fp8 > 0 {
+            let mut scales = Vec::new();
+            for (&p, t) in names.iter().zip(&parts) {
+                scales.extend(src.fp8_scales(l, p, t.matrix_dims()?.0)?);
+            }
+            let w = u.upload_raw(&parts)?;
+            let scale = s.clone_htod(&scales)?;
+            bytes.set(bytes.get() + w.len() + 4 * scales.len());
+            return Ok(Linear::Fp8 { w, scale });
+        }
         match quant {
-            Quantization::AsStored => Ok(Linear::Bf16(up(u, parts)?)),
+            Quantization::AsStored => Ok(Linear::Bf16(up(u, &parts)?)),
             Quantization::Fp8 => {
                 let k = parts
                     .first()
@@ -271,12 +343,11 @@ pub(super) fn load(
                 let n: usize = parts.iter().map(elements).sum();
                 if k == 0 || !n.is_multiple_of(k) || !k.is_multiple_of(16) {
                     return Err(BackendError::Unsupported(format!(
-                        "FP8 weights need rows of a multiple of 16 values ({} has {k})",
-                        parts.first().map(|p| p.name.as_str()).unwrap_or("?")
+                        "FP8 weights need rows of a multiple of 16 values ({first} has {k})"
                     )));
                 }
                 let rows = n / k;
-                let staged = u.upload(parts)?;
+                let staged = u.upload(&parts)?;
                 // SAFETY: every element is written by the quantization below before any read.
                 let w = unsafe { s.alloc::<u8>(n) }?;
                 // SAFETY: as above.
@@ -312,10 +383,10 @@ pub(super) fn load(
             ));
         }
         let part = |p: Part| src.layer(l, p);
-        let qkv = lin(u, &[part(Part::Q)?, part(Part::K)?, part(Part::V)?])?;
-        let o = lin(u, &[part(Part::O)?])?;
-        let gate_up = lin(u, &[part(Part::Gate)?, part(Part::Up)?])?;
-        let down = lin(u, &[part(Part::Down)?])?;
+        let qkv = lin(u, l, &[Part::Q, Part::K, Part::V])?;
+        let o = lin(u, l, &[Part::O])?;
+        let gate_up = lin(u, l, &[Part::Gate, Part::Up])?;
+        let down = lin(u, l, &[Part::Down])?;
         let input_norm = up(u, &[part(Part::AttnNorm)?])?;
         let post_norm = up(u, &[part(Part::FfnNorm)?])?;
         layers.push(Layer {

@@ -25,6 +25,9 @@ pub enum DType {
     F32,
     F16,
     BF16,
+    /// FP8 e4m3 (the "fn" variant: no infinities, ±448 the largest values), the weights of
+    /// an FP8 checkpoint; its scales are separate tensors (`model::quant`).
+    F8E4M3,
     /// A ggml block format (Q8_0, Q4_0, Q4_1, the k-quants, ...): each row is a run of
     /// blocks of `block_elems` values in `block_bytes` bytes.
     Ggml(GgmlDType),
@@ -43,7 +46,7 @@ impl DType {
     /// Values per block (1 for the float formats).
     pub fn block_elems(self) -> usize {
         match self {
-            DType::F32 | DType::F16 | DType::BF16 => 1,
+            DType::F32 | DType::F16 | DType::BF16 | DType::F8E4M3 => 1,
             DType::Ggml(t) => t.block_size(),
         }
     }
@@ -53,6 +56,7 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
+            DType::F8E4M3 => 1,
             DType::Ggml(t) => t.type_size(),
         }
     }
@@ -69,6 +73,7 @@ impl std::fmt::Display for DType {
             DType::F32 => f.write_str("F32"),
             DType::F16 => f.write_str("F16"),
             DType::BF16 => f.write_str("BF16"),
+            DType::F8E4M3 => f.write_str("F8_E4M3"),
             DType::Ggml(t) => write!(f, "{t:?}"),
         }
     }
@@ -258,6 +263,7 @@ impl<'a> Tensor<'a> {
                 .chunks_exact(2)
                 .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
                 .collect(),
+            DType::F8E4M3 => b.iter().map(|&v| e4m3_to_f32(v)).collect(),
             DType::Ggml(t) => {
                 let err = |source| LoadError::Dequantize {
                     name: self.name.clone(),
@@ -295,6 +301,8 @@ impl<'a> Tensor<'a> {
                 .chunks_exact(4)
                 .map(|c| bf16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
                 .collect(),
+            // Every e4m3 value is a bf16 value (3 mantissa bits, exponents 2^-9..2^8).
+            DType::F8E4M3 => b.iter().map(|&v| bf16::from_f32(e4m3_to_f32(v))).collect(),
             DType::Ggml(_) => {
                 return Err(LoadError::Dtype {
                     name: self.name.clone(),
@@ -303,6 +311,21 @@ impl<'a> Tensor<'a> {
             }
         })
     }
+}
+
+/// The value of an e4m3 byte: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0
+/// holds the subnormals (multiples of 2^-9), and 0x7f / 0xff are NaN (no infinities).
+pub fn e4m3_to_f32(b: u8) -> f32 {
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let e = i32::from((b >> 3) & 0x0f);
+    let m = f32::from(b & 0x07);
+    if e == 0x0f && b & 0x07 == 0x07 {
+        return f32::NAN;
+    }
+    if e == 0 {
+        return sign * m * (2.0f32).powi(-9);
+    }
+    sign * (1.0 + m / 8.0) * (2.0f32).powi(e - 7)
 }
 
 #[cfg(test)]

@@ -87,6 +87,7 @@ impl TensorSource for SafetensorsFiles {
             Dtype::F32 => DType::F32,
             Dtype::F16 => DType::F16,
             Dtype::BF16 => DType::BF16,
+            Dtype::F8_E4M3 => DType::F8E4M3,
             other => {
                 return Err(LoadError::Dtype {
                     name: name.to_string(),
