@@ -22,7 +22,10 @@ for name in sorted(os.listdir(src)):
             if key.endswith(".weight") and key.split(".")[-2] in LINEAR:
                 wf = w.float()
                 amax = wf.abs().amax(dim=1, keepdim=True)
-                scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+                # amax / 448 as a true division (a Python scalar divisor would be applied as
+                # a multiplication by its reciprocal, which can differ by one ulp)
+                scale = torch.where(amax > 0, amax / torch.full_like(amax, 448.0),
+                                    torch.ones_like(amax))
                 out[key] = (wf / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
                 out[key[: -len(".weight")] + ".weight_scale"] = scale
             else:
