@@ -67,6 +67,7 @@ pub enum CrdError {
 #[x_kube(validation = Rule::new(served::TP_ON_CUDA_RULE).message(served::TP_ON_CUDA_MESSAGE))]
 #[x_kube(validation = Rule::new(served::FP8_ON_CUDA_RULE).message(served::FP8_ON_CUDA_MESSAGE))]
 #[x_kube(validation = Rule::new(served::FP8_KV_ON_CUDA_RULE).message(served::FP8_KV_ON_CUDA_MESSAGE))]
+#[x_kube(validation = Rule::new(SCALE_TO_ZERO_RULE).message(SCALE_TO_ZERO_MESSAGE))]
 pub struct SGLangServiceSpec {
     /// Which model to serve.
     pub model: ModelSpec,
@@ -270,16 +271,28 @@ pub struct RouterSpec {
     pub resources: Option<ResourceRequirements>,
 }
 
+/// Scale to zero needs the router: it is what holds the requests that arrive while no engine
+/// runs, and its count of them is what brings the first engine back.
+pub const SCALE_TO_ZERO_RULE: &str = "!has(self.autoscaling) || !has(self.autoscaling.minReplicas) || self.autoscaling.minReplicas > 0 || !has(self.router) || !has(self.router.enabled) || self.router.enabled";
+/// The message of [`SCALE_TO_ZERO_RULE`].
+pub const SCALE_TO_ZERO_MESSAGE: &str = "autoscaling.minReplicas 0 needs the router (router.enabled): it holds requests while no engine runs, and its count of them starts the first engine";
+
 /// A HorizontalPodAutoscaler on this service's scale subresource (`spec.dpSize`), fed by the
 /// engines' own metrics through the custom metrics API (the chart's prometheus-adapter rules).
+/// With `minReplicas: 0` it also reads the router's waiting requests, which bring a service
+/// at zero back to one engine (the rule is in the chart's README).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.minReplicas <= self.maxReplicas").message("minReplicas must not exceed maxReplicas"))]
 pub struct AutoscalingSpec {
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// Fewest engines. 0 lets an idle service go to zero engines after
+    /// `scaleDownStabilizationSeconds` without load; the first request that then waits in
+    /// the router brings one back. Needs the router, and a cluster whose HPA scales to zero
+    /// (the `HPAScaleToZero` feature gate of kube-apiserver and kube-controller-manager).
     #[serde(default = "one")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 0))]
     pub min_replicas: i32,
     #[schemars(range(min = 1, max = 1024))]
     pub max_replicas: i32,

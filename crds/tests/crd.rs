@@ -310,3 +310,22 @@ fn kv_pool_minimum_is_the_engines() {
     let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
     assert_eq!(spec["properties"]["maxTotalTokens"]["minimum"], 16.0);
 }
+
+#[test]
+fn scale_to_zero_needs_the_router() {
+    let zero = GOOD.replace("minReplicas: 1", "minReplicas: 0");
+    parse(&zero).validate().unwrap();
+    let err = parse(&zero.replace("dpSize: 2", "dpSize: 2\n  router: {enabled: false}"))
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("minReplicas 0 needs the router"), "{err}");
+    // Without the router, one engine at least is fine.
+    parse(&GOOD.replace("dpSize: 2", "dpSize: 2\n  router: {enabled: false}"))
+        .validate()
+        .unwrap();
+    let schema = serde_json::to_value(SGLangService::crd()).unwrap();
+    let min = &schema["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["autoscaling"]["properties"]["minReplicas"]["minimum"];
+    assert_eq!(min.as_f64(), Some(0.0), "{min}");
+}

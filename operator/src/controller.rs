@@ -42,6 +42,8 @@ pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
+    /// How the objects are planned (the KEDA option).
+    pub options: objects::PlanOptions,
     /// Consecutive failures per object, for exponential backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -56,8 +58,15 @@ impl Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             metrics,
+            options: objects::PlanOptions::default(),
             failures: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The same context, planning with `options`.
+    pub fn with_options(mut self, options: objects::PlanOptions) -> Self {
+        self.options = options;
+        self
     }
 
     fn record_failure(&self, key: &str) -> u32 {
@@ -115,7 +124,7 @@ async fn reconcile_inner(svc: &SGLangService, ctx: &Context) -> Result<Action, E
         return Ok(Action::await_change());
     }
     let names = Names::of(svc)?;
-    let plan = match objects::plan(svc) {
+    let plan = match objects::plan_with(svc, &ctx.options) {
         Ok(plan) => plan,
         Err(Error::InvalidSpec(e)) => {
             tracing::info!(object = %key(svc), error = %e, "invalid spec");

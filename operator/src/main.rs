@@ -13,7 +13,7 @@ use sgl_crds::SGLangService;
 use sgl_operator::controller::{self, Context};
 use sgl_operator::leader::LeaderElector;
 use sgl_operator::metrics::{self, Metrics};
-use sgl_operator::objects::render_yaml;
+use sgl_operator::objects::{PlanOptions, render_yaml};
 
 #[derive(Parser)]
 #[command(
@@ -50,6 +50,10 @@ enum Command {
         identity: String,
         #[arg(long, default_value_t = 15)]
         lease_seconds: i32,
+        /// Scale services with `autoscaling.minReplicas: 0` through a KEDA ScaledObject whose
+        /// triggers query this Prometheus (KEDA must be installed), instead of an HPA.
+        #[arg(long, env = "SGL_OPERATOR_KEDA_PROMETHEUS_URL")]
+        keda_prometheus_url: Option<String>,
     },
     /// Print every object the operator would apply for the SGLangService(s) in a file.
     Render {
@@ -59,10 +63,14 @@ enum Command {
         /// Namespace for objects that do not name one.
         #[arg(short, long, default_value = "default")]
         namespace: String,
+        /// Render as an operator run with this option does (a KEDA ScaledObject for services
+        /// with `autoscaling.minReplicas: 0`).
+        #[arg(long)]
+        keda_prometheus_url: Option<String>,
     },
 }
 
-fn render(file: &PathBuf, namespace: &str) -> anyhow::Result<()> {
+fn render(file: &PathBuf, namespace: &str, options: &PlanOptions) -> anyhow::Result<()> {
     let text = if file.as_os_str() == "-" {
         std::io::read_to_string(std::io::stdin())?
     } else {
@@ -87,7 +95,7 @@ fn render(file: &PathBuf, namespace: &str) -> anyhow::Result<()> {
         svc.metadata
             .uid
             .get_or_insert_with(|| "00000000-0000-0000-0000-000000000000".to_string());
-        out.push_str(&render_yaml(&svc)?);
+        out.push_str(&render_yaml(&svc, options)?);
     }
     print!("{out}");
     Ok(())
@@ -127,7 +135,17 @@ async fn main() -> anyhow::Result<()> {
         .json()
         .init();
     match Cli::parse().command {
-        Command::Render { file, namespace } => render(&file, &namespace),
+        Command::Render {
+            file,
+            namespace,
+            keda_prometheus_url,
+        } => render(
+            &file,
+            &namespace,
+            &PlanOptions {
+                keda_prometheus_url,
+            },
+        ),
         Command::Run {
             metrics_addr,
             leader_election,
@@ -135,17 +153,20 @@ async fn main() -> anyhow::Result<()> {
             lease_name,
             identity,
             lease_seconds,
+            keda_prometheus_url,
         } => {
             let metrics = Arc::new(Metrics::new()?);
             let server = tokio::spawn(metrics::serve(metrics_addr, metrics.clone()));
             let client = Client::try_default()
                 .await
                 .context("connecting to Kubernetes")?;
-            let ctx = Arc::new(Context::new(
-                client.clone(),
-                metrics.clone(),
-                Some(identity.clone()),
-            ));
+            let ctx = Arc::new(
+                Context::new(client.clone(), metrics.clone(), Some(identity.clone())).with_options(
+                    PlanOptions {
+                        keda_prometheus_url,
+                    },
+                ),
+            );
             if !leader_election {
                 metrics.leader.set(1);
                 controller::run(ctx).await?;

@@ -2,7 +2,8 @@
 # Builds the test control plane's components from the Go module proxy, once, into a cache
 # folder keyed by the pinned versions (versions.env and the wrapper modules under go/):
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm
-# and prometheus-adapter (the custom metrics API). Does nothing when the binaries are there. Prints the bin folder on stdout; progress and
+# and prometheus-adapter (the custom metrics API); and fetches KEDA's ScaledObject CRD (a file
+# of its module, nothing built). Does nothing when the binaries are there. Prints the bin folder on stdout; progress and
 # timings go to stderr.
 #
 # Environment: SGL_K8S_CACHE (default ~/.cache/sgl-k8s) is the cache root.
@@ -26,13 +27,15 @@ done
 # The folder's key covers the control plane's components. prometheus-adapter has its own
 # key, kept next to its binary, so pinning another adapter rebuilds the adapter alone.
 core_mods=(etcd kubernetes)
-key="$( (grep -v '^PROMETHEUS_ADAPTER_' "$here/versions.env"
+key="$( (grep -v -e '^PROMETHEUS_ADAPTER_' -e '^KEDA_' -e '^# KEDA' "$here/versions.env"
   for m in "${core_mods[@]}"; do cat "$here/go/$m/go.mod"; done
   for m in "${core_mods[@]}"; do cat "$here/go/$m/go.sum"; done
   echo "$k8s_ldflags") |
   sha256sum | cut -c1-16)"
 adapter_mod="$here/go/prometheus-adapter"
-adapter_key="$(cat "$here/versions.env" "$adapter_mod/go.mod" "$adapter_mod/go.sum" | sha256sum | cut -c1-16)"
+# KEDA's lines are left out of both keys: its CRD is fetched apart, and builds nothing.
+adapter_key="$( (grep -v -e '^KEDA_' -e '^# KEDA' "$here/versions.env"
+  cat "$adapter_mod/go.mod" "$adapter_mod/go.sum") | sha256sum | cut -c1-16)"
 cache="${SGL_K8S_CACHE:-$HOME/.cache/sgl-k8s}"
 bin="$cache/$key/bin"
 components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm prometheus-adapter)
@@ -123,6 +126,22 @@ if [ -z "${SGL_K8S_PROMETHEUS:-}" ] && ! command -v prometheus > /dev/null && co
   { $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive \
     apt-get install -y -qq --no-install-recommends prometheus; } >&2 ||
     log "could not install prometheus: the test cluster will serve no custom metrics API"
+fi
+
+# KEDA's ScaledObject CRD, to validate the operator's ScaledObjects against (test s2): only
+# its module's files are fetched (about 2.5 MB, kept in the Go module cache), nothing built.
+keda_crd="$bin/crds/keda.sh_scaledobjects-$KEDA_VERSION.yaml"
+if [ ! -s "$keda_crd" ]; then
+  keda_dir=$(cd "$cache" && GOFLAGS=-mod=mod go mod download -json "github.com/kedacore/keda/v2@$KEDA_VERSION" 2> /dev/null |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p') || true
+  if [ -n "$keda_dir" ] && [ -s "$keda_dir/config/crd/bases/keda.sh_scaledobjects.yaml" ]; then
+    mkdir -p "$bin/crds"
+    cp "$keda_dir/config/crd/bases/keda.sh_scaledobjects.yaml" "$keda_crd.tmp"
+    mv "$keda_crd.tmp" "$keda_crd"
+    log "KEDA $KEDA_VERSION ScaledObject CRD in $keda_crd"
+  else
+    log "could not fetch KEDA $KEDA_VERSION's CRD (github.com/kedacore/keda/v2 from the Go module proxy)"
+  fi
 fi
 
 echo "$bin"

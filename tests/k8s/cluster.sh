@@ -2,11 +2,13 @@
 # A real Kubernetes control plane on loopback, for tests:
 #   etcd, kube-apiserver (RBAC, service-account tokens, aggregation layer),
 #   kube-controller-manager (all default controllers, leader Lease), kube-scheduler, and kwok
+#   (the API server and the controller manager with the HPAScaleToZero feature gate, alpha in
+#   v1.36: an HPA with minReplicas 0 and an Object metric scales to zero and back),
 #   with fake nodes whose pod CIDRs lie in 127.0.0.0/8; Prometheus scraping the engine pods
 #   and prometheus-adapter with the chart's rules behind the custom metrics API (when a
 #   prometheus binary is there).
 #
-#   tests/k8s/cluster.sh up    [--work DIR] [--owner-pid PID] [--runner BIN -- ARGS...]
+#   tests/k8s/cluster.sh up    [--work DIR] [--owner-pid PID [--remove-work]] [--runner BIN -- ARGS...]
 #   tests/k8s/cluster.sh env   [--work DIR]
 #   tests/k8s/cluster.sh down  [--work DIR]
 #   tests/k8s/cluster.sh apiserver-stop|apiserver-start  [--work DIR]
@@ -240,6 +242,7 @@ apiserver_cmd=("$bin/kube-apiserver"
   --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
   --client-ca-file "$pki/ca.crt" \
   --authorization-mode Node,RBAC \
+  --feature-gates HPAScaleToZero=true \
   --service-cluster-ip-range 10.96.0.0/16 \
   --service-account-issuer https://kubernetes.default.svc.cluster.local \
   --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
@@ -269,7 +272,7 @@ start kube-controller-manager kube-controller-manager \
   --leader-elect=true "${leader_elect_times[@]}" --use-service-account-credentials=true \
   --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
   --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
-  --horizontal-pod-autoscaler-sync-period 5s \
+  --horizontal-pod-autoscaler-sync-period 5s --feature-gates HPAScaleToZero=true \
   --profiling=false --v=1
 start kube-scheduler kube-scheduler \
   --kubeconfig "$work/scheduler.kubeconfig" \
@@ -317,8 +320,10 @@ wait_for "node kwok-node-0" 120 kubectl wait --for=condition=Ready node/kwok-nod
 wait_for "default service account" 120 kubectl get serviceaccount default -n default
 
 # --- Prometheus and the custom metrics API --------------------------------------------------
-# Prometheus (Debian's package, or SGL_K8S_PROMETHEUS) scrapes every engine pod's /metrics on
-# its `http` port, as the chart's ServiceMonitor selects them, with namespace and pod labels.
+# Prometheus (Debian's package, or SGL_K8S_PROMETHEUS) scrapes every engine and router pod's
+# /metrics on its `http` port, as the chart's ServiceMonitor selects them, with namespace, pod
+# and service labels (`service`: the Service in front of the pod, `<instance>-engine` or
+# `<instance>-router`, as the Prometheus Operator labels a ServiceMonitor's targets).
 # Debian builds Prometheus without Kubernetes discovery, so a loop here lists the engine pods
 # every 2 s into a file_sd target file (and the Service's endpoints could not hold them
 # anyway: the API server refuses endpoints in 127.0.0.0/8, where the kwok nodes' pods live).
@@ -344,7 +349,7 @@ EOF
   start prometheus-targets python3 -c '
 import json, os, subprocess, sys, time
 kubectl, out = sys.argv[1:3]
-selector = "app.kubernetes.io/managed-by=sgl-operator,app.kubernetes.io/component=engine"
+selector = "app.kubernetes.io/managed-by=sgl-operator,app.kubernetes.io/component in (engine,router)"
 while True:
     r = subprocess.run([kubectl, "get", "pods", "-A", "-l", selector, "-o", "json"],
                        capture_output=True, text=True)
@@ -354,6 +359,7 @@ while True:
             ip = p.get("status", {}).get("podIP")
             if not ip or p["metadata"].get("deletionTimestamp"):
                 continue
+            labels = p["metadata"].get("labels", {})
             for c in p["spec"]["containers"]:
                 for port in c.get("ports", []):
                     if port.get("name") == "http":
@@ -361,7 +367,8 @@ while True:
                             "targets": ["%s:%d" % (ip, port["containerPort"])],
                             "labels": {"namespace": p["metadata"]["namespace"],
                                        "pod": p["metadata"]["name"],
-                                       "service": p["metadata"]["labels"].get("app.kubernetes.io/instance", "")}})
+                                       "service": "%s-%s" % (labels.get("app.kubernetes.io/instance", ""),
+                                                             labels.get("app.kubernetes.io/component", ""))}})
         with open(out + ".tmp", "w") as f:
             json.dump(targets, f)
         os.replace(out + ".tmp", out)

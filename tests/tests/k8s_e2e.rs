@@ -1965,3 +1965,325 @@ spec:
     );
     delete_service(&client, ns, name).await;
 }
+
+/// A `/generate` request through the router with a prompt of its own (no two share a cached
+/// prefix, so the scale-down brake stays at 0); the body, or the status and body.
+async fn generate_via_router(
+    http: &reqwest::Client,
+    router_ip: &str,
+    k: usize,
+) -> Result<Value, String> {
+    let resp = http
+        .post(format!("http://{router_ip}:30000/generate"))
+        .json(&json!({
+            "text": format!("{k} is the number of the lighthouse. Tell its story."),
+            "sampling_params": {"max_new_tokens": 8, "temperature": 0},
+        }))
+        .timeout(Duration::from_secs(120))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let body: Value = resp.json().await.map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        return Err(format!("{status}: {body}"));
+    }
+    Ok(body)
+}
+
+/// Waits until no engine pod of `name` exists (deleted, not merely unready).
+async fn wait_no_engine_pods(client: &kube::Client, ns: &str, name: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let selector = format!("serving.sgl-rs.io/engine={name}");
+    wait_for("every engine pod to be gone", WAIT, || async {
+        let list = pods
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .is_empty()
+            .then_some(())
+            .ok_or(format!("{} engine pods", list.items.len()))
+    })
+    .await;
+}
+
+/// Scale to zero and back with no hand on the count: an autoscaled service with
+/// `minReplicas: 0` and a 5 s scale-down window is taken to zero engines by the HPA once
+/// idle; the first requests then wait in the router (`sgl_router_pending_requests`), one
+/// beyond its queue is answered 503 with `Retry-After`, and the HPA, reading the router's
+/// waiting requests through the custom metrics API (an Object metric of the router's
+/// Service), starts one engine, which serves them; idle again, the service returns to zero.
+#[tokio::test]
+async fn s1_an_idle_service_scales_to_zero_and_its_first_request_brings_an_engine_back() {
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    if !custom_metrics_served(c) {
+        return;
+    }
+    ensure_chart(c, &client).await;
+    let (ns, name) = ("autozero-e2e", "sleepy");
+    ensure_namespace(c, ns);
+    // dpSize is left at its default of 1: Kubernetes' HPA brings back from zero only a
+    // workload it took to zero itself (a zero set by hand switches autoscaling off).
+    c.apply(&format!(
+        r#"apiVersion: serving.sgl-rs.io/v1alpha1
+kind: SGLangService
+metadata:
+  name: {name}
+  namespace: {ns}
+spec:
+  model:
+    path: /models/SmolLM2-135M-Instruct.Q4_1.gguf
+  device: cpu
+  tpSize: 1
+  router:
+    queueSize: 2
+    queueTimeoutSeconds: 120
+  autoscaling:
+    minReplicas: 0
+    maxReplicas: 2
+    scaleDownStabilizationSeconds: 5
+"#
+    ));
+    let t_test = std::time::Instant::now();
+    let mut watch = ScalingWatch::new(c, &client, ns, name);
+    let engines = format!("serving.sgl-rs.io/engine={name}");
+    wait_ready_pods(c, &client, ns, &engines, 1, "the first engine").await;
+    let hpa = watch
+        .hpas
+        .get(&format!("{name}-engine"))
+        .await
+        .unwrap_or_else(|e| panic!("the service's HPA: {e}"));
+    assert_eq!(hpa.spec.min_replicas, Some(0));
+    assert!(
+        hpa.spec.metrics.iter().flatten().any(|m| m
+            .object
+            .as_ref()
+            .is_some_and(|o| o.metric.name == ROUTER_WAITING_METRIC
+                && o.described_object.name == format!("{name}-router"))),
+        "the HPA does not read {ROUTER_WAITING_METRIC} of the router: {:?}",
+        hpa.spec.metrics
+    );
+
+    // Idle: the HPA takes the service to zero (and says so in its ScaledToZero condition).
+    let t = std::time::Instant::now();
+    watch
+        .until("the HPA to take the idle service to zero", WAIT, |s| {
+            Ok(s.dp_size == 0 && s.scaled_to_zero.as_deref() == Some("True"))
+        })
+        .await;
+    let to_zero = t.elapsed();
+    wait_no_engine_pods(&client, ns, name).await;
+    let router = wait_ready_pods(
+        c,
+        &client,
+        ns,
+        &format!("app.kubernetes.io/instance={name},app.kubernetes.io/component=router"),
+        1,
+        "a ready router with no engine",
+    )
+    .await;
+    let router_ip = pod_ip(&router[0]);
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    // Two requests wait in the router's queue; nobody scales the service.
+    let t_first = std::time::Instant::now();
+    let held: Vec<_> = (0..2)
+        .map(|k| {
+            let (http, ip) = (http.clone(), router_ip.clone());
+            tokio::spawn(async move {
+                let r = generate_via_router(&http, &ip, k).await;
+                (r, t_first.elapsed())
+            })
+        })
+        .collect();
+    wait_for("both requests to wait in the router", WAIT, || async {
+        let n = router_pending(&http, &router_ip).await?;
+        (n == 2.0).then_some(()).ok_or(format!("{n} pending"))
+    })
+    .await;
+    // The queue is full: the next request is refused at once, with when to come back.
+    let t = std::time::Instant::now();
+    let refused = http
+        .post(format!("http://{router_ip}:30000/generate"))
+        .json(&json!({"text": "Hi.", "sampling_params": {"max_new_tokens": 4}}))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("the request beyond the queue: {e}"));
+    let refused_in = t.elapsed();
+    assert_eq!(refused.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
+    let retry_after = refused
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    assert!(
+        retry_after.is_some_and(|s| s > 0),
+        "{:?}",
+        refused.headers()
+    );
+    assert!(
+        refused_in < Duration::from_secs(5),
+        "refused after {refused_in:?}"
+    );
+
+    // The HPA starts an engine on the router's signal; the held requests are served.
+    let mut latencies = Vec::new();
+    for h in held {
+        let (body, took) = h.await.unwrap_or_else(|e| panic!("{e}"));
+        let body = body.unwrap_or_else(|e| panic!("a held request: {e}\n{}", watch.report()));
+        assert!(
+            body["meta_info"]["completion_tokens"].as_u64().unwrap_or(0) > 0,
+            "{body}"
+        );
+        latencies.push(took.as_secs_f64());
+    }
+    let events = c.kubectl(&[
+        "get",
+        "events",
+        "-n",
+        ns,
+        "--field-selector",
+        &format!("involvedObject.name={name}-engine,reason=SuccessfulRescale"),
+        "-o",
+        "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}",
+    ]);
+    assert!(
+        events
+            .lines()
+            .any(|l| l.contains("New size: 1") && l.contains(ROUTER_WAITING_METRIC)),
+        "no rescale to 1 on {ROUTER_WAITING_METRIC} among the HPA's events:\n{events}"
+    );
+
+    // Idle again: back to zero.
+    let t = std::time::Instant::now();
+    watch
+        .until("the HPA to return the service to zero", WAIT, |s| {
+            Ok(s.dp_size == 0 && s.scaled_to_zero.as_deref() == Some("True"))
+        })
+        .await;
+    let back_to_zero = t.elapsed();
+    wait_no_engine_pods(&client, ns, name).await;
+    eprintln!(
+        "s1: to zero {:.1} s after the first engine was ready; from zero, the held requests answered {latencies:.1?} s after they were sent (the one beyond the queue refused in {:.3} s, Retry-After {retry_after:?}); back to zero {:.1} s after the last answer; {:.1} s in all\nHPA events:\n{events}\nscaling seen:\n{}",
+        to_zero.as_secs_f64(),
+        refused_in.as_secs_f64(),
+        back_to_zero.as_secs_f64(),
+        t_test.elapsed().as_secs_f64(),
+        watch.history.join("\n")
+    );
+    delete_service(&client, ns, name).await;
+}
+
+/// With the chart's KEDA option the operator scales a `minReplicas: 0` service with a KEDA
+/// ScaledObject instead of its HPA. KEDA itself is not run here (building it is far too heavy
+/// for CI): its own ScaledObject CRD (fetched from its Go module by `tests/k8s/build.sh`) is
+/// installed, and the API server validates the ScaledObject `sgl-operator render` plans (the
+/// same plan the controller applies) against that schema; a broken one is refused, so the
+/// check can fail.
+#[tokio::test]
+async fn s2_the_keda_scaled_object_is_valid_against_kedas_own_crd() {
+    let (c, _turn) = cluster!();
+    let crd = std::fs::read_dir(c.bin.join("crds"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("keda.sh_scaledobjects-"))
+        });
+    let Some(crd) = crd else {
+        let why = format!(
+            "no KEDA ScaledObject CRD in {} (tests/k8s/build.sh fetches it)",
+            c.bin.join("crds").display()
+        );
+        assert!(
+            std::env::var(sgl_e2e_tests::k8s::cluster::REQUIRED_ENV).as_deref() != Ok("1"),
+            "{why}"
+        );
+        eprintln!("SKIPPED: {why}");
+        return;
+    };
+    let crd_path = crd.display().to_string();
+    c.kubectl(&["apply", "--server-side", "-f", &crd_path]);
+    c.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/scaledobjects.keda.sh",
+        "--timeout=60s",
+    ]);
+    let ns = "keda-e2e";
+    ensure_namespace(c, ns);
+    let service = format!(
+        r#"apiVersion: serving.sgl-rs.io/v1alpha1
+kind: SGLangService
+metadata: {{name: sleepy, namespace: {ns}}}
+spec:
+  model: {{path: /models/SmolLM2-135M-Instruct.Q4_1.gguf}}
+  device: cpu
+  autoscaling: {{minReplicas: 0, maxReplicas: 4, targetQueueLength: 2, targetCacheHitRate: 0.5, scaleDownStabilizationSeconds: 30}}
+"#
+    );
+    let operator = sgl_e2e_tests::release_binary("sgl-operator").unwrap_or_else(|e| panic!("{e}"));
+    let mut render = std::process::Command::new(operator)
+        .args([
+            "render",
+            "-f",
+            "-",
+            "--keda-prometheus-url",
+            "http://prometheus-operated.monitoring.svc:9090",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("sgl-operator render: {e}"));
+    if let Some(mut stdin) = render.stdin.take() {
+        use std::io::Write;
+        stdin
+            .write_all(service.as_bytes())
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let out = render
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("sgl-operator render: {e}"));
+    assert!(out.status.success(), "sgl-operator render failed");
+    let rendered = String::from_utf8_lossy(&out.stdout).into_owned();
+    let scaled: Vec<&str> = rendered
+        .split("---\n")
+        .filter(|d| d.contains("kind: ScaledObject"))
+        .collect();
+    assert_eq!(scaled.len(), 1, "{rendered}");
+    assert!(
+        !rendered.contains("kind: HorizontalPodAutoscaler"),
+        "{rendered}"
+    );
+    // The owner reference names a uid that does not exist: validation only, nothing stored.
+    let dry_run = ["apply", "--dry-run=server", "-f", "-"];
+    let ok = c.kubectl_raw(&dry_run, Some(scaled[0]));
+    assert!(
+        ok.status.success(),
+        "KEDA's schema refused the ScaledObject: {}\n{}",
+        String::from_utf8_lossy(&ok.stderr),
+        scaled[0]
+    );
+    let broken = scaled[0].replace("minReplicaCount: 0", "minReplicaCount: none");
+    assert_ne!(broken, scaled[0]);
+    let refused = c.kubectl_raw(&dry_run, Some(&broken));
+    assert!(
+        !refused.status.success(),
+        "a ScaledObject with minReplicaCount \"none\" passed KEDA's schema"
+    );
+    eprintln!(
+        "s2: the ScaledObject passed {}'s schema; a broken one was refused: {}",
+        crd.file_name().unwrap_or_default().to_string_lossy(),
+        String::from_utf8_lossy(&refused.stderr).trim()
+    );
+    c.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+    c.kubectl(&["delete", "-f", &crd_path]);
+}

@@ -4,6 +4,7 @@
 //! `render` command prints it, so the two can never disagree.
 
 mod engine;
+mod keda;
 mod router;
 mod scaling;
 
@@ -25,7 +26,8 @@ use crate::Error;
 pub use engine::{ENGINE_PORT, MODEL_DOWNLOAD, download_args, engine_args, is_hub_id};
 pub use router::router_args;
 pub use scaling::{
-    CACHE_MISS_METRIC, KV_USAGE_METRIC, KV_USAGE_TARGET, QUEUE_METRIC, SCALE_DOWN_BRAKE_METRIC,
+    CACHE_MISS_METRIC, KV_USAGE_METRIC, KV_USAGE_TARGET, QUEUE_METRIC, ROUTER_WAITING_METRIC,
+    SCALE_DOWN_BRAKE_METRIC,
 };
 
 /// Field manager name for server-side apply.
@@ -45,6 +47,7 @@ pub enum Kind {
     HorizontalPodAutoscaler,
     PodDisruptionBudget,
     ServiceMonitor,
+    ScaledObject,
 }
 
 impl Kind {
@@ -68,6 +71,10 @@ impl Kind {
             Self::ServiceMonitor => ApiResource::from_gvk_with_plural(
                 &GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"),
                 "servicemonitors",
+            ),
+            Self::ScaledObject => ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("keda.sh", "v1alpha1", "ScaledObject"),
+                "scaledobjects",
             ),
         }
     }
@@ -273,8 +280,21 @@ where
     })
 }
 
+/// How the operator was started, as far as the objects it plans depend on it.
+#[derive(Clone, Debug, Default)]
+pub struct PlanOptions {
+    /// Scale services with `minReplicas: 0` with a KEDA ScaledObject whose triggers query this
+    /// Prometheus, instead of the operator's HPA (see `keda.rs`).
+    pub keda_prometheus_url: Option<String>,
+}
+
 /// Everything the operator applies for `svc`, in apply order, and what it removes.
 pub fn plan(svc: &SGLangService) -> Result<Plan, Error> {
+    plan_with(svc, &PlanOptions::default())
+}
+
+/// [`plan`] for an operator started with `options`.
+pub fn plan_with(svc: &SGLangService, options: &PlanOptions) -> Result<Plan, Error> {
     svc.validate()?;
     let names = Names::of(svc)?;
     let mut apply = vec![
@@ -317,9 +337,30 @@ pub fn plan(svc: &SGLangService) -> Result<Plan, Error> {
         delete.extend(router_kinds.iter().map(|k| (*k, names.router.clone())));
     }
 
-    match scaling::hpa(svc, &names)? {
-        Some(hpa) => apply.push(manifest(Kind::HorizontalPodAutoscaler, &hpa)?),
-        None => delete.push((Kind::HorizontalPodAutoscaler, names.engine.clone())),
+    let to_zero = svc
+        .spec
+        .autoscaling
+        .as_ref()
+        .filter(|a| a.enabled && a.min_replicas == 0);
+    match (to_zero, &options.keda_prometheus_url) {
+        (Some(a), Some(url)) => {
+            apply.push(Manifest {
+                kind: Kind::ScaledObject,
+                name: names.engine.clone(),
+                object: keda::scaled_object(svc, &names, a, url)?,
+            });
+            delete.push((Kind::HorizontalPodAutoscaler, names.engine.clone()));
+        }
+        _ => {
+            match scaling::hpa(svc, &names)? {
+                Some(hpa) => apply.push(manifest(Kind::HorizontalPodAutoscaler, &hpa)?),
+                None => delete.push((Kind::HorizontalPodAutoscaler, names.engine.clone())),
+            }
+            // Only an operator that may create ScaledObjects looks for one to remove.
+            if options.keda_prometheus_url.is_some() {
+                delete.push((Kind::ScaledObject, names.engine.clone()));
+            }
+        }
     }
     if svc.spec.monitoring.service_monitor {
         apply.push(Manifest {
@@ -334,8 +375,8 @@ pub fn plan(svc: &SGLangService) -> Result<Plan, Error> {
 }
 
 /// The plan as a multi-document YAML stream, as `sgl-operator render` prints it.
-pub fn render_yaml(svc: &SGLangService) -> Result<String, Error> {
-    let plan = plan(svc)?;
+pub fn render_yaml(svc: &SGLangService, options: &PlanOptions) -> Result<String, Error> {
+    let plan = plan_with(svc, options)?;
     let mut out = String::new();
     for m in &plan.apply {
         out.push_str("---\n");

@@ -3,8 +3,9 @@
 use k8s_openapi::api::autoscaling::v2::{
     CrossVersionObjectReference, HPAScalingRules, HorizontalPodAutoscaler,
     HorizontalPodAutoscalerBehavior, HorizontalPodAutoscalerSpec, MetricIdentifier, MetricSpec,
-    MetricTarget, PodsMetricSource,
+    MetricTarget, ObjectMetricSource, PodsMetricSource,
 };
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -30,6 +31,12 @@ pub const KV_USAGE_TARGET: f64 = 0.8;
 /// of 1 the HPA's recommendation from it never exceeds the replicas that run: it can only hold
 /// replicas whose caches are warm and busy, never add one (the rule is in the chart's README).
 pub const SCALE_DOWN_BRAKE_METRIC: &str = "sglang_scale_down_brake";
+
+/// Custom metric (on the router's Service): 1 while requests wait in the router for an engine,
+/// else 0 (`sgl_router_pending_requests` clamped to 1 by the chart's adapter rules). With a
+/// target value of 1 it asks for one engine while requests wait and for none otherwise: it
+/// brings a service at zero engines back to one, and never holds or adds more.
+pub const ROUTER_WAITING_METRIC: &str = "sgl_router_has_pending_requests";
 
 /// A decimal quantity in thousandths, exact for the targets a spec can hold.
 fn quantity(value: f64) -> Quantity {
@@ -59,6 +66,30 @@ fn pods_metric(name: &str, average: f64) -> MetricSpec {
     }
 }
 
+/// An Object metric of the router's Service with a target value.
+fn router_metric(names: &Names, name: &str, value: f64) -> MetricSpec {
+    MetricSpec {
+        type_: "Object".into(),
+        object: Some(ObjectMetricSource {
+            described_object: CrossVersionObjectReference {
+                api_version: Some(Service::api_version(&()).into_owned()),
+                kind: Service::kind(&()).into_owned(),
+                name: names.router.clone(),
+            },
+            metric: MetricIdentifier {
+                name: name.into(),
+                selector: None,
+            },
+            target: MetricTarget {
+                type_: "Value".into(),
+                value: Some(quantity(value)),
+                ..MetricTarget::default()
+            },
+        }),
+        ..MetricSpec::default()
+    }
+}
+
 /// The HPA, or `None` when autoscaling is off.
 ///
 /// It scales the `SGLangService` itself through its scale subresource (`spec.dpSize`), never
@@ -77,6 +108,13 @@ pub fn hpa(svc: &SGLangService, names: &Names) -> Result<Option<HorizontalPodAut
     ];
     if let Some(hit) = a.target_cache_hit_rate {
         metrics.push(pods_metric(CACHE_MISS_METRIC, 1.0 - hit));
+    }
+    // Scale to zero: with no engine the Pods metrics have no pods to read, so an HPA at zero
+    // acts on this one alone (Kubernetes scales from zero only on Object or External
+    // metrics). The engines' metrics take over once one runs; without load all of them read
+    // 0 and, after the scale-down window, the HPA goes back to zero.
+    if a.min_replicas == 0 && svc.spec.router.enabled {
+        metrics.push(router_metric(names, ROUTER_WAITING_METRIC, 1.0));
     }
     Ok(Some(HorizontalPodAutoscaler {
         metadata: meta(svc, names, &names.engine, "engine")?,

@@ -388,6 +388,92 @@ fn autoscaling_targets_the_engines_with_both_metrics() {
 }
 
 #[test]
+fn scale_to_zero_adds_the_routers_waiting_requests() {
+    let p = planned(json!({"autoscaling": {"minReplicas": 0, "maxReplicas": 2}}));
+    let hpa = object(&p, Kind::HorizontalPodAutoscaler);
+    assert_eq!(hpa["spec"]["minReplicas"], 0);
+    let metrics = hpa["spec"]["metrics"].as_array().unwrap();
+    assert_eq!(metrics.len(), 4, "{metrics:?}");
+    assert_eq!(
+        metrics[3],
+        json!({"type": "Object", "object": {
+            "describedObject": {"apiVersion": "v1", "kind": "Service", "name": "llama-router"},
+            "metric": {"name": super::ROUTER_WAITING_METRIC},
+            "target": {"type": "Value", "value": "1"}}})
+    );
+    // With one engine at least, the router's queue plays no part.
+    let one = planned(json!({"autoscaling": {"minReplicas": 1, "maxReplicas": 2}}));
+    let hpa = object(&one, Kind::HorizontalPodAutoscaler);
+    assert!(
+        hpa["spec"]["metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["type"] == "Pods"),
+        "{hpa}"
+    );
+    // Without the router nothing could hold the first request: the spec is refused.
+    let svc = service(json!({"router": {"enabled": false},
+        "autoscaling": {"minReplicas": 0, "maxReplicas": 2}}));
+    let err = plan(&svc).unwrap_err().to_string();
+    assert!(err.contains("needs the router"), "{err}");
+}
+
+#[test]
+fn with_keda_scale_to_zero_is_a_scaled_object_instead_of_the_hpa() {
+    let keda = super::PlanOptions {
+        keda_prometheus_url: Some("http://prometheus.monitoring.svc:9090".into()),
+    };
+    let svc = service(json!({"autoscaling": {"minReplicas": 0, "maxReplicas": 3,
+        "targetQueueLength": 2, "scaleDownStabilizationSeconds": 60}}));
+    let p = super::plan_with(&svc, &keda).unwrap();
+    assert!(p.get(Kind::HorizontalPodAutoscaler).is_none());
+    assert!(
+        p.delete
+            .contains(&(Kind::HorizontalPodAutoscaler, "llama-engine".into()))
+    );
+    let so = object(&p, Kind::ScaledObject);
+    assert_eq!(so["apiVersion"], "keda.sh/v1alpha1");
+    assert_eq!(
+        so["spec"]["scaleTargetRef"],
+        json!({"apiVersion": "serving.sgl-rs.io/v1alpha1", "kind": "SGLangService", "name": "llama"})
+    );
+    assert_eq!(so["spec"]["minReplicaCount"], 0);
+    assert_eq!(so["spec"]["maxReplicaCount"], 3);
+    assert_eq!(so["spec"]["cooldownPeriod"], 60);
+    let waiting = &so["spec"]["triggers"][0];
+    assert_eq!(waiting["type"], "prometheus");
+    assert_eq!(
+        waiting["metadata"]["serverAddress"],
+        "http://prometheus.monitoring.svc:9090"
+    );
+    assert_eq!(
+        waiting["metadata"]["query"],
+        r#"sum(sgl_router_pending_requests{namespace="ml",service="llama-router"}) or vector(0)"#
+    );
+    assert_eq!(waiting["metadata"]["activationThreshold"], "0");
+    assert_eq!(waiting["metadata"]["threshold"], "2");
+    assert_eq!(
+        so["metadata"]["ownerReferences"][0]["kind"],
+        "SGLangService"
+    );
+
+    // A service that keeps an engine keeps the operator's HPA, and loses any ScaledObject.
+    let one = service(json!({"autoscaling": {"minReplicas": 1, "maxReplicas": 3}}));
+    let p = super::plan_with(&one, &keda).unwrap();
+    assert!(p.get(Kind::HorizontalPodAutoscaler).is_some());
+    assert!(p.get(Kind::ScaledObject).is_none());
+    assert!(
+        p.delete
+            .contains(&(Kind::ScaledObject, "llama-engine".into()))
+    );
+    // Without the option the operator never touches ScaledObjects.
+    let p = plan(&svc).unwrap();
+    assert!(p.get(Kind::HorizontalPodAutoscaler).is_some());
+    assert!(!p.delete.iter().any(|(k, _)| *k == Kind::ScaledObject));
+}
+
+#[test]
 fn monitoring_adds_a_service_monitor() {
     let p = planned(json!({"monitoring": {"serviceMonitor": true, "interval": "15s"}}));
     let sm = object(&p, Kind::ServiceMonitor);
@@ -441,11 +527,15 @@ fn every_example_renders() {
             // An example that needs what the engine does not serve yet says so, and is
             // refused (tests/engine_flags.rs checks the messages).
             if text.contains("refused at apply time") {
-                assert!(super::render_yaml(&svc).is_err(), "{}", path.display());
+                assert!(
+                    super::render_yaml(&svc, &Default::default()).is_err(),
+                    "{}",
+                    path.display()
+                );
                 continue;
             }
-            let yaml =
-                super::render_yaml(&svc).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let yaml = super::render_yaml(&svc, &Default::default())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert!(yaml.contains("kind: Deployment"), "{}", path.display());
             assert!(!yaml.contains("kind: StatefulSet"), "{}", path.display());
             rendered += 1;

@@ -1,5 +1,5 @@
 //! The custom metrics API, the engines' own metrics and the HPA as the k8s end-to-end tests
-//! see them (tests o1 and p1).
+//! see them (tests o1, p1 and s1).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -240,6 +240,9 @@ pub(crate) struct Scaling {
     pub(crate) active: Option<(String, String)>,
     /// The queue metric's average per pod as the HPA last read it.
     pub(crate) queue: Option<String>,
+    /// The HPA's `ScaledToZero` condition (with minReplicas 0): `True` once it took the
+    /// service to zero itself, which is when it may bring it back.
+    pub(crate) scaled_to_zero: Option<String>,
 }
 
 /// Samples a service and its HPA once a second, keeping a history of what changed for the
@@ -289,6 +292,13 @@ impl<'a> ScalingWatch<'a> {
                 .find(|c| c.type_ == "ScalingActive")?;
             Some((c.status.clone(), c.reason.clone().unwrap_or_default()))
         });
+        let scaled_to_zero = status.as_ref().and_then(|s| {
+            s.conditions
+                .iter()
+                .flatten()
+                .find(|c| c.type_ == "ScaledToZero")
+                .map(|c| c.status.clone())
+        });
         let queue = status.as_ref().and_then(|s| {
             s.current_metrics.iter().flatten().find_map(|m| {
                 let p = m.pods.as_ref()?;
@@ -307,10 +317,11 @@ impl<'a> ScalingWatch<'a> {
                 .map(|s| s.desired_replicas),
             active,
             queue,
+            scaled_to_zero,
         };
         let line = format!(
-            "dpSize {} desired {:?} ScalingActive {:?} queue {:?}",
-            s.dp_size, s.desired, s.active, s.queue
+            "dpSize {} desired {:?} ScalingActive {:?} queue {:?} ScaledToZero {:?}",
+            s.dp_size, s.desired, s.active, s.queue, s.scaled_to_zero
         );
         if line != self.last {
             let at = self.started.elapsed().as_secs_f64();
@@ -320,7 +331,7 @@ impl<'a> ScalingWatch<'a> {
         Ok(s)
     }
 
-    fn report(&self) -> String {
+    pub(crate) fn report(&self) -> String {
         let describe = self
             .c
             .kubectl_raw(&["describe", "hpa", "-n", self.ns], None);
@@ -405,3 +416,7 @@ pub(crate) fn generate_loop(
         }
     })
 }
+
+/// The router's waiting requests as the operator's HPA reads them with minReplicas 0 (an
+/// Object metric of the router's Service, from the chart's adapter rules).
+pub(crate) const ROUTER_WAITING_METRIC: &str = "sgl_router_has_pending_requests";
