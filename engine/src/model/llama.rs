@@ -207,6 +207,11 @@ impl<'a> LlamaTensors<'a> {
         self.naming
     }
 
+    /// This rank's place in its tensor-parallel group.
+    pub fn tp(&self) -> TensorParallel {
+        self.tp
+    }
+
     /// The full shape of a layer part.
     fn shape(&self, part: Part) -> Vec<usize> {
         let c = self.cfg;

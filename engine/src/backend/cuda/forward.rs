@@ -35,6 +35,9 @@ pub(super) struct Scratch {
     sel_d: CudaSlice<bf16>,
     sel_n: CudaSlice<bf16>,
     pub logits: CudaSlice<bf16>,
+    /// Vocabulary-parallel LM head: this rank's columns of the logits, before they are
+    /// placed in `logits` and summed across the ranks.
+    logits_part: CudaSlice<bf16>,
     partial_o: CudaSlice<f32>,
     partial_ml: CudaSlice<f32>,
     /// Arrival counters of the one-launch decode attention (sequence x KV head; left at 0).
@@ -59,8 +62,15 @@ fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
 }
 
 impl Scratch {
-    /// `fp8`: room for the FP8 GEMMs' quantized inputs too.
-    pub fn new(s: &Arc<CudaStream>, cfg: &ModelConfig, tokens: usize, fp8: bool) -> Result<Self> {
+    /// `fp8`: room for the FP8 GEMMs' quantized inputs too. `vocab_parts`: the ranks the LM
+    /// head's vocabulary is split across (1: not split).
+    pub fn new(
+        s: &Arc<CudaStream>,
+        cfg: &ModelConfig,
+        tokens: usize,
+        fp8: bool,
+        vocab_parts: usize,
+    ) -> Result<Self> {
         let h = cfg.hidden_size;
         let qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim;
         let i = cfg.intermediate_size;
@@ -80,6 +90,14 @@ impl Scratch {
             sel_d: zeros(s, LOGIT_ROWS * h)?,
             sel_n: zeros(s, LOGIT_ROWS * h)?,
             logits: zeros(s, LOGIT_ROWS.max(tokens.min(1024)) * cfg.vocab_size)?,
+            logits_part: zeros(
+                s,
+                if vocab_parts > 1 {
+                    LOGIT_ROWS.max(tokens.min(1024)) * (cfg.vocab_size / vocab_parts)
+                } else {
+                    0
+                },
+            )?,
             partial_o: zeros(s, partial_rows * cfg.num_heads * cfg.head_dim)?,
             partial_ml: zeros(s, partial_rows * cfg.num_heads * 2)?,
             attn_counters: zeros(s, tokens * cfg.num_kv_heads)?,
@@ -227,7 +245,8 @@ impl CudaBackend {
             self.graphs.graphs.clear();
             self.stream.synchronize().map_err(cuda_err)?;
             let t = tokens.next_multiple_of(1024);
-            self.scratch = Scratch::new(&self.stream, &self.cfg, t, self.w.fp8())?;
+            self.scratch =
+                Scratch::new(&self.stream, &self.cfg, t, self.w.fp8(), self.w.vocab_parts)?;
         }
         Ok(())
     }
@@ -344,8 +363,7 @@ impl CudaBackend {
             attn,
         };
         self.layers(&inputs)?;
-        if self.rank() != 0 {
-            // Only rank 0 computes logits.
+        if !self.computes_logits() {
             return Ok(Vec::new());
         }
         // final norm + LM head on the rows that need logits, LOGIT_ROWS at a time
@@ -381,7 +399,16 @@ impl CudaBackend {
                 c0,
             )?;
         }
+        if self.rank() != 0 {
+            // Only rank 0 samples.
+            return Ok(Vec::new());
+        }
         Ok((0..n).collect())
+    }
+
+    /// Whether this rank runs the LM head: rank 0, and every rank when the vocabulary is split.
+    fn computes_logits(&self) -> bool {
+        self.rank() == 0 || self.w.vocab_parts > 1
     }
 
     /// Final norm (with the last residual add, unless the layers already added every delta
@@ -412,7 +439,44 @@ impl CudaBackend {
                 )
                 .map_err(cuda_err)?;
         }
-        self.linear(normed, self.w.lm_head_ptr(s).into(), logits, rows, h, v)
+        if self.w.vocab_parts == 1 {
+            return self.linear(normed, self.w.lm_head_ptr(s).into(), logits, rows, h, v);
+        }
+        // Vocabulary-parallel: this rank's logits columns, placed into zeroed rows and summed
+        // across the ranks (adding zeros is exact), so every rank ends with the whole rows.
+        let vp = v / self.w.vocab_parts;
+        let part = dptr(&self.scratch.logits_part, s);
+        self.linear(normed, self.w.lm_head_ptr(s).into(), part, rows, h, vp)?;
+        let elem = std::mem::size_of::<bf16>();
+        let copy = sys::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            srcHost: std::ptr::null(),
+            srcDevice: part.addr(),
+            srcArray: std::ptr::null_mut(),
+            srcPitch: vp * elem,
+            dstXInBytes: self.w.vocab_rank * vp * elem,
+            dstY: 0,
+            dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            dstHost: std::ptr::null_mut(),
+            dstDevice: logits.addr(),
+            dstArray: std::ptr::null_mut(),
+            dstPitch: v * elem,
+            WidthInBytes: vp * elem,
+            Height: rows,
+        };
+        // SAFETY: `logits` holds `rows` rows of v values from row `at` and `part` rows of vp
+        // values (the scratch buffers are sized for LOGIT_ROWS rows); both on this stream.
+        unsafe {
+            sys::cuMemsetD16Async(logits.addr(), 0, rows * v, s.cu_stream())
+                .result()
+                .map_err(cuda_err)?;
+            sys::cuMemcpy2DAsync_v2(&copy, s.cu_stream())
+                .result()
+                .map_err(cuda_err)?;
+        }
+        self.all_reduce(logits, rows * v)
     }
 
     /// Tensor parallelism: `buf[..n] = sum over ranks` (nothing on one GPU).
@@ -977,8 +1041,8 @@ impl CudaBackend {
         let x = dptr(&self.scratch.x, s);
         let d = (!self.fused_norm(bs)).then(|| dptr(&self.scratch.delta, s));
         let n = dptr(&self.scratch.normed, s);
-        // Only rank 0 computes logits (tensor parallelism).
-        let logits = self.rank() == 0;
+        // Only rank 0 computes logits (tensor parallelism), unless the vocabulary is split.
+        let logits = self.computes_logits();
         if logits {
             self.head(x, d, n, bs, 0)?;
         }

@@ -358,6 +358,7 @@ impl CudaBackend {
             &cfg,
             opts.max_forward_tokens.max(max_bs).max(1),
             w.fp8(),
+            w.vocab_parts,
         )?;
 
         // KV pool: what is left of mem_fraction_static of the card after weights and scratch.

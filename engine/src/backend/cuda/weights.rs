@@ -15,7 +15,7 @@ use sgl_kernels::{Dptr, Gemm, Kernels, WeightRef, dptr};
 
 use crate::backend::BackendError;
 use crate::model::llama::{LlamaTensors, Part};
-use crate::model::{DType, Quantization, Tensor};
+use crate::model::{DType, Quantization, Shard, Tensor};
 
 /// The weight of one linear layer, `[out, in]`.
 pub(crate) enum Linear {
@@ -52,14 +52,26 @@ pub(crate) struct Weights {
     pub embed: CudaSlice<bf16>,
     pub layers: Vec<Layer>,
     pub norm: CudaSlice<bf16>,
-    /// None when tied to the embedding.
+    /// This rank's rows of the LM head (all of them unless vocabulary-parallel); None when
+    /// tied to the embedding.
     pub lm_head: Option<CudaSlice<bf16>>,
+    /// Vocabulary-parallel LM head (tensor parallelism, a vocabulary that splits evenly): each
+    /// of `vocab_parts` ranks computes the logits of its `vocab / vocab_parts` tokens, rank
+    /// `vocab_rank`'s starting at token `vocab_rank * vocab / vocab_parts`. 1 part otherwise.
+    pub vocab_parts: usize,
+    pub vocab_rank: usize,
+    /// Where this rank's LM-head rows start in the embedding when the two are tied (elements).
+    tied_offset: usize,
     pub bytes: usize,
 }
 
 impl Weights {
+    /// This rank's rows of the LM head.
     pub fn lm_head_ptr(&self, s: &CudaStream) -> Dptr<bf16> {
-        dptr(self.lm_head.as_ref().unwrap_or(&self.embed), s)
+        match &self.lm_head {
+            Some(w) => dptr(w, s),
+            None => dptr(&self.embed, s).add(self.tied_offset),
+        }
     }
 
     /// Whether the layers' linear weights are FP8.
@@ -399,17 +411,40 @@ pub(super) fn load(
         });
     }
     let norm = up(u, &[src.final_norm()?])?;
+    // The LM head splits by vocabulary rows across the ranks when they divide it
+    // (`SGL_DISABLE_VOCAB_PARALLEL=1`: every rank holds it whole, rank 0 computes every logit).
+    let tp = src.tp();
+    let vocab_parts = if tp.size > 1
+        && cfg.vocab_size.is_multiple_of(tp.size)
+        && std::env::var("SGL_DISABLE_VOCAB_PARALLEL").as_deref() != Ok("1")
+    {
+        tp.size
+    } else {
+        1
+    };
+    let vocab_rank = if vocab_parts > 1 { tp.rank } else { 0 };
     let lm_head = if src.has_lm_head() && !cfg.tie_word_embeddings {
-        Some(up(u, &[src.lm_head()?])?)
+        let shard = match vocab_parts {
+            1 => Shard::Whole,
+            parts => Shard::Rows {
+                rank: vocab_rank,
+                parts,
+            },
+        };
+        Some(up(u, &[src.lm_head()?.shard(shard)?])?)
     } else {
         None
     };
+    let tied_offset = vocab_rank * (cfg.vocab_size / vocab_parts) * cfg.hidden_size;
     uploader.finish()?;
     Ok(Weights {
         embed,
         layers,
         norm,
         lm_head,
+        vocab_parts,
+        vocab_rank,
+        tied_offset,
         bytes: bytes.get(),
     })
 }
