@@ -6,7 +6,8 @@
 //! at most `--queue-size` requests wait at once, and each waits at most
 //! `--queue-timeout-secs`; a request beyond either bound is answered 503 with `Retry-After`.
 //! The number waiting is exported as `sgl_router_pending_requests`: it is the signal that
-//! brings a service up from zero (a KEDA trigger on `> 0`).
+//! brings a service up from zero (the operator's HPA reads it, clamped to 1, as an Object
+//! metric of the router's Service; a KEDA trigger activates on `> 0`).
 //!
 //! Waiters are woken when a worker becomes healthy, when one is added, and after every round
 //! of health checks (which is also when an open breaker's timeout shows); each woken waiter
