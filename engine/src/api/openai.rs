@@ -405,7 +405,7 @@ fn parse_chat(engine: &EngineHandle, body: Map<String, Value>) -> Result<Parsed>
     }
     let template_tools: Option<Vec<Value>> = (choice.shows_tools() && !tools.is_empty())
         .then(|| tools.iter().map(ToolSpec::to_json).collect());
-    let extra = body.chat_template_kwargs.unwrap_or_default();
+    let extra = body.chat_template_kwargs.unwrap_or_default().0;
     let prompt = template
         .render_with(&messages, true, template_tools.as_deref(), &extra)
         .map_err(|e| {

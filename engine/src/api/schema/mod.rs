@@ -19,8 +19,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 pub use values::{
-    CompletionPrompt, Count, InputIds, Int, LogitBias, Number, OneOrMany, Seed, StopStrings,
-    TokenId, TokenIds,
+    CompletionPrompt, Count, InputIds, Int, List, LogitBias, Number, Object, OneOrMany, Seed,
+    StopStrings, TokenId, TokenIds,
 };
 
 use crate::error::{EngineError, Result};
@@ -172,7 +172,7 @@ pub struct ChatBody {
     /// Read by the tool parser module, which names its own fields in errors.
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
-    pub chat_template_kwargs: Option<Map<String, Value>>,
+    pub chat_template_kwargs: Option<Object>,
 }
 
 /// `messages`.
@@ -203,14 +203,45 @@ impl<'de> Deserialize<'de> for Messages {
 }
 
 /// One chat message. Fields other than these go to the chat template as they came.
-#[derive(Debug, Deserialize)]
-#[serde(expecting = "an object with `role` and `content`")]
+#[derive(Debug, Default)]
 pub struct Message {
     pub role: Option<String>,
     pub content: Option<MessageContent>,
-    pub tool_calls: Option<Vec<Value>>,
-    #[serde(flatten)]
+    pub tool_calls: Option<List>,
     pub rest: Map<String, Value>,
+}
+
+impl<'de> Deserialize<'de> for Message {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Message;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object with `role` and `content`")
+            }
+            // By hand rather than `#[serde(flatten)]`, which buffers every other field once
+            // more before it reaches `rest`.
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Message, A::Error> {
+                let mut m = Message::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "role" => m.role = map.next_value()?,
+                        "content" => m.content = map.next_value()?,
+                        "tool_calls" => m.tool_calls = map.next_value()?,
+                        _ => {
+                            let v: Value = map.next_value()?;
+                            m.rest.insert(key, v);
+                        }
+                    }
+                }
+                Ok(m)
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 /// A message's `content`: text, or a list of parts.
@@ -256,14 +287,41 @@ impl<'de> Deserialize<'de> for MessageContent {
 }
 
 /// One part of a message's `content` list.
-#[derive(Debug, Deserialize)]
-#[serde(expecting = "a content part object: {\"type\": \"text\", \"text\": ...}")]
+#[derive(Debug, Default)]
 pub struct ContentPart {
-    #[serde(rename = "type")]
     pub kind: Option<String>,
     pub text: Option<String>,
-    #[serde(flatten)]
     pub rest: Map<String, Value>,
+}
+
+impl<'de> Deserialize<'de> for ContentPart {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = ContentPart;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a content part object: {\"type\": \"text\", \"text\": ...}")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<ContentPart, A::Error> {
+                let mut p = ContentPart::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "type" => p.kind = map.next_value()?,
+                        "text" => p.text = map.next_value()?,
+                        _ => {
+                            let v: Value = map.next_value()?;
+                            p.rest.insert(key, v);
+                        }
+                    }
+                }
+                Ok(p)
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 impl ContentPart {
@@ -296,7 +354,7 @@ impl Message {
             }
         };
         m.insert("content".into(), content);
-        if let Some(calls) = self.tool_calls {
+        if let Some(List(calls)) = self.tool_calls {
             m.insert("tool_calls".into(), Value::Array(calls));
         }
         Value::Object(m)

@@ -61,7 +61,7 @@ fn type_errors_name_the_field_path() {
         ),
         (
             json!({"chat_template_kwargs": []}),
-            "`chat_template_kwargs`: invalid type: sequence, expected a map",
+            "`chat_template_kwargs`: invalid type: sequence, expected an object",
         ),
     ];
     for (body, want) in cases {

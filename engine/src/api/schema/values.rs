@@ -8,6 +8,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Unexpected, Visitor};
+use serde_json::{Map, Value};
 
 /// A JSON number, integer or not.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -40,6 +41,14 @@ pub struct StopStrings(pub Vec<String>);
 /// `logit_bias`: `{"<token id>": bias}`, keys as sent.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LogitBias(pub Vec<(String, Number)>);
+
+/// A JSON object of any fields (`chat_template_kwargs`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Object(pub Map<String, Value>);
+
+/// A JSON list of any values (a message's `tool_calls`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct List(pub Vec<Value>);
 
 /// One value for every prompt, or (in a batch) a list with one value per prompt.
 #[derive(Debug, Clone, PartialEq)]
@@ -173,6 +182,26 @@ visitor!(LogitBiasVisitor => LogitBias, "an object mapping token ids to biases",
     }
 });
 
+visitor!(ObjectVisitor => Object, "an object", {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Object, A::Error> {
+        let mut out = Map::new();
+        while let Some((k, v)) = map.next_entry::<String, Value>()? {
+            out.insert(k, v);
+        }
+        Ok(Object(out))
+    }
+});
+
+visitor!(ListVisitor => List, "a list", {
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<List, A::Error> {
+        let mut out = reserve(&seq);
+        while let Some(v) = seq.next_element()? {
+            out.push(v);
+        }
+        Ok(List(out))
+    }
+});
+
 /// The first element of a list whose elements may be token ids, strings or id lists.
 enum PromptItem {
     Text(String),
@@ -254,6 +283,8 @@ deserialize_with! {
     TokenIds => deserialize_seq(TokenIdsVisitor);
     StopStrings => deserialize_any(StopVisitor);
     LogitBias => deserialize_map(LogitBiasVisitor);
+    Object => deserialize_map(ObjectVisitor);
+    List => deserialize_seq(ListVisitor);
     PromptItem => deserialize_any(PromptItemVisitor);
     IdOrIds => deserialize_any(IdOrIdsVisitor);
     InputIds => deserialize_seq(InputIdsVisitor);
