@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::mpsc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{EngineHandle, EngineParts, GrammarAvailability, ModelInfo, SchedulerStats};
 use crate::backend::cpu::kernels;
@@ -19,6 +19,17 @@ use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::tokenizer::Tokenizer;
 
 const CPU_DEFAULT_MAX_RUNNING: usize = 128;
+
+/// Without `--max-running-requests`: 128 on the CPU; on the GPU one running request per 512
+/// tokens of the KV cache, at least 256 and at most 1024. A fixed 128 left most of an H100's
+/// cache idle on many short requests: 1000 random prompts (in/out up to 1024 tokens, FP8
+/// weights and KV cache) ran at 9,688 output tok/s with 256 running and 11,337 with 1024.
+fn default_max_running(device: DeviceKind, kv_tokens: usize) -> usize {
+    match device {
+        DeviceKind::Cpu => CPU_DEFAULT_MAX_RUNNING,
+        DeviceKind::Cuda => (kv_tokens / 512).clamp(256, 1024),
+    }
+}
 
 fn load_tokenizer(args: &ServerArgs, model: &Model) -> Result<Option<Arc<Tokenizer>>> {
     if args.skip_tokenizer_init {
@@ -211,7 +222,9 @@ pub fn launch(mut args: ServerArgs) -> Result<EngineHandle> {
         );
     }
     let grammar = grammar_backend(&args, tokenizer.as_deref(), backend.vocab_size());
-    let max_running = args.max_running_requests.unwrap_or(CPU_DEFAULT_MAX_RUNNING);
+    let max_running = args
+        .max_running_requests
+        .unwrap_or_else(|| default_max_running(args.device(), max_total_tokens));
     let model_name = args.model_name();
     let metrics = Arc::new(
         Metrics::new(&model_name).map_err(|e| EngineError::Internal(format!("metrics: {e}")))?,
@@ -246,6 +259,8 @@ pub fn launch(mut args: ServerArgs) -> Result<EngineHandle> {
         random_seed: args.random_seed.unwrap_or_else(rand::random),
         log_requests: args.log_requests,
         disable_overlap_schedule: args.disable_overlap_schedule,
+        queue_timeout: (args.queue_timeout_secs > 0)
+            .then(|| Duration::from_secs(args.queue_timeout_secs)),
     };
     let (tx, rx) = mpsc::channel();
     let scheduler = Scheduler::new(

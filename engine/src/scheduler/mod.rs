@@ -30,7 +30,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -60,6 +60,9 @@ pub struct SchedulerConfig {
     pub log_requests: bool,
     /// Run every step synchronously even on a backend that can overlap.
     pub disable_overlap_schedule: bool,
+    /// `--queue-timeout-secs` (`None`: no timeout); bounds how long a reordering policy
+    /// keeps a request waiting behind newer ones (see [`order::age_limit`]).
+    pub queue_timeout: Option<Duration>,
 }
 
 /// Waiting queues longer than this are served first-come-first-served even under `lpm` and
@@ -337,7 +340,8 @@ impl Scheduler {
         self.pool.available() + self.cache.evictable_size()
     }
 
-    /// Order the waiting queue by `--schedule-policy` before admission.
+    /// Order the waiting queue by `--schedule-policy` before admission; under the reordering
+    /// policies, requests past the age limit go first (see [`order`]).
     fn order_waiting(&mut self) {
         if self.waiting.len() < 2 {
             return;
@@ -379,6 +383,14 @@ impl Scheduler {
                 self.waiting.extend(slots.into_iter().flatten());
             }
             SchedulePolicy::Lpm | SchedulePolicy::DfsWeight => {}
+        }
+        if self.cfg.policy != SchedulePolicy::Fcfs {
+            order::aged_first(
+                &mut self.waiting,
+                |r| r.arrival,
+                Instant::now(),
+                order::age_limit(self.cfg.queue_timeout),
+            );
         }
     }
 

@@ -1,6 +1,6 @@
 //! Scheduler tests on a fake model ([`fake`]): admission, chunked prefill, retraction, the
-//! waiting-queue orders (`lpm`, `random`, `lof`, `dfs-weight`), in-batch prefix sharing, the
-//! overlap schedule, aborts, shared prefills.
+//! waiting-queue orders (`lpm`, `random`, `lof`, `dfs-weight`) and their age bound, in-batch
+//! prefix sharing, the overlap schedule, aborts, shared prefills.
 //!
 //! A [`Harness`] drives the scheduler one step at a time, as its thread does, and after every
 //! step checks that each KV slot is in exactly one place (the pool's free list, the radix
@@ -9,13 +9,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod aging;
 mod fake;
 mod scheduling;
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::mpsc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
@@ -54,6 +55,8 @@ pub(super) struct Setup {
     pub shape_dependent_kv: bool,
     /// `--random-seed`.
     pub random_seed: u64,
+    /// `--queue-timeout-secs`.
+    pub queue_timeout: Option<Duration>,
 }
 
 impl Default for Setup {
@@ -69,6 +72,7 @@ impl Default for Setup {
             disable_radix_cache: false,
             shape_dependent_kv: false,
             random_seed: 1,
+            queue_timeout: None,
         }
     }
 }
@@ -97,6 +101,7 @@ impl Setup {
             random_seed: self.random_seed,
             log_requests: false,
             disable_overlap_schedule: false,
+            queue_timeout: self.queue_timeout,
         };
         let (tx, rx) = mpsc::channel();
         let metrics = Arc::new(Metrics::new("fake").expect("metrics"));
@@ -244,6 +249,16 @@ impl Harness {
                 "the scheduler made no progress"
             );
             self.step();
+        }
+    }
+
+    /// Make `dt` pass for the scheduler's view of how long requests have waited: every
+    /// request's arrival moves `dt` back (the test's clock, so that seconds of waiting take
+    /// no time).
+    pub fn let_time_pass(&mut self, dt: Duration) {
+        let s = &mut self.sched;
+        for r in s.waiting.iter_mut().chain(s.running.iter_mut()) {
+            r.arrival = r.arrival.checked_sub(dt).expect("a clock that far back");
         }
     }
 
