@@ -95,9 +95,10 @@ pub struct ServerArgs {
     /// Size of the KV cache in tokens.
     #[arg(long)]
     pub max_total_tokens: Option<usize>,
-    /// Most prompt tokens prefilled in one step (-1 disables chunking).
-    #[arg(long, default_value_t = 512, allow_negative_numbers = true)]
-    pub chunked_prefill_size: i64,
+    /// Most prompt tokens prefilled in one step (-1 disables chunking); default 512 on the
+    /// CPU, 8192 on the GPU (set when the device is resolved).
+    #[arg(long, allow_negative_numbers = true)]
+    pub chunked_prefill_size: Option<i64>,
     #[arg(long, value_enum, default_value = "lpm")]
     pub schedule_policy: SchedulePolicy,
     #[arg(long)]
@@ -191,6 +192,16 @@ pub struct ServerArgs {
     pub check: bool,
 }
 
+/// `--chunked-prefill-size` when not given: 512 tokens on the CPU (a step stays short next to
+/// running decodes), 8192 on the GPU, as SGLang uses on large GPUs (a 512-token chunk leaves
+/// an H100's GEMMs short of work and takes a thousand-token prompt two steps).
+pub fn default_chunked_prefill(device: DeviceKind) -> i64 {
+    match device {
+        DeviceKind::Cpu => 512,
+        DeviceKind::Cuda => 8192,
+    }
+}
+
 /// Why `--quantization fp8` is refused on the CPU.
 pub const FP8_KV_ON_CPU: &str = "--kv-cache-dtype fp8_e4m3 and fp8_e5m2 run on the GPU (--device cuda); the CPU backend keeps its KV cache in f32 (--kv-cache-dtype auto)";
 pub const FP8_ON_CPU: &str = "--quantization fp8 runs on the GPU (--device cuda); the CPU backend serves the checkpoint's own format (bf16, f16, f32) or a GGUF file's quantization";
@@ -230,7 +241,7 @@ impl ServerArgs {
         {
             return bad(format!("--max-total-tokens {n} is too small (at least 16)"));
         }
-        if self.chunked_prefill_size == 0 || self.chunked_prefill_size < -1 {
+        if self.chunked_prefill_size.is_some_and(|n| n == 0 || n < -1) {
             return bad(
                 "--chunked-prefill-size must be positive, or -1 to disable chunking".into(),
             );
@@ -324,12 +335,14 @@ impl ServerArgs {
     /// Without `--device`: the GPU when this build has CUDA and the driver sees a GPU, else
     /// the CPU, with a log line saying which and why (as SGLang picks its default device).
     pub fn resolve_device(&mut self) {
-        if self.device.is_some() {
-            return;
+        if self.device.is_none() {
+            let (device, why) = crate::backend::detect_device();
+            tracing::info!("device: {} ({why}; --device overrides)", device.name());
+            self.device = Some(device);
         }
-        let (device, why) = crate::backend::detect_device();
-        tracing::info!("device: {} ({why}; --device overrides)", device.name());
-        self.device = Some(device);
+        // Defaults that depend on the device, written out so /get_server_info shows them.
+        self.chunked_prefill_size
+            .get_or_insert(default_chunked_prefill(self.device()));
     }
 
     /// Name reported by /v1/models and in metrics labels.
@@ -344,6 +357,9 @@ impl ServerArgs {
     }
 
     pub fn chunked_prefill(&self) -> Option<usize> {
-        (self.chunked_prefill_size > 0).then_some(self.chunked_prefill_size as usize)
+        let n = self
+            .chunked_prefill_size
+            .unwrap_or(default_chunked_prefill(self.device()));
+        (n > 0).then_some(n as usize)
     }
 }

@@ -1173,14 +1173,6 @@ pub fn offline_engine(args: &[String]) -> Result<EngineOfflineReport> {
     fn has(v: &[String], f: &str) -> bool {
         v.iter().any(|a| a == f)
     }
-    for (flag, default) in [
-        ("--max-running-requests", "256"),
-        ("--chunked-prefill-size", "8192"),
-    ] {
-        if !has(&serve, flag) {
-            serve.extend([flag.to_string(), default.to_string()]);
-        }
-    }
     if !has(&serve, "--random-seed") {
         serve.extend(["--random-seed".to_string(), seed.to_string()]);
     }
@@ -1236,9 +1228,9 @@ pub fn offline_engine(args: &[String]) -> Result<EngineOfflineReport> {
         .map_err(|e| EngineError::InvalidArgument(format!("engine flags: {e}")))?
         .server;
     let radix = !flags.disable_radix_cache;
-    let chunk = flags.chunked_prefill_size;
     let engine = crate::engine::launch(flags)?;
     let max_running = engine.info().max_running_requests;
+    let chunk = engine.args().chunked_prefill_size.unwrap_or(-1);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
