@@ -158,7 +158,7 @@ done
 curl -sf "http://127.0.0.1:$router_port/health" | grep -q '"available_workers":1' ||
   { cat "$work/router.log"; fail "the router did not take the engine"; }
 
-# The labels a ServiceMonitor would add, so the adapter rules' selectors match.
+# The labels a ServiceMonitor would add (namespace, pod, service), so the adapter rules' selectors match.
 cat > "$work/prometheus.yml" <<EOF
 global:
   scrape_interval: 1s
@@ -168,12 +168,12 @@ scrape_configs:
     metrics_path: /metrics
     static_configs:
       - targets: ["127.0.0.1:$engine_port"]
-        labels: {namespace: ci, pod: ci-engine-0}
+        labels: {namespace: ci, pod: ci-engine-0, service: ci-engine}
   - job_name: sglang-router
     metrics_path: /metrics
     static_configs:
       - targets: ["127.0.0.1:$router_port"]
-        labels: {namespace: ci, pod: ci-router-0}
+        labels: {namespace: ci, pod: ci-router-0, service: ci-router}
 EOF
 prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
   --web.listen-address="127.0.0.1:$prom_port" > "$work/prometheus.log" 2>&1 &
@@ -227,9 +227,14 @@ rules = yaml.safe_load(open(rules_path))["rules"]
 for rule in rules:
     series = re.match(r"[\w:]+", rule["seriesQuery"]).group(0)
     checks.append((f"adapter series {series}", "series", rule["seriesQuery"]))
+    # The object the rule describes: an engine pod, or (keyed on `service`) the router's Service.
+    if "service" in rule["resources"]["overrides"]:
+        matchers, group = 'namespace="ci",service="ci-router"', "service"
+    else:
+        matchers, group = 'namespace="ci",pod=~"ci-engine-0"', "pod"
     q = (rule["metricsQuery"].replace("<<.Series>>", series)
-         .replace("<<.LabelMatchers>>", 'namespace="ci",pod=~"ci-engine-0"')
-         .replace("<<.GroupBy>>", "pod"))
+         .replace("<<.LabelMatchers>>", matchers)
+         .replace("<<.GroupBy>>", group))
     checks.append((f"adapter {rule['name']['as']}", "query", q))
     # A rule that falls back to 0 (`... or 0 * x`) must return data without its fallback
     # too, or the check would pass on the fallback alone.
