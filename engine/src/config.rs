@@ -145,6 +145,12 @@ pub struct ServerArgs {
     /// for the small decode messages).
     #[arg(long)]
     pub disable_custom_all_reduce: bool,
+    /// Greedy output independent of the batch (SGLang's flag). The CPU is batch-invariant
+    /// always; on the GPU this takes one cuBLASLt algorithm for every batch size (no split-k,
+    /// no GEMV), a fixed split count in decode attention and, under tensor parallelism, the
+    /// rank-ordered one-shot all-reduce for every message, at a cost in speed.
+    #[arg(long)]
+    pub enable_deterministic_inference: bool,
     /// Address of rank 0 for multi-node tensor parallelism (not supported yet: refused).
     #[arg(long)]
     pub dist_init_addr: Option<String>,

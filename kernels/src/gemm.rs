@@ -4,6 +4,13 @@
 //! and per-block modes have no algorithm there), so the per-channel and per-token scales are
 //! applied afterwards ([`crate::Kernels::fp8_rescale`]). Descriptors and the heuristic's
 //! algorithm are made once per shape and reused, so a call costs one `cublasLtMatmul`.
+//!
+//! Batch invariance ([`Gemm::set_batch_invariant`]): cuBLASLt's heuristic picks a different
+//! algorithm (tile shape, split-k) for each token count, so a token's row of `y` can differ in
+//! its last bits with the batch it came in. A batch-invariant Gemm takes, for each weight
+//! shape, the algorithm the heuristic gives at [`INVARIANT_REF_TOKENS`] tokens with split-k
+//! reductions excluded, and runs it for every token count: each output element is then one
+//! block's sum over k in a fixed order, whatever the other rows are.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -16,6 +23,14 @@ use half::bf16;
 use crate::{Dptr, KernelError, Result};
 
 const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// The token count whose algorithm a batch-invariant Gemm runs for every token count
+/// (`SGL_INVARIANT_GEMM_TOKENS` overrides it, to compare): large enough that prefill keeps a
+/// tile of a good shape, small enough that a decode batch still spreads over the GPU.
+pub const INVARIANT_REF_TOKENS: usize = 256;
+
+/// Algorithms the heuristic is asked for when one without split-k is wanted.
+const HEURISTIC_CANDIDATES: usize = 8;
 
 struct Plan {
     desc: sys::cublasLtMatmulDesc_t,
@@ -43,6 +58,8 @@ pub struct Gemm {
     stream: Arc<CudaStream>,
     /// By (tokens, in, out, FP8).
     plans: Mutex<HashMap<(usize, usize, usize, bool), Plan>>,
+    /// Batch invariance: the one algorithm of each (in, out, FP8), for every token count.
+    invariant: Option<Mutex<HashMap<(usize, usize, bool), sys::cublasLtMatmulAlgo_t>>>,
 }
 
 // SAFETY: the cuBLASLt handle and descriptors are only used through &self methods that take
@@ -72,20 +89,115 @@ impl Gemm {
             workspace,
             stream,
             plans: Mutex::new(HashMap::new()),
+            invariant: None,
         })
     }
 
-    fn plan(&self, tokens: usize, in_f: usize, out_f: usize, fp8: bool) -> Result<Plan> {
-        let bf = sys::cudaDataType_t::CUDA_R_16BF;
-        let ab = if fp8 {
-            sys::cudaDataType_t::CUDA_R_8F_E4M3
-        } else {
-            bf
+    /// Batch-invariant GEMMs (see the module's note): on, every later plan takes its shape's
+    /// one algorithm. Plans made before are dropped.
+    pub fn set_batch_invariant(&mut self, on: bool) {
+        if let Ok(p) = self.plans.get_mut() {
+            p.clear();
+        }
+        self.invariant = on.then(|| Mutex::new(HashMap::new()));
+    }
+
+    pub fn batch_invariant(&self) -> bool {
+        self.invariant.is_some()
+    }
+
+    /// The one algorithm of (in, out, FP8) for a batch-invariant Gemm: the heuristic's first
+    /// at [`INVARIANT_REF_TOKENS`] tokens with no split-k reduction, made once.
+    fn invariant_algo(
+        &self,
+        desc: sys::cublasLtMatmulDesc_t,
+        in_f: usize,
+        out_f: usize,
+        fp8: bool,
+        cache: &Mutex<HashMap<(usize, usize, bool), sys::cublasLtMatmulAlgo_t>>,
+    ) -> Result<sys::cublasLtMatmulAlgo_t> {
+        let mut cache = cache
+            .lock()
+            .map_err(|_| KernelError::Unsupported("GEMM algorithm cache poisoned".into()))?;
+        if let Some(a) = cache.get(&(in_f, out_f, fp8)) {
+            return Ok(*a);
+        }
+        let tokens = std::env::var("SGL_INVARIANT_GEMM_TOKENS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&t| t > 0)
+            .unwrap_or(INVARIANT_REF_TOKENS);
+        let (a, b, c) = layouts(tokens, in_f, out_f, fp8)?;
+        let pref = result::create_matmul_pref()?;
+        let ws = WORKSPACE_BYTES;
+        let no_reduction = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_NONE as u32;
+        let mut found = [sys::cublasLtMatmulHeuristicResult_t {
+            algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
+            workspaceSize: 0,
+            state: sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS,
+            wavesCount: 0.0,
+            reserved: [0; 4],
+        }; HEURISTIC_CANDIDATES];
+        let mut count: i32 = 0;
+        // SAFETY: attribute buffers are live locals of the documented types and sizes; the
+        // result array holds HEURISTIC_CANDIDATES entries; every handle is destroyed once.
+        let status = unsafe {
+            let r = result::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&ws) as *const usize as *const c_void,
+                std::mem::size_of::<usize>(),
+            )
+            .and_then(|_| {
+                result::set_matmul_pref_attribute(
+                    pref,
+                    sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                    (&no_reduction) as *const u32 as *const c_void,
+                    std::mem::size_of::<u32>(),
+                )
+            });
+            let status = r.map(|_| {
+                sys::cublasLtMatmulAlgoGetHeuristic(
+                    self.handle,
+                    desc,
+                    a,
+                    b,
+                    c,
+                    c,
+                    pref,
+                    HEURISTIC_CANDIDATES as i32,
+                    found.as_mut_ptr(),
+                    &mut count,
+                )
+            });
+            let _ = result::destroy_matmul_pref(pref);
+            let _ = result::destroy_matrix_layout(a);
+            let _ = result::destroy_matrix_layout(b);
+            let _ = result::destroy_matrix_layout(c);
+            status
         };
-        // Column-major view: C (out x tokens) = op(A) B with A = W stored (in x out), op = T.
-        let a = result::create_matrix_layout(ab, in_f as u64, out_f as u64, in_f as i64)?;
-        let b = result::create_matrix_layout(ab, in_f as u64, tokens as u64, in_f as i64)?;
-        let c = result::create_matrix_layout(bf, out_f as u64, tokens as u64, out_f as i64)?;
+        let unsupported = |why: String| {
+            KernelError::Unsupported(format!(
+                "no batch-invariant cuBLASLt algorithm for {in_f} -> {out_f}{}: {why}",
+                if fp8 { " (FP8)" } else { "" }
+            ))
+        };
+        let status = status.map_err(|e| unsupported(format!("{e:?}")))?;
+        if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(unsupported(format!("{status:?}")));
+        }
+        let pick = found
+            .iter()
+            .take(count.max(0) as usize)
+            .filter(|h| h.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+            .find(|h| splitk(&h.algo) <= 1)
+            .ok_or_else(|| unsupported(format!("{count} candidates, all split along k")))?;
+        cache.insert((in_f, out_f, fp8), pick.algo);
+        Ok(pick.algo)
+    }
+
+    fn plan(&self, tokens: usize, in_f: usize, out_f: usize, fp8: bool) -> Result<Plan> {
+        let (a, b, c) = layouts(tokens, in_f, out_f, fp8)?;
         let desc = result::create_matmul_desc(
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             sys::cudaDataType_t::CUDA_R_32F,
@@ -101,6 +213,29 @@ impl Gemm {
                 (&trans) as *const i32 as *const c_void,
                 std::mem::size_of::<i32>(),
             )?;
+            if let Some(cache) = &self.invariant {
+                let _ = result::destroy_matmul_pref(pref);
+                let algo = self.invariant_algo(desc, in_f, out_f, fp8, cache);
+                return match algo.and_then(|algo| self.check(desc, a, b, c, algo)) {
+                    Ok(algo) => Ok(Plan {
+                        desc,
+                        a,
+                        b,
+                        c,
+                        algo,
+                    }),
+                    Err(e) => {
+                        drop(Plan {
+                            desc,
+                            a,
+                            b,
+                            c,
+                            algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
+                        });
+                        Err(e)
+                    }
+                };
+            }
             result::set_matmul_pref_attribute(
                 pref,
                 sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -138,6 +273,36 @@ impl Gemm {
                 )))
             }
         }
+    }
+
+    /// `algo` if cuBLASLt runs it for these layouts.
+    fn check(
+        &self,
+        desc: sys::cublasLtMatmulDesc_t,
+        a: sys::cublasLtMatrixLayout_t,
+        b: sys::cublasLtMatrixLayout_t,
+        c: sys::cublasLtMatrixLayout_t,
+        algo: sys::cublasLtMatmulAlgo_t,
+    ) -> Result<sys::cublasLtMatmulAlgo_t> {
+        let mut out = sys::cublasLtMatmulHeuristicResult_t {
+            algo,
+            workspaceSize: 0,
+            state: sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS,
+            wavesCount: 0.0,
+            reserved: [0; 4],
+        };
+        // SAFETY: live handles made by this Gemm; `out` is a live local.
+        let status =
+            unsafe { sys::cublasLtMatmulAlgoCheck(self.handle, desc, a, b, c, c, &algo, &mut out) };
+        if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+            || out.workspaceSize > WORKSPACE_BYTES
+        {
+            return Err(KernelError::Unsupported(format!(
+                "the batch-invariant cuBLASLt algorithm does not run this shape: {status:?}, {} bytes of workspace",
+                out.workspaceSize
+            )));
+        }
+        Ok(algo)
     }
 
     /// `y[t, o] = Σ_i x[t, i] w[o, i]` (+ `y` when `accumulate`), bf16 in and out, f32 inside.
@@ -269,5 +434,49 @@ impl Gemm {
             )?;
         }
         Ok(())
+    }
+}
+
+/// Column-major view: C (out x tokens) = op(A) B with A = W stored (in x out), op = T.
+fn layouts(
+    tokens: usize,
+    in_f: usize,
+    out_f: usize,
+    fp8: bool,
+) -> Result<(
+    sys::cublasLtMatrixLayout_t,
+    sys::cublasLtMatrixLayout_t,
+    sys::cublasLtMatrixLayout_t,
+)> {
+    let bf = sys::cudaDataType_t::CUDA_R_16BF;
+    let ab = if fp8 {
+        sys::cudaDataType_t::CUDA_R_8F_E4M3
+    } else {
+        bf
+    };
+    let a = result::create_matrix_layout(ab, in_f as u64, out_f as u64, in_f as i64)?;
+    let b = result::create_matrix_layout(ab, in_f as u64, tokens as u64, in_f as i64)?;
+    let c = result::create_matrix_layout(bf, out_f as u64, tokens as u64, out_f as i64)?;
+    Ok((a, b, c))
+}
+
+/// The split-k factor an algorithm's configuration holds (1: none; `u32::MAX` where unreadable).
+fn splitk(algo: &sys::cublasLtMatmulAlgo_t) -> u32 {
+    let mut v: u32 = 0;
+    let mut written = 0usize;
+    // SAFETY: `v` is a live u32, the attribute's documented type.
+    let status = unsafe {
+        sys::cublasLtMatmulAlgoConfigGetAttribute(
+            algo,
+            sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+            (&mut v) as *mut u32 as *mut c_void,
+            std::mem::size_of::<u32>(),
+            &mut written,
+        )
+    };
+    if status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        v
+    } else {
+        u32::MAX
     }
 }

@@ -630,6 +630,7 @@ fn server_args_json(args: &ServerArgs) -> Map<String, Value> {
         "tool_call_parser": args.tool_call_parser.map(|k| k.name()),
         "cuda_graph_max_bs": args.cuda_graph_max_bs,
         "disable_cuda_graph": args.disable_cuda_graph,
+        "enable_deterministic_inference": args.enable_deterministic_inference,
     });
     match v {
         Value::Object(m) => m,

@@ -42,6 +42,9 @@ pub struct LoadOptions {
     pub disable_cuda_graph: bool,
     /// Tensor parallelism: NCCL for every all-reduce (`--disable-custom-all-reduce`).
     pub disable_custom_all_reduce: bool,
+    /// Results of a sequence independent of the rest of its batch
+    /// (`--enable-deterministic-inference`).
+    pub deterministic: bool,
 }
 
 impl Default for LoadOptions {
@@ -57,6 +60,7 @@ impl Default for LoadOptions {
             cuda_graph_max_bs: 160,
             disable_cuda_graph: false,
             disable_custom_all_reduce: false,
+            deterministic: false,
         }
     }
 }

@@ -194,6 +194,7 @@ pub fn launch(mut args: ServerArgs) -> Result<EngineHandle> {
         cuda_graph_max_bs: args.cuda_graph_max_bs,
         disable_cuda_graph: args.disable_cuda_graph,
         disable_custom_all_reduce: args.disable_custom_all_reduce,
+        deterministic: args.enable_deterministic_inference,
         tensor_parallel: TensorParallel {
             rank: 0,
             size: args.tp_size,

@@ -13,7 +13,7 @@ use sgl_kernels::{
     prefill_tiles,
 };
 
-use super::{CudaBackend, DECODE_SPLITS, cuda_err};
+use super::{CudaBackend, DECODE_SPLITS, DETERMINISTIC_DECODE_SPLITS, cuda_err};
 use crate::backend::{SampleInput, SeqInput};
 use crate::error::{EngineError, Result};
 use crate::model::config::ModelConfig;
@@ -265,8 +265,41 @@ impl CudaBackend {
                 return self.run_graph(batch, bs);
             }
         }
-        self.grow_scratch(tokens)?;
+        let decode = batch.iter().all(|s| s.tokens.len() == 1);
+        let partials = if decode && self.opts.deterministic {
+            // the fixed split count's partial rows (see `decode_splits`)
+            batch.len() * DETERMINISTIC_DECODE_SPLITS as usize
+        } else {
+            0
+        };
+        self.grow_scratch(tokens.max(partials))?;
         self.run_eager(batch, tokens)
+    }
+
+    /// Decode attention's split count for a batch of `batch` sequences: planned for the
+    /// batch's size and `plan_len` keys, within the partial buffers. Deterministic: a fixed
+    /// count, so a sequence's splits (`len / splits` keys each) and the order their partial
+    /// sums merge in depend on its length alone, not on the rest of the batch.
+    fn decode_splits(&self, batch: usize, plan_len: usize) -> Result<DecodeAttnPlan> {
+        let cap = (self.scratch.partial_rows / batch.max(1)).max(1) as u32;
+        if self.opts.deterministic {
+            if cap < DETERMINISTIC_DECODE_SPLITS {
+                return Err(EngineError::Internal(format!(
+                    "deterministic decode of {batch} sequences needs {} partial rows, the buffers hold {}",
+                    batch * DETERMINISTIC_DECODE_SPLITS as usize,
+                    self.scratch.partial_rows
+                )));
+            }
+            return Ok(DecodeAttnPlan {
+                splits: DETERMINISTIC_DECODE_SPLITS,
+            });
+        }
+        let plan = self
+            .kernels
+            .decode_plan(batch, self.cfg.num_kv_heads, plan_len);
+        Ok(DecodeAttnPlan {
+            splits: plan.splits.min(cap),
+        })
     }
 
     fn run_eager(&mut self, batch: &[SeqInput<'_>], tokens: usize) -> Result<Vec<usize>> {
@@ -332,11 +365,7 @@ impl CudaBackend {
         let first_token: Vec<usize> = q_indptr.iter().map(|&t| t as usize).collect();
         self.apply_prev(at(0), &first_token)?;
         let attn = if decode {
-            let mut plan = self
-                .kernels
-                .decode_plan(batch.len(), self.cfg.num_kv_heads, max_len);
-            let cap = (self.scratch.partial_rows / batch.len()).max(1) as u32;
-            plan.splits = plan.splits.min(cap);
+            let plan = self.decode_splits(batch.len(), max_len)?;
             AttnInputs::Decode {
                 batch: batch.len(),
                 plan,
@@ -488,23 +517,32 @@ impl CudaBackend {
             return Ok(());
         }
         if let Some(ar) = &self.custom_ar
-            && n <= ar.half_elems
+            && (n <= ar.half_elems || self.opts.deterministic)
             && n.is_multiple_of(8)
         {
-            // SAFETY: every rank runs the same layer loop, so the calls match; the buffers were
-            // set up for this group (tp::custom_all_reduce).
-            return unsafe {
-                self.kernels.allreduce_oneshot(
-                    &self.stream,
-                    &ar.peers,
-                    buf,
-                    dptr(&ar.epochs, &self.stream),
-                    n,
-                    c.rank(),
-                    ar.half_elems,
-                )
+            // Deterministic: messages beyond one call go in pieces, so every element is a
+            // rank-ordered sum whatever the message's size (NCCL's order follows the size).
+            let mut done = 0;
+            while done < n {
+                let len = (n - done).min(ar.half_elems);
+                // SAFETY: every rank runs the same layer loop, so the calls match; the buffers
+                // were set up for this group (tp::custom_all_reduce); len % 8 == 0 since n and
+                // half_elems are multiples of 8.
+                unsafe {
+                    self.kernels.allreduce_oneshot(
+                        &self.stream,
+                        &ar.peers,
+                        buf.add(done),
+                        dptr(&ar.epochs, &self.stream),
+                        len,
+                        c.rank(),
+                        ar.half_elems,
+                    )
+                }
+                .map_err(cuda_err)?;
+                done += len;
             }
-            .map_err(cuda_err);
+            return Ok(());
         }
         // SAFETY: buf holds n elements on this rank's device; every rank runs the same layer
         // loop, so the collectives match.
@@ -1002,7 +1040,7 @@ impl CudaBackend {
             .collect())
     }
 
-    fn graph_inputs(&self, bs: usize) -> Inputs {
+    fn graph_inputs(&self, bs: usize) -> Result<Inputs> {
         let max_bs = self.graphs.max_bs;
         let m = dptr(&self.graphs.meta, &self.stream);
         // A graph serves every context length; its attention splits are planned for
@@ -1011,31 +1049,26 @@ impl CudaBackend {
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(self.cfg.max_position_embeddings);
-        let plan = self
-            .kernels
-            .decode_plan(bs, self.cfg.num_kv_heads, plan_len);
-        let cap = (self.scratch.partial_rows / bs).max(1) as u32;
+        let plan = self.decode_splits(bs, plan_len)?;
         // SAFETY: ids are stored as i32 bit patterns of valid token ids.
         let ids = unsafe { Dptr::<u32>::from_raw(m.addr()) };
-        Inputs {
+        Ok(Inputs {
             tokens: bs,
             ids,
             positions: m.add(max_bs),
             slots: m.add(2 * max_bs),
             attn: AttnInputs::Decode {
                 batch: bs,
-                plan: DecodeAttnPlan {
-                    splits: plan.splits.min(cap),
-                },
+                plan,
                 kv_indptr: m.add(3 * max_bs),
                 kv_indices: m.add(4 * max_bs + 1),
             },
-        }
+        })
     }
 
     fn capture(&self, bs: usize) -> Result<CudaGraph> {
         let s = &self.stream;
-        let inputs = self.graph_inputs(bs);
+        let inputs = self.graph_inputs(bs)?;
         // Warm up once outside capture: cuBLASLt plans are made then, not inside the graph.
         self.layers(&inputs)?;
         let x = dptr(&self.scratch.x, s);

@@ -51,6 +51,10 @@ pub struct CudaOptions {
     pub quantization: Quantization,
     /// The KV pool's element type (`--kv-cache-dtype`).
     pub kv: KvDtype,
+    /// Batch-invariant results (`--enable-deterministic-inference`): one GEMM algorithm for
+    /// every token count and no GEMV, a fixed decode attention split count, and the one-shot
+    /// all-reduce (rank-ordered sums) for every message.
+    pub deterministic: bool,
     pub tensor_parallel: TensorParallel,
     /// Tensor parallelism: NCCL for every all-reduce, no one-shot kernel.
     pub disable_custom_all_reduce: bool,
@@ -65,6 +69,7 @@ impl Default for CudaOptions {
             disable_cuda_graph: false,
             max_forward_tokens: 8192,
             quantization: Quantization::AsStored,
+            deterministic: false,
             kv: KvDtype::Bf16,
             tensor_parallel: TensorParallel::default(),
             disable_custom_all_reduce: false,
@@ -89,6 +94,7 @@ impl From<&LoadOptions> for CudaOptions {
                 KvCacheDtype::Auto => KvDtype::Bf16,
                 KvCacheDtype::Fp8E4m3 => KvDtype::Fp8E4m3,
                 KvCacheDtype::Fp8E5m2 => KvDtype::Fp8E5m2,
+            deterministic: o.deterministic,
             },
             tensor_parallel: o.tensor_parallel,
             disable_custom_all_reduce: o.disable_custom_all_reduce,
@@ -235,6 +241,14 @@ impl CudaBackend {
                     &stream,
                     j,
                     rank,
+                // Two ranks' sums are the same bits in either order; more need the one-shot
+                // kernel's fixed rank order for every message.
+                if opts.deterministic && j.size > 2 && ar.is_none() {
+                    return Err(EngineError::InvalidArgument(format!(
+                        "--enable-deterministic-inference at --tp-size {} needs the one-shot all-reduce over peer memory (peer access between every pair of GPUs, no --disable-custom-all-reduce)",
+                        j.size
+                    )));
+                }
                     opts.disable_custom_all_reduce
                         || std::env::var("SGL_DISABLE_CUSTOM_ALL_REDUCE").as_deref() == Ok("1"),
                 )?;
@@ -326,9 +340,12 @@ impl CudaBackend {
                 t_kernels.elapsed().as_secs_f64()
             );
         }
-        let gemm = Gemm::new(stream.clone()).map_err(cuda_err)?;
+        let mut gemm = Gemm::new(stream.clone()).map_err(cuda_err)?;
+        gemm.set_batch_invariant(opts.deterministic);
         let gemv_ws = kernels.gemv_workspace(&stream).map_err(cuda_err)?;
-        let use_gemv = std::env::var("SGL_DISABLE_GEMV").as_deref() != Ok("1");
+        // Deterministic: the GEMV's sums differ from the GEMM's, so every pass takes the GEMM.
+        let use_gemv =
+            !opts.deterministic && std::env::var("SGL_DISABLE_GEMV").as_deref() != Ok("1");
         let t0 = std::time::Instant::now();
         let tensors = model.llama(tp);
         let w = weights::load(&tensors, opts.quantization, &stream, &kernels)?;
@@ -419,6 +436,7 @@ impl CudaBackend {
         &mut self,
         gemv: bool,
         fuse_norm: bool,
+        let gemv = gemv && !self.opts.deterministic;
         fuse_attn: bool,
         pdl: bool,
     ) -> Result<()> {
@@ -712,3 +730,7 @@ mod split_tests {
         assert_eq!(merged, vec![0, 0, 10, 30, 40, 40, 40]);
     }
 }
+/// Decode attention's splits per sequence under `--enable-deterministic-inference`, for every
+/// batch: a sequence of `len` keys is split into parts of `len / 8` (at least one tile), so
+/// a batch of one still spreads over 8 x its KV heads blocks.
+pub(crate) const DETERMINISTIC_DECODE_SPLITS: u32 = 8;
