@@ -26,31 +26,6 @@ enum Command {
     /// serving it; prints the local path and the resolved commit. For init containers and
     /// warming a volume.
     Download(DownloadArgs),
-    /// Static-batch latency benchmark on the GPU backend (SGLang's bench_one_batch):
-    /// `--model DIR --batch-size N --input-len N --output-len N`.
-    BenchOneBatch {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
-    /// Offline throughput benchmark on the GPU backend (SGLang's bench_offline_throughput):
-    /// `--model DIR --num-prompts N --random-input-len N --random-output-len N`.
-    BenchOfflineThroughput {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
-    /// Greedy run of reference prompts on the GPU backend, for the comparison with
-    /// transformers (`scripts/gpu/hf_ref.py` writes the prompts, `compare.py` scores):
-    /// `--model DIR --prompts FILE --out DIR`.
-    CheckReference {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
-    /// The tensor-parallel all-reduce alone on N GPUs: checked against host sums, timed from
-    /// 8 KB to 64 MB, bus bandwidth against the GPU-to-GPU copy peak: `--tp-size N`.
-    BenchAllReduce {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
 }
 
 #[derive(clap::Args)]
@@ -151,29 +126,6 @@ async fn check(mut args: ServerArgs) -> Result<(), String> {
     Ok(())
 }
 
-#[cfg(feature = "cuda")]
-fn run_gpu_bench(kind: &str, args: Vec<String>) -> ExitCode {
-    init_logging("info");
-    let mut all = vec![kind.to_string()];
-    all.extend(args);
-    match sgl_engine::backend::cuda::bench_main(&all) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-#[cfg(not(feature = "cuda"))]
-fn run_gpu_bench(_: &str, _: Vec<String>) -> ExitCode {
-    eprintln!(
-        "error: this sgl-engine was built without CUDA support (rebuild with `--features cuda`); \
-         for CPU benchmarks run scripts/bench/cpu_bench.py"
-    );
-    ExitCode::FAILURE
-}
-
 fn init_logging(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(format!("{level},sgl_engine={level}"))
@@ -220,10 +172,6 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     match cli.command {
-        Command::BenchOneBatch { args } => run_gpu_bench("one-batch", args),
-        Command::BenchOfflineThroughput { args } => run_gpu_bench("offline", args),
-        Command::CheckReference { args } => run_gpu_bench("check", args),
-        Command::BenchAllReduce { args } => run_gpu_bench("all-reduce", args),
         Command::Download(args) => download(args),
         Command::Serve(mut args) => {
             init_logging(args.log_level.as_filter());

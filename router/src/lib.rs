@@ -9,10 +9,10 @@
 //! available, requests wait in a bounded queue ([`queue`]): the router is the activator of a
 //! service scaled to zero.
 //!
-//! The binary is a thin shell over [`launch::launch`], which tests and benchmarks use too.
+//! The binary is a thin shell over [`launch::launch`], which tests and benchmarks (`sgl-bench
+//! router`) use too.
 
 pub mod app;
-pub mod bench;
 pub mod breaker;
 pub mod config;
 pub mod discovery;

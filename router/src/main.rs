@@ -1,8 +1,7 @@
-//! `sgl-router`: serve (the default), or `sgl-router bench ...`.
+//! `sgl-router`: the cache-aware router (benchmarks: `sgl-bench router`).
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
-use sgl_router::bench::BenchArgs;
+use clap::Parser;
 use sgl_router::{RouterConfig, launch};
 use tracing_subscriber::EnvFilter;
 
@@ -10,20 +9,11 @@ use tracing_subscriber::EnvFilter;
 #[command(
     name = "sgl-router",
     version,
-    about = "Cache-aware load balancer for SGLang engine replicas",
-    args_conflicts_with_subcommands = true
+    about = "Cache-aware load balancer for SGLang engine replicas"
 )]
 struct Cli {
-    #[command(subcommand)]
-    command: Option<Command>,
     #[command(flatten)]
     config: RouterConfig,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Measure routing decision time, proxy overhead and the shared-prefix workload.
-    Bench(BenchArgs),
 }
 
 fn init_tracing(level: &str) {
@@ -81,15 +71,6 @@ async fn serve(config: RouterConfig) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command {
-        Some(Command::Bench(args)) => {
-            init_tracing("warn");
-            sgl_router::bench::run(args).await?;
-        }
-        None => {
-            init_tracing(&cli.config.log_level);
-            serve(cli.config).await?;
-        }
-    }
-    Ok(())
+    init_tracing(&cli.config.log_level);
+    serve(cli.config).await
 }

@@ -13,7 +13,7 @@ set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 D=.dev/gpu; W=/tmp/sgl; mkdir -p $W
 export SGL_KERNEL_CACHE=$W/kcache PYTHONUNBUFFERED=1
-E=$D/sgl-engine
+E=$D/sgl-engine; B=$D/sgl-bench
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-540}
 . scripts/gpu/stage.sh
@@ -38,11 +38,11 @@ fi
 for c in ckpt2 ckpt; do
   [ -f $W/$c-fq/config.json ] || stage "fake-quantized $c" 240 python3 scripts/gpu/fake_quant.py $W/$c $W/$c-fq
   python3 scripts/gpu/tp_compare.py prompts $W/$c $W/fq-$c 32
-  stage "greedy run, $c bf16" 120 $E check-reference --model $W/$c --prompts $W/fq-$c/prompts.json \
+  stage "greedy run, $c bf16" 120 $B check-reference --model $W/$c --prompts $W/fq-$c/prompts.json \
     --out $W/fq-$c/bf16 --cuda-graph-max-bs 64 2>&1 | keep
-  stage "greedy run, $c FP8" 120 $E check-reference --model $W/$c --prompts $W/fq-$c/prompts.json \
+  stage "greedy run, $c FP8" 120 $B check-reference --model $W/$c --prompts $W/fq-$c/prompts.json \
     --out $W/fq-$c/fp8 --cuda-graph-max-bs 64 --quantization fp8 2>&1 | keep
-  stage "greedy run, $c fake-quantized in bf16" 120 $E check-reference --model $W/$c-fq \
+  stage "greedy run, $c fake-quantized in bf16" 120 $B check-reference --model $W/$c-fq \
     --prompts $W/fq-$c/prompts.json --out $W/fq-$c/fq --cuda-graph-max-bs 64 2>&1 | keep
   echo "== $c: FP8 run against bf16 (weights quantized + FP8 arithmetic)"
   python3 scripts/gpu/tp_compare.py compare $W/fq-$c/bf16 $W/fq-$c/fp8 | grep "^|" | tee $OUT/fp8-vs-bf16-$c.txt
@@ -53,7 +53,7 @@ done
 for b in 1 8; do
   for q in bf16 fp8; do
     flag=""; [ $q = fp8 ] && flag="--quantization fp8"
-    stage "batch-$b decode (in 128, out 256) and TTFT of 1024 tokens, $q" 120 $E bench-one-batch \
+    stage "batch-$b decode (in 128, out 256) and TTFT of 1024 tokens, $q" 120 $B bench-one-batch \
       --model $W/ckpt --batch $b --input 128 --output 256 --gemv on --ttft-input 1024 $flag 2>&1 \
       | keep | tee $OUT/one-batch-b$b-$q.txt
   done
@@ -63,7 +63,7 @@ done
 N=${NUM_PROMPTS:-300}; I=${IN:-1000}; O=${OUT_LEN:-1000}
 for q in bf16 fp8; do
   flag=""; [ $q = fp8 ] && flag="--quantization fp8"
-  stage "offline, $N prompts of $I in / $O out, $q" 200 $E bench-offline-throughput --model $W/ckpt \
+  stage "offline, $N prompts of $I in / $O out, $q" 200 $B bench-offline-throughput --model $W/ckpt \
     --dataset-name random --random-input-len $I --random-output-len $O --random-range-ratio 1 \
     --num-prompts $N $flag 2>&1 | keep | tee $OUT/offline-$q.txt
 done

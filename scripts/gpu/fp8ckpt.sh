@@ -10,7 +10,7 @@ set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 D=.dev/gpu; W=/tmp/sgl; mkdir -p $W
 export SGL_KERNEL_CACHE=$W/kcache PYTHONUNBUFFERED=1
-E=$D/sgl-engine
+E=$D/sgl-engine; B=$D/sgl-bench
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-560}
 . scripts/gpu/stage.sh
@@ -23,9 +23,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 du -sh $W/ckpt $W/ckpt-fp8 | tee -a $OUT/fp8-ckpt.txt
 
 python3 scripts/gpu/tp_compare.py prompts $W/ckpt $W/cmp 32
-stage "greedy run, bf16 checkpoint quantized at load" 150 $E check-reference --model $W/ckpt \
+stage "greedy run, bf16 checkpoint quantized at load" 150 $B check-reference --model $W/ckpt \
   --prompts $W/cmp/prompts.json --out $W/cmp/atload --cuda-graph-max-bs 64 --quantization fp8 2>&1 | keep
-stage "greedy run, compressed-tensors FP8 checkpoint" 150 $E check-reference --model $W/ckpt-fp8 \
+stage "greedy run, compressed-tensors FP8 checkpoint" 150 $B check-reference --model $W/ckpt-fp8 \
   --prompts $W/cmp/prompts.json --out $W/cmp/ckpt --cuda-graph-max-bs 64 2>&1 | keep
 echo "== FP8 checkpoint against the same weights quantized at load"
 python3 scripts/gpu/tp_compare.py compare $W/cmp/atload $W/cmp/ckpt | grep "^|" | tee $OUT/ckpt-vs-atload.txt
@@ -43,7 +43,7 @@ PY
 
 for m in atload ckpt; do
   if [ $m = atload ]; then args="--model $W/ckpt --quantization fp8"; else args="--model $W/ckpt-fp8"; fi
-  stage "batch-1 decode (in 128, out 256) and TTFT of 1024 tokens, $m" 120 $E bench-one-batch \
+  stage "batch-1 decode (in 128, out 256) and TTFT of 1024 tokens, $m" 120 $B bench-one-batch \
     $args --batch 1 --input 128 --output 256 --gemv on --ttft-input 1024 2>&1 | keep | tee $OUT/one-batch-$m.txt
 done
 
@@ -69,11 +69,11 @@ for m in atload ckpt; do
 done
 
 if [ "${TP:-1}" = 2 ]; then
-  stage "greedy run, FP8 checkpoint at tp 2" 200 $E check-reference --model $W/ckpt-fp8 \
+  stage "greedy run, FP8 checkpoint at tp 2" 200 $B check-reference --model $W/ckpt-fp8 \
     --prompts $W/cmp/prompts.json --out $W/cmp/ckpt-tp2 --cuda-graph-max-bs 64 --tp-size 2 2>&1 | keep
   echo "== FP8 checkpoint, tp 2 against tp 1"
   python3 scripts/gpu/tp_compare.py compare $W/cmp/ckpt $W/cmp/ckpt-tp2 | grep "^|" | tee $OUT/ckpt-tp2-vs-tp1.txt
-  stage "batch-1 decode, FP8 checkpoint at tp 2" 150 $E bench-one-batch --model $W/ckpt-fp8 --tp-size 2 \
+  stage "batch-1 decode, FP8 checkpoint at tp 2" 150 $B bench-one-batch --model $W/ckpt-fp8 --tp-size 2 \
     --batch 1 --input 128 --output 256 --gemv on --ttft-input 1024 2>&1 | keep | tee $OUT/one-batch-ckpt-tp2.txt
 fi
 echo "== done in $(elapsed)s"

@@ -6,7 +6,7 @@ Usage: hf_ref.py CKPT OUT_DIR STEPS
 
 For a model too large for one GPU in fp32 (the 70B shape), HF_BF16_ONLY=1 runs transformers in
 bf16 alone with device_map="auto" over all visible GPUs, on OUT_DIR/prompts.json when it exists,
-and writes its output as the engine's check-reference does (ours.json, ours_<case>.f32), so that
+and writes its output as `sgl-bench check-reference` does (ours.json, ours_<case>.f32), so that
 tp_compare.py compares the two like two engine runs."""
 import os, sys, json, time, numpy as np, torch
 from transformers import LlamaForCausalLM

@@ -8,12 +8,12 @@ set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 D=.dev/gpu; W=/tmp/sgl; mkdir -p $W
 export SGL_KERNEL_CACHE=$W/kcache PYTHONUNBUFFERED=1
-E=$D/sgl-engine
+E=$D/sgl-engine; B=$D/sgl-bench
 N=${N:-1000}; I=${IN:-1000}; O=${OUT_LEN:-1000}
 Q=${Q---quantization fp8 --kv-cache-dtype fp8_e4m3}
 [ -f $W/ckpt/config.json ] || python3 scripts/gpu/make_ckpt.py $W/ckpt 32 || exit 1
 echo "== in process: $N prompts, $I in / $O out, $Q"
-timeout 240 $E bench-offline-throughput --model $W/ckpt --dataset-name random --random-input-len $I \
+timeout 240 $B bench-offline-throughput --model $W/ckpt --dataset-name random --random-input-len $I \
   --random-output-len $O --random-range-ratio 1 --num-prompts $N $Q 2>&1 | grep -E '^\{|^\| random|rror|KV pool' | tee $OUT/inproc.txt
 echo "== over HTTP: the same workload, every request at once"
 $E serve --model-path $W/ckpt --device cuda --skip-tokenizer-init --port 30000 $Q > $OUT/serve.log 2>&1 &

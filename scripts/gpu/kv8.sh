@@ -12,7 +12,7 @@ set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 D=.dev/gpu; W=/tmp/sgl; mkdir -p $W
 export SGL_KERNEL_CACHE=$W/kcache PYTHONUNBUFFERED=1
-E=$D/sgl-engine
+E=$D/sgl-engine; B=$D/sgl-bench
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-560}
 . scripts/gpu/stage.sh
@@ -30,7 +30,7 @@ fi
 for kv in $KVS; do
   for b in 1 32; do
     T=; [ $b = 1 ] && T="--ttft-input 1024"
-    stage "decode batch $b (in 512, out 256)${T:+ and TTFT of 1024 tokens}, KV $kv" 90 $E bench-one-batch \
+    stage "decode batch $b (in 512, out 256)${T:+ and TTFT of 1024 tokens}, KV $kv" 90 $B bench-one-batch \
       --model $W/ckpt --batch $b --input 512 --output 256 --gemv on $T --kv-cache-dtype $kv 2>&1 \
       | keep | tee $OUT/one-batch-b$b-$kv.txt
   done
@@ -39,7 +39,7 @@ done
 for c in ckpt ckpt2; do
   python3 scripts/gpu/tp_compare.py prompts $W/$c $W/kv-$c 32
   for kv in $KVS; do
-    stage "greedy run on the parity prompts, $c, KV $kv" 90 $E check-reference --model $W/$c \
+    stage "greedy run on the parity prompts, $c, KV $kv" 90 $B check-reference --model $W/$c \
       --prompts $W/kv-$c/prompts.json --out $W/kv-$c/$kv --cuda-graph-max-bs 64 --kv-cache-dtype $kv 2>&1 | keep
   done
   for kv in fp8_e4m3 fp8_e5m2; do
@@ -50,7 +50,7 @@ done
 
 N=${NUM_PROMPTS:-400}
 for kv in $KVS; do
-  stage "offline random, $N prompts, KV $kv" 120 $E bench-offline-throughput --model $W/ckpt --dataset-name random \
+  stage "offline random, $N prompts, KV $kv" 120 $B bench-offline-throughput --model $W/ckpt --dataset-name random \
     --random-input-len 1024 --random-output-len 1024 --num-prompts $N --kv-cache-dtype $kv 2>&1 \
     | keep | tee $OUT/offline-$kv.txt
 done

@@ -20,7 +20,7 @@ set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 D=.dev/gpu; W=/tmp/sgl; mkdir -p $W
 export SGL_KERNEL_CACHE=$W/kcache PYTHONUNBUFFERED=1
-E=$D/sgl-engine
+E=$D/sgl-engine; B=$D/sgl-bench
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-540}
 . scripts/gpu/stage.sh
@@ -44,14 +44,14 @@ fi
 
 if [ -n "$CHECK" ]; then
   if stage "transformers reference" 300 python3 scripts/gpu/hf_ref.py $W/ckpt $W 64; then
-    stage "engine check" 120 $E check-reference --model $W/ckpt --prompts $W/prompts.json --out $W \
+    stage "engine check" 120 $B check-reference --model $W/ckpt --prompts $W/prompts.json --out $W \
       --cuda-graph-max-bs 64 2>&1 | grep -vE "^\s*$"
     python3 scripts/gpu/compare.py $W || echo "E2E CHECK FAILED"
   fi
 fi
 
 [ -z "$SKIP_CHECKS" ] && stage "bench one-batch: batch 1, in 128, out 256, decode forms ($GEMV_MODE); TTFT of 1024 tokens" 200 \
-  $E bench-one-batch --model $W/ckpt --batch 1 --input 128 --output 256 --gemv ${GEMV_MODE:-ablate} --ttft-input 1024 ${ATTN_SWEEP:+--attn-sweep $ATTN_SWEEP} 2>&1 \
+  $B bench-one-batch --model $W/ckpt --batch 1 --input 128 --output 256 --gemv ${GEMV_MODE:-ablate} --ttft-input 1024 ${ATTN_SWEEP:+--attn-sweep $ATTN_SWEEP} 2>&1 \
   | keep | tee $OUT/one-batch.txt
 
 if [ -z "$SKIP_OVERLAP_CHECK" ]; then
@@ -62,7 +62,7 @@ fi
 if [ -n "$SCHED_BATCH1" ]; then
   for mode in overlap sync; do
     extra=""; [ $mode = sync ] && extra="--disable-overlap-schedule"
-    stage "one request (in 128, out 256) through the scheduler, $mode" 90 $E bench-offline-throughput \
+    stage "one request (in 128, out 256) through the scheduler, $mode" 90 $B bench-offline-throughput \
       --model $W/ckpt --dataset-name random --num-prompts 1 --random-input-len 128 --random-output-len 256 \
       --random-range-ratio 1 --warmup-requests 2 $extra 2>&1 | keep | tee $OUT/sched-batch1-$mode.txt
   done
@@ -73,11 +73,11 @@ N=${NUM_PROMPTS:-300}
 if [ -z "$SKIP_RANDOM" ]; then
 [ "$N" -lt 1000 ] && echo "== offline random SCALED DOWN from 1000 to $N prompts (scheduler path, see the head of run.sh)"
 echo "== offline random: $N prompts, in/out uniform 1..1024, through the scheduler"
-stage "offline random" ${OFFLINE_TIMEOUT:-150} $E bench-offline-throughput --model $W/ckpt --dataset-name random \
+stage "offline random" ${OFFLINE_TIMEOUT:-150} $B bench-offline-throughput --model $W/ckpt --dataset-name random \
   --num-prompts $N --random-input-len 1024 --random-output-len 1024 2>&1 \
   | keep | tee $OUT/offline-random.txt
 if [ -n "$OVERLAP_AB" ]; then
-  stage "offline random, overlap schedule off" ${OFFLINE_TIMEOUT:-150} $E bench-offline-throughput --model $W/ckpt \
+  stage "offline random, overlap schedule off" ${OFFLINE_TIMEOUT:-150} $B bench-offline-throughput --model $W/ckpt \
     --dataset-name random --num-prompts $N --random-input-len 1024 --random-output-len 1024 \
     --disable-overlap-schedule 2>&1 | keep | tee $OUT/offline-random-sync.txt
 fi
@@ -101,9 +101,9 @@ if [ "$left" -lt "$need" ]; then
 fi
 echo "== generated-shared-prefix: $G groups x $P prompts, radix cache on, then off"
 stage "shared prefix, radix on" $(( left * 2 / 5 > 60 ? left * 2 / 5 : 60 )) \
-  $E bench-offline-throughput --model $W/ckpt $GSP 2>&1 | keep | tee $OUT/gsp-radix-on.txt
+  $B bench-offline-throughput --model $W/ckpt $GSP 2>&1 | keep | tee $OUT/gsp-radix-on.txt
 stage "shared prefix, radix off" $(( left * 3 / 5 > 90 ? left * 3 / 5 : 90 )) \
-  $E bench-offline-throughput --model $W/ckpt $GSP --disable-radix-cache 2>&1 | keep | tee $OUT/gsp-radix-off.txt
+  $B bench-offline-throughput --model $W/ckpt $GSP --disable-radix-cache 2>&1 | keep | tee $OUT/gsp-radix-off.txt
 python3 - "$OUT" <<'PY' || true
 import json, sys
 def last(path):

@@ -15,7 +15,7 @@ set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 D=.dev/gpu; W=/tmp/sgl; mkdir -p $W
 export SGL_KERNEL_CACHE=$W/kcache PYTHONUNBUFFERED=1
-E=$D/sgl-engine
+E=$D/sgl-engine; B=$D/sgl-bench
 TP=${TP:-2}
 Q=${QUANT:+--quantization $QUANT}
 T0=$(date +%s)
@@ -33,7 +33,7 @@ if ! ldconfig -p | grep -q 'libnccl.so.2'; then
   echo "NCCL from $NCCL_DIR"
 fi
 
-stage "all-reduce alone, $TP GPUs" 90 $E bench-all-reduce --tp-size $TP 2>&1 | tee $OUT/all-reduce.txt
+stage "all-reduce alone, $TP GPUs" 90 $B bench-all-reduce --tp-size $TP 2>&1 | tee $OUT/all-reduce.txt
 
 if [ -f $W/ckpt/config.json ]; then echo "== checkpoint: reusing $W/ckpt"
 else stage "checkpoint" 240 python3 scripts/gpu/make_ckpt.py $W/ckpt 32 || { echo "no checkpoint"; exit 1; }
@@ -41,7 +41,7 @@ fi
 
 python3 scripts/gpu/tp_compare.py prompts $W/ckpt $W/parity 32
 for tp in 1 $TP; do
-  stage "greedy run at tp $tp" 120 $E check-reference --model $W/ckpt --prompts $W/parity/prompts.json \
+  stage "greedy run at tp $tp" 120 $B check-reference --model $W/ckpt --prompts $W/parity/prompts.json \
     --out $W/parity/tp$tp --tp-size $tp --cuda-graph-max-bs 64 $Q 2>&1 | keep
 done
 python3 scripts/gpu/tp_compare.py compare $W/parity/tp1 $W/parity/tp$TP | tee $OUT/parity.txt
@@ -53,7 +53,7 @@ if [ -n "$CHECK" ]; then
   if stage "transformers reference" 300 python3 scripts/gpu/hf_ref.py $W/ckpt $W/ref 64; then
     for tp in 1 $TP; do
       mkdir -p $W/ref-tp$tp; cp $W/ref/ref.npz $W/ref/prompts.json $W/ref-tp$tp/
-      stage "engine at tp $tp on the reference prompts" 120 $E check-reference --model $W/ckpt \
+      stage "engine at tp $tp on the reference prompts" 120 $B check-reference --model $W/ckpt \
         --prompts $W/ref/prompts.json --out $W/ref-tp$tp --tp-size $tp --cuda-graph-max-bs 64 2>&1 | keep
       echo "== transformers comparison, tp $tp"
       python3 scripts/gpu/compare.py $W/ref-tp$tp | tee $OUT/check-tp$tp.txt
@@ -62,7 +62,7 @@ if [ -n "$CHECK" ]; then
 fi
 
 for tp in 1 $TP; do
-  stage "batch-1 decode (in 128, out 256) and TTFT of 1024 tokens at tp $tp" 120 $E bench-one-batch \
+  stage "batch-1 decode (in 128, out 256) and TTFT of 1024 tokens at tp $tp" 120 $B bench-one-batch \
     --model $W/ckpt --batch 1 --input 128 --output 256 --gemv on --ttft-input 1024 --tp-size $tp $Q 2>&1 \
     | keep | tee $OUT/one-batch-tp$tp.txt
 done
@@ -70,11 +70,11 @@ done
 [ -n "$SKIP_OFFLINE" ] && { echo "== done in $(elapsed)s"; exit 0; }
 N=${NUM_PROMPTS:-400}
 OFF="--model $W/ckpt --dataset-name random --random-input-len 1024 --random-output-len 1024"
-stage "offline random, $N prompts, tp $TP" 150 $E bench-offline-throughput $OFF --num-prompts $N --tp-size $TP $Q 2>&1 \
+stage "offline random, $N prompts, tp $TP" 150 $B bench-offline-throughput $OFF --num-prompts $N --tp-size $TP $Q 2>&1 \
   | keep | tee $OUT/offline-tp$TP.txt
 echo "== offline random, $N prompts split over $TP tp-1 engines (one per GPU, run at once)" >&2
 for g in $(seq 0 $((TP - 1))); do
-  CUDA_VISIBLE_DEVICES=$g stage "offline tp 1 on GPU $g" 150 $E bench-offline-throughput $OFF \
+  CUDA_VISIBLE_DEVICES=$g stage "offline tp 1 on GPU $g" 150 $B bench-offline-throughput $OFF \
     --num-prompts $((N / TP)) --seed $((g + 1)) $Q > $OUT/offline-tp1-gpu$g.txt 2>&1 &
 done
 wait

@@ -19,7 +19,7 @@ set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 D=.dev/gpu; W=/tmp/sgl; mkdir -p $W
 export SGL_KERNEL_CACHE=$W/kcache PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-E=$D/sgl-engine
+E=$D/sgl-engine; B=$D/sgl-bench
 TP=${TP:-4}
 PHASE=${PHASE:-1}
 T0=$(date +%s)
@@ -46,17 +46,17 @@ fi
 du -sh -L $C 2>/dev/null | tail -1
 
 if [ "$PHASE" = 1 ]; then
-  stage "all-reduce alone, $TP GPUs" 90 $E bench-all-reduce --tp-size $TP 2>&1 | tee $OUT/all-reduce.txt
+  stage "all-reduce alone, $TP GPUs" 90 $B bench-all-reduce --tp-size $TP 2>&1 | tee $OUT/all-reduce.txt
   for q in bf16 fp8; do
     Q=; [ $q = fp8 ] && Q="--quantization fp8"
-    stage "batch-1 decode (in 128, out 256) and TTFT of 1024 tokens, tp $TP, $q" 150 $E bench-one-batch \
+    stage "batch-1 decode (in 128, out 256) and TTFT of 1024 tokens, tp $TP, $q" 150 $B bench-one-batch \
       --model $C --batch 1 --input 128 --output 256 --gemv on --ttft-input 1024 --tp-size $TP $Q 2>&1 \
       | keep | tee $OUT/one-batch-tp$TP-$q.txt
   done
   python3 scripts/gpu/tp_compare.py prompts $C $W/parity 32
   for q in bf16 fp8; do
     Q=; [ $q = fp8 ] && Q="--quantization fp8"
-    stage "greedy run on the parity prompts, tp $TP, $q" 150 $E check-reference --model $C \
+    stage "greedy run on the parity prompts, tp $TP, $q" 150 $B check-reference --model $C \
       --prompts $W/parity/prompts.json --out $W/parity/tp$TP-$q --tp-size $TP --cuda-graph-max-bs 64 $Q 2>&1 | keep
   done
   tar -C $W -czf $OUT/parity-engine.tgz parity
@@ -67,7 +67,7 @@ if [ "$PHASE" = 2 ]; then
   mkdir -p $W/ref8 $W/ref8-tp$TP
   stage "transformers fp32 + bf16 on the first 8 layers" 200 python3 scripts/gpu/hf_ref.py $C8 $W/ref8 32 && {
     cp $W/ref8/ref.npz $W/ref8/prompts.json $W/ref8-tp$TP/
-    stage "engine at tp $TP on the 8-layer reference prompts" 120 $E check-reference --model $C8 \
+    stage "engine at tp $TP on the 8-layer reference prompts" 120 $B check-reference --model $C8 \
       --prompts $W/ref8/prompts.json --out $W/ref8-tp$TP --tp-size $TP --cuda-graph-max-bs 64 2>&1 | keep
     echo "== 8 layers of the 70B shape: engine at tp $TP against transformers fp32"
     python3 scripts/gpu/compare.py $W/ref8-tp$TP | tee $OUT/check8-tp$TP.txt
@@ -93,13 +93,13 @@ if [ "$PHASE" = 3 ]; then
   for q in ${OFFLINE_MODES:-bf16 fp8}; do
     Q=; [ $q = fp8 ] && Q="--quantization fp8"
     [ $q = fp8kv ] && Q="--quantization fp8 --kv-cache-dtype fp8_e5m2"
-    stage "offline random, $N prompts, tp $TP, $q" 240 $E bench-offline-throughput $OFF --tp-size $TP $Q 2>&1 \
+    stage "offline random, $N prompts, tp $TP, $q" 240 $B bench-offline-throughput $OFF --tp-size $TP $Q 2>&1 \
       | keep | tee $OUT/offline-tp$TP-$q.txt
   done
   if [ -n "$ONE_BATCH_MODES" ]; then
     for q in $ONE_BATCH_MODES; do
       Q="--quantization fp8"; [ $q = fp8kv ] && Q="--quantization fp8 --kv-cache-dtype fp8_e5m2"
-      stage "batch-1 decode and TTFT of 1024 tokens, tp $TP, $q" 150 $E bench-one-batch \
+      stage "batch-1 decode and TTFT of 1024 tokens, tp $TP, $q" 150 $B bench-one-batch \
         --model $C --batch 1 --input 128 --output 256 --gemv on --ttft-input 1024 --tp-size $TP $Q 2>&1 \
         | keep | tee $OUT/one-batch-tp$TP-$q.txt
     done

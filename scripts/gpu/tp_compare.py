@@ -2,7 +2,7 @@
 
   tp_compare.py prompts CKPT OUT_DIR STEPS   write OUT_DIR/prompts.json (the cases of hf_ref.py:
                                              batch 1, 8, 64 and 8 prompts on a cached prefix)
-  tp_compare.py compare TP1_DIR TPN_DIR      score `sgl-engine check-reference` outputs
+  tp_compare.py compare TP1_DIR TPN_DIR      score `sgl-bench check-reference` outputs
 
 Scores: the prefill logits' difference relative to their size (L2, as compare.py measures the
 engine against transformers), and per sequence the first step where

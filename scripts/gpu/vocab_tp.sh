@@ -10,7 +10,7 @@ set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 D=.dev/gpu; W=/tmp/sgl; mkdir -p $W
 export SGL_KERNEL_CACHE=$W/kcache PYTHONUNBUFFERED=1
-E=$D/sgl-engine
+E=$D/sgl-engine; B=$D/sgl-bench
 TP=${TP:-2}
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-560}
@@ -26,11 +26,11 @@ fi
 
 for c in ckpt2 ckpt; do
   python3 scripts/gpu/tp_compare.py prompts $W/$c $W/v-$c 32
-  stage "greedy, $c, tp 1" 150 $E check-reference --model $W/$c --prompts $W/v-$c/prompts.json \
+  stage "greedy, $c, tp 1" 150 $B check-reference --model $W/$c --prompts $W/v-$c/prompts.json \
     --out $W/v-$c/tp1 --cuda-graph-max-bs 64 2>&1 | keep
-  stage "greedy, $c, tp $TP, vocabulary-parallel head" 150 $E check-reference --model $W/$c \
+  stage "greedy, $c, tp $TP, vocabulary-parallel head" 150 $B check-reference --model $W/$c \
     --prompts $W/v-$c/prompts.json --out $W/v-$c/vp --cuda-graph-max-bs 64 --tp-size $TP 2>&1 | keep
-  SGL_DISABLE_VOCAB_PARALLEL=1 stage "greedy, $c, tp $TP, whole head on rank 0" 150 $E check-reference \
+  SGL_DISABLE_VOCAB_PARALLEL=1 stage "greedy, $c, tp $TP, whole head on rank 0" 150 $B check-reference \
     --model $W/$c --prompts $W/v-$c/prompts.json --out $W/v-$c/whole --cuda-graph-max-bs 64 --tp-size $TP 2>&1 | keep
   for pair in "tp1 vp" "tp1 whole" "whole vp"; do
     set -- $pair
@@ -43,7 +43,7 @@ for q in bf16 fp8; do
   Q=""; [ $q = fp8 ] && Q="--quantization fp8"
   for m in vp whole; do
     env=""; [ $m = whole ] && env="SGL_DISABLE_VOCAB_PARALLEL=1"
-    stage "batch-1 decode, tp $TP, $q, $m" 150 env $env $E bench-one-batch --model $W/ckpt --batch 1 \
+    stage "batch-1 decode, tp $TP, $q, $m" 150 env $env $B bench-one-batch --model $W/ckpt --batch 1 \
       --input 128 --output 256 --gemv on --ttft-input 1024 --tp-size $TP $Q 2>&1 \
       | keep | tee $OUT/one-batch-$q-$m.txt
   done
@@ -51,7 +51,7 @@ done
 N=${NUM_PROMPTS:-300}
 for m in vp whole; do
   env=""; [ $m = whole ] && env="SGL_DISABLE_VOCAB_PARALLEL=1"
-  stage "offline, $N random prompts, tp $TP, $m" 150 env $env $E bench-offline-throughput --model $W/ckpt \
+  stage "offline, $N random prompts, tp $TP, $m" 150 env $env $B bench-offline-throughput --model $W/ckpt \
     --dataset-name random --random-input-len 1024 --random-output-len 1024 --num-prompts $N --tp-size $TP 2>&1 \
     | keep | tee $OUT/offline-$m.txt
 done

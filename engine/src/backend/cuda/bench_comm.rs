@@ -1,4 +1,4 @@
-//! `sgl-engine bench-all-reduce --tp-size N`: the collective that
+//! `sgl-bench bench-all-reduce --tp-size N`: the collective that
 //! tensor parallelism runs twice per layer, alone.
 //!
 //! 1. Correctness against a host sum: int32 values (exact) and bf16 values (within the rounding

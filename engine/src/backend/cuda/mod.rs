@@ -11,7 +11,6 @@
 //! Decode batches of up to `cuda_graph_max_bs` sequences replay a CUDA graph captured per
 //! padded batch size (inputs live at fixed device addresses; padding rows write a spare slot).
 
-mod bench;
 mod bench_comm;
 mod forward;
 mod overlap;
@@ -34,9 +33,7 @@ use crate::model::files::ModelFiles;
 use crate::model::llama::TensorParallel;
 use crate::model::{Model, Quantization};
 
-pub use bench::{
-    BenchOneBatchArgs, EngineOfflineReport, bench_main, bench_one_batch, offline_engine,
-};
+pub use bench_comm::all_reduce_bench;
 
 /// Start-up options of the CUDA backend (SGLang's flags of the same names).
 #[derive(Debug, Clone)]
@@ -500,6 +497,36 @@ impl CudaBackend {
     /// GPUs this backend runs on (`--tp-size`).
     pub fn tp_size(&self) -> usize {
         self.comm.as_ref().map_or(1, |c| c.size())
+    }
+
+    /// The start-up options this backend runs with.
+    pub fn options(&self) -> &CudaOptions {
+        &self.opts
+    }
+
+    /// The GEMM path (cuBLASLt) the layers use, for benchmarks of its rate.
+    pub fn gemm_path(&self) -> &Gemm {
+        &self.gemm
+    }
+
+    /// Whether kernels launch with programmatic dependent launch.
+    pub fn pdl(&self) -> bool {
+        self.kernels.pdl()
+    }
+
+    /// Whether a pass of `tokens` rows runs RMSNorm inside the decode GEMVs.
+    pub fn norm_fused_for(&self, tokens: usize) -> bool {
+        self.fused_norm(tokens)
+    }
+
+    /// Whether the layers' linear weights are FP8.
+    pub fn fp8_weights(&self) -> bool {
+        self.w.fp8()
+    }
+
+    /// Whether the LM head has weights of its own (not tied to the embedding).
+    pub fn untied_lm_head(&self) -> bool {
+        self.w.lm_head.is_some()
     }
 
     fn validate(&self, batch: &[SeqInput<'_>]) -> Result<()> {

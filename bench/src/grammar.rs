@@ -9,7 +9,7 @@
 //! taking the allowed token with the best fixed pseudo-random score (a simulated model that
 //! avoids whitespace-only tokens and, after a few steps, prefers closing tokens and EOS).
 //!
-//! Usage: `bench_grammar [path/to/model.gguf | tokenizer.json]` (default: the file
+//! Usage: `sgl-bench grammar [path/to/model.gguf | tokenizer.json]` (default: the file
 //! `scripts/fetch-model.sh` fetches). `SGL_BENCH_WALKS` sets the number of walks (default 20).
 
 use std::path::Path;
@@ -240,10 +240,9 @@ fn walk_bench(
     Ok(stats)
 }
 
-fn main() -> anyhow::Result<()> {
-    let path = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| DEFAULT_MODEL.to_string());
+/// Runs the grammar benchmark on the tokenizer of `model` (default: the fetched model).
+pub fn run(model: Option<String>) -> anyhow::Result<()> {
+    let path = model.unwrap_or_else(|| DEFAULT_MODEL.to_string());
     let walks: u64 = std::env::var("SGL_BENCH_WALKS")
         .ok()
         .and_then(|s| s.parse().ok())

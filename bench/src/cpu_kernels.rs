@@ -6,13 +6,13 @@
 //! in-process, and the ratio to llama.cpp on this machine (2 threads: ~69 tok/s decode,
 //! i.e. ~14.5 ms per token end to end; ~160 tok/s prefill).
 //!
-//! Usage: `bench_kernels [path/to/model.gguf | --synthetic]` (default: the file
+//! Usage: `sgl-bench cpu-kernels [path/to/model.gguf | --synthetic]` (default: the file
 //! `scripts/fetch-model.sh` fetches; `--synthetic`: random weights of the same shapes and
 //! formats). `SGL_BENCH_SECONDS` sets the time per measurement (default 1.5),
 //! `SGL_BENCH_THREADS` the thread counts to try (default `1,2`), `SGL_BENCH_BEST=1` reports the
 //! best step instead of the median (steadier on a busy machine).
 //!
-//! `bench_kernels --decode [path/to/model.gguf]`: the whole forward pass instead (the CPU
+//! `sgl-bench cpu-kernels --decode [path/to/model.gguf]`: the whole forward pass instead (the CPU
 //! backend as the server runs it): one decode step at batch 1 and at batch 16, with every
 //! sequence's context at 128 and at 384 tokens (filled by a real prefill of distinct prompts;
 //! cache slots laid out as the server's pool hands them out: the first context's prompts one
@@ -21,7 +21,7 @@
 //! `SGL_BENCH_BATCH` changes the batch (default 16), `SGL_BENCH_CONTEXTS` the contexts
 //! (default `128,384`).
 //!
-//! `bench_kernels --micro`: single products of random weights of the model's shapes on one
+//! `sgl-bench cpu-kernels --micro`: single products of random weights of the model's shapes on one
 //! thread (`SGL_BENCH_THREADS` to change) at n = 1, 8 and 16 for every instruction set, best of many runs (robust on a busy
 //! machine), in µs and int8 multiply-adds per ns.
 
@@ -44,8 +44,8 @@ const DEFAULT_MODEL: &str = concat!(
     "/../.cache/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 );
 
-fn main() -> anyhow::Result<()> {
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
+/// Runs the CPU kernel benchmark with the arguments after `cpu-kernels` (see the module docs).
+pub fn run(mut args: Vec<String>) -> anyhow::Result<()> {
     let decode = args.first().is_some_and(|a| a == "--decode");
     if decode {
         args.remove(0);

@@ -1,4 +1,4 @@
-//! `sgl-router bench`: routing decision time, proxy overhead, and the shared-prefix
+//! `sgl-bench router`: routing decision time, proxy overhead, and the shared-prefix
 //! workload under cache-aware routing against round robin. Each part prints its workload,
 //! the peer it is compared with, and the ratio.
 
@@ -11,11 +11,11 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
-use crate::app::AppState;
-use crate::config::{PolicyKind, RouterConfig};
-use crate::error::{Result, RouterError};
-use crate::launch::launch;
-use crate::sim::{SimConfig, SimWorker};
+use sgl_router::app::AppState;
+use sgl_router::config::{PolicyKind, RouterConfig};
+use sgl_router::error::{Result, RouterError};
+use sgl_router::launch::launch;
+use sgl_router::sim::{SimConfig, SimWorker};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BenchPart {
@@ -134,7 +134,7 @@ fn time_decisions(state: &AppState, texts: &[String]) -> Vec<Duration> {
             let start = Instant::now();
             let picked = state.select(Some(t), &[]);
             let elapsed = start.elapsed();
-            std::hint::black_box(picked);
+            let _ = std::hint::black_box(picked);
             elapsed
         })
         .collect();
@@ -172,7 +172,7 @@ fn routing(args: &BenchArgs) -> Result<()> {
     let cache_aware = offline_state(PolicyKind::CacheAware, args.routing_workers)?;
     let start = Instant::now();
     for t in &fill {
-        cache_aware.select(Some(t), &[]);
+        let _ = cache_aware.select(Some(t), &[]);
     }
     let fill_time = start.elapsed();
     let tree = cache_aware
@@ -250,7 +250,7 @@ fn bench_client() -> Result<reqwest::Client> {
 async fn start_router(
     policy: PolicyKind,
     urls: Vec<String>,
-) -> Result<crate::launch::RunningRouter> {
+) -> Result<sgl_router::launch::RunningRouter> {
     let config = RouterConfig {
         port: 0,
         policy,

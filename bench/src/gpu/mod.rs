@@ -1,0 +1,113 @@
+//! GPU benchmarks and the end-to-end check driver on the CUDA backend (`--features cuda`).
+//!
+//! - `bench-one-batch`: [`one_batch`] (SGLang's bench_one_batch, static batch).
+//! - `bench-offline-throughput`: [`offline`] (SGLang's bench_offline_throughput through the
+//!   real engine, or `--backend-loop` straight on the backend).
+//! - `check-reference`: [`check`] (greedy runs for the transformers comparison).
+//! - `bench-all-reduce`: the tensor-parallel all-reduce alone
+//!   (`sgl_engine::backend::cuda::all_reduce_bench`).
+//!
+//! Flags are read by name (`--model DIR`, `--batch N`, ...) as the GPU scripts pass them.
+
+mod check;
+mod offline;
+mod one_batch;
+
+use std::path::PathBuf;
+
+use rand::Rng;
+use sgl_engine::backend::BackendError;
+use sgl_engine::backend::cuda::{CudaBackend, CudaOptions};
+use sgl_engine::error::{EngineError, Result};
+
+pub use check::run as check_reference;
+pub use offline::run as offline_throughput;
+pub use one_batch::run as one_batch;
+
+/// `bench-all-reduce --tp-size N` (default 2).
+pub fn all_reduce(args: &[String]) -> Result<()> {
+    sgl_engine::backend::cuda::all_reduce_bench(arg_usize(args, "--tp-size", 2)?)
+}
+
+/// A failed CUDA call as the engine's error.
+fn cuda_err(e: impl Into<BackendError>) -> EngineError {
+    EngineError::from(e.into())
+}
+
+pub(crate) fn arg<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|s| s.as_str())
+}
+
+pub(crate) fn arg_usize(args: &[String], name: &str, default: usize) -> Result<usize> {
+    match arg(args, name) {
+        None => Ok(default),
+        Some(v) => v
+            .parse()
+            .map_err(|_| EngineError::InvalidArgument(format!("{name} expects a number, got {v}"))),
+    }
+}
+
+pub(crate) fn open(args: &[String]) -> Result<CudaBackend> {
+    let model = arg(args, "--model")
+        .ok_or_else(|| EngineError::InvalidArgument("--model DIR is required".into()))?;
+    let model = sgl_engine::model::load(&PathBuf::from(model))?;
+    let opts = CudaOptions {
+        disable_cuda_graph: args.iter().any(|a| a == "--disable-cuda-graph"),
+        cuda_graph_max_bs: arg_usize(args, "--cuda-graph-max-bs", 160)?,
+        max_total_tokens: arg(args, "--max-total-tokens").and_then(|v| v.parse().ok()),
+        mem_fraction_static: arg(args, "--mem-fraction-static")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.88),
+        tensor_parallel: sgl_engine::model::llama::TensorParallel {
+            rank: 0,
+            size: arg_usize(args, "--tp-size", 1)?,
+        },
+        quantization: match arg(args, "--quantization") {
+            None => sgl_engine::model::Quantization::AsStored,
+            Some("fp8") => sgl_engine::model::Quantization::Fp8,
+            Some(q) => {
+                return Err(EngineError::InvalidArgument(format!(
+                    "--quantization {q}: only fp8 is supported"
+                )));
+            }
+        },
+        kv: match arg(args, "--kv-cache-dtype") {
+            None | Some("auto") => sgl_kernels::KvDtype::Bf16,
+            Some("fp8_e4m3") => sgl_kernels::KvDtype::Fp8E4m3,
+            Some("fp8_e5m2") => sgl_kernels::KvDtype::Fp8E5m2,
+            Some(k) => {
+                return Err(EngineError::InvalidArgument(format!(
+                    "--kv-cache-dtype {k}: auto, fp8_e4m3 or fp8_e5m2"
+                )));
+            }
+        },
+        ..CudaOptions::default()
+    };
+    CudaBackend::load(&model, &opts)
+}
+
+/// Hands out KV slots in order (the benchmarks run without the radix cache).
+pub(crate) struct Slots {
+    pub(crate) next: u32,
+    pub(crate) cap: u32,
+}
+
+impl Slots {
+    pub(crate) fn take(&mut self, n: usize) -> Result<Vec<u32>> {
+        if self.next as usize + n > self.cap as usize {
+            return Err(EngineError::Internal(
+                "benchmark ran out of KV slots".into(),
+            ));
+        }
+        let v = (self.next..self.next + n as u32).collect();
+        self.next += n as u32;
+        Ok(v)
+    }
+}
+
+pub(crate) fn random_tokens(rng: &mut impl Rng, n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|_| rng.random_range(0..vocab as u32)).collect()
+}
