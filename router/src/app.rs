@@ -3,7 +3,10 @@
 
 use std::ops::Deref;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
+
+use http::StatusCode;
 
 use crate::config::RouterConfig;
 use crate::error::{Result, RouterError};
@@ -11,7 +14,9 @@ use crate::metrics::Metrics;
 use crate::policy::{self, Decision, LoadBalancingPolicy};
 use crate::queue::WaitQueue;
 use crate::retry::RetryConfig;
-use crate::worker::{HealthChange, Worker, WorkerRegistry};
+use crate::worker::{
+    FULL_RETRY_AFTER_SECS, FleetSlot, Full, HealthChange, LoadGuard, Worker, WorkerRegistry,
+};
 
 /// Cheap to clone: every clone shares one state.
 #[derive(Clone)]
@@ -26,6 +31,16 @@ pub struct Inner {
     pub retry: RetryConfig,
     /// Requests waiting for a worker to become available.
     pub queue: WaitQueue,
+    /// Generation requests in flight through the router, counted while
+    /// `--max-concurrent-requests` bounds them.
+    pub in_flight: Arc<AtomicUsize>,
+}
+
+/// A worker chosen for a request, with the request already counted on it.
+pub struct Chosen {
+    pub worker: Arc<Worker>,
+    pub decision: Decision,
+    pub guard: LoadGuard,
 }
 
 impl Deref for AppState {
@@ -69,44 +84,128 @@ impl AppState {
             policy,
             metrics: Metrics::new(),
             client,
+            in_flight: Arc::new(AtomicUsize::new(0)),
         })))
     }
 
-    /// Chooses a worker for a request and claims its breaker slot. Workers in `excluded`
-    /// are skipped unless no other is available.
-    pub fn select(
+    /// Chooses a worker for a request that no bound applies to (any route but generation),
+    /// claims its breaker slot and counts the request on it. Workers in `excluded` are
+    /// skipped unless no other is available. `Ok(None)`: no worker is available.
+    pub fn select(&self, text: Option<&str>, excluded: &[Arc<str>]) -> Result<Option<Chosen>> {
+        self.select_within_bounds(text, excluded, false)
+    }
+
+    /// [`Self::select`], for a generation request when `bounded`.
+    ///
+    /// A generation request (`bounded`) goes only to a worker with room: below the bound of
+    /// requests it reported (see [`Self::read_bounds`]) and not refusing requests (it
+    /// answered the last one 429 or 503 with `Retry-After`, and none of ours has left it
+    /// since). When every available worker is full, or the router holds
+    /// `--max-concurrent-requests`, the request is refused at once with
+    /// [`RouterError::Overloaded`], as the engines would refuse it, without a round trip.
+    pub fn select_within_bounds(
         &self,
         text: Option<&str>,
         excluded: &[Arc<str>],
-    ) -> Option<(Arc<Worker>, Decision)> {
+        bounded: bool,
+    ) -> Result<Option<Chosen>> {
         let start = Instant::now();
         let mut candidates = self.workers.available(excluded);
-        while !candidates.is_empty() {
-            let decision = self.policy.select(&candidates, text)?;
-            let worker = candidates.get(decision.index)?.clone();
-            if worker.breaker().try_acquire() {
-                self.metrics
-                    .routing_latency
-                    .observe(start.elapsed().as_secs_f64());
-                if let Some(outcome) = decision.cache {
-                    self.metrics.record_cache_outcome(outcome);
-                }
-                return Some((worker, decision));
-            }
-            // Another request took the half-open probe first: choose among the rest.
-            candidates.remove(decision.index);
+        if candidates.is_empty() {
+            return Ok(None);
         }
-        None
+        let mut fleet = if bounded {
+            self.claim_fleet_slot()?
+        } else {
+            None
+        };
+        let mut full: Vec<(Arc<Worker>, Full)> = Vec::new();
+        if bounded {
+            candidates.retain(|w| match w.full() {
+                Some(f) => {
+                    full.push((w.clone(), f));
+                    false
+                }
+                None => true,
+            });
+        }
+        while !candidates.is_empty() {
+            let Some(decision) = self.policy.select(&candidates, text) else {
+                break;
+            };
+            let Some(worker) = candidates.get(decision.index).cloned() else {
+                break;
+            };
+            if !worker.breaker().try_acquire() {
+                // Another request took the half-open probe first: choose among the rest.
+                candidates.remove(decision.index);
+                continue;
+            }
+            let guard = if bounded {
+                match worker.try_start_request() {
+                    Ok(guard) => guard,
+                    Err(f) => {
+                        // Filled up since the check above, by a concurrent request.
+                        worker.breaker().release();
+                        if let (Some(text), Some(recorded)) = (text, decision.recorded) {
+                            self.policy.on_refused(text, worker.url(), recorded);
+                        }
+                        full.push((worker, f));
+                        candidates.remove(decision.index);
+                        continue;
+                    }
+                }
+            } else {
+                worker.start_request()
+            };
+            self.metrics
+                .routing_latency
+                .observe(start.elapsed().as_secs_f64());
+            if let Some(outcome) = decision.cache {
+                self.metrics.record_cache_outcome(outcome);
+            }
+            return Ok(Some(Chosen {
+                worker,
+                decision,
+                guard: guard.with_fleet_slot(fleet.take()),
+            }));
+        }
+        if full.is_empty() {
+            Ok(None)
+        } else {
+            Err(shed(&full))
+        }
+    }
+
+    /// A place among the router's generation requests in flight, when
+    /// `--max-concurrent-requests` bounds them.
+    fn claim_fleet_slot(&self) -> Result<Option<FleetSlot>> {
+        let Some(max) = self.config.max_concurrent() else {
+            return Ok(None);
+        };
+        FleetSlot::claim(&self.in_flight, max)
+            .map(Some)
+            .map_err(|n| RouterError::Overloaded {
+                message: format!(
+                    "the router holds {n} requests in flight (--max-concurrent-requests); \
+                     retry later"
+                ),
+                status: StatusCode::TOO_MANY_REQUESTS,
+                retry_after: FULL_RETRY_AFTER_SECS,
+            })
     }
 
     /// Like `select`, but when no worker is available the request waits in the queue for
-    /// one (see [`crate::queue`]); refused with `QueueFull` or `QueueTimeout`.
+    /// one (see [`crate::queue`]); refused with `QueueFull` or `QueueTimeout`. A request
+    /// that finds every worker full is refused at once, queued or not: waiting in the
+    /// router would only add to the engines' own queues.
     pub async fn select_or_wait(
         &self,
         text: Option<&str>,
         excluded: &[Arc<str>],
-    ) -> Result<(Arc<Worker>, Decision)> {
-        if let Some(chosen) = self.select(text, excluded) {
+        bounded: bool,
+    ) -> Result<Chosen> {
+        if let Some(chosen) = self.select_within_bounds(text, excluded, bounded)? {
             return Ok(chosen);
         }
         if self.queue.capacity() == 0 {
@@ -123,7 +222,7 @@ impl AppState {
             let ready = self.queue.ready();
             tokio::pin!(ready);
             ready.as_mut().enable();
-            if let Some(chosen) = self.select(text, excluded) {
+            if let Some(chosen) = self.select_within_bounds(text, excluded, bounded)? {
                 self.metrics
                     .queue_wait
                     .observe(started.elapsed().as_secs_f64());
@@ -164,6 +263,9 @@ impl AppState {
             self.config.health_failure_threshold,
             self.config.health_success_threshold,
         );
+        if passed && worker.is_healthy() && !worker.bounds_read() {
+            self.read_bounds(worker).await;
+        }
         match change {
             Some(HealthChange::BecameHealthy) => {
                 tracing::info!(worker = worker.url(), "worker is healthy");
@@ -235,6 +337,60 @@ impl AppState {
         }
     }
 
+    /// Reads the worker's bounds from its `/get_server_info`: it holds at most
+    /// `max_running_requests` running and `max_queued_requests` waiting (the engine's
+    /// admission bound, which the engine resolves from its KV cache when the flag is
+    /// absent, and reports resolved). A worker that reports neither (another server, an
+    /// older engine) is unbounded here and sheds on its own. A failed read is tried again
+    /// at the next health check.
+    pub async fn read_bounds(&self, worker: &Worker) {
+        let mut req = self
+            .client
+            .get(format!("{}/get_server_info", worker.url()))
+            .timeout(Duration::from_secs(self.config.health_check_timeout_secs));
+        if let Some(key) = &self.config.api_key {
+            req = req.bearer_auth(key);
+        }
+        let info = match req.send().await {
+            Ok(resp) if resp.status().is_success() => resp.json::<serde_json::Value>().await,
+            Ok(resp) => {
+                tracing::debug!(worker = worker.url(), status = %resp.status(), "no server info");
+                return;
+            }
+            Err(e) => Err(e),
+        };
+        let info = match info {
+            Ok(info) => info,
+            Err(e) => {
+                tracing::debug!(worker = worker.url(), error = %e, "server info unreadable");
+                return;
+            }
+        };
+        let field = |name: &str| {
+            info.get(name)
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|n| usize::try_from(n).ok())
+        };
+        let capacity = match (field("max_running_requests"), field("max_queued_requests")) {
+            (Some(running), Some(queued)) => {
+                Some(running.saturating_add(queued)).filter(|&n| n > 0)
+            }
+            _ => None,
+        };
+        worker.set_capacity(capacity);
+        match capacity {
+            Some(n) => tracing::info!(
+                worker = worker.url(),
+                max_in_flight = n,
+                "worker bounds read"
+            ),
+            None => tracing::info!(
+                worker = worker.url(),
+                "worker reports no admission bound; the router does not shed for it"
+            ),
+        }
+    }
+
     /// One request to `url`'s health endpoint: whether it answered 2xx within
     /// `--health-check-timeout-secs`.
     pub async fn probe(&self, url: &str) -> bool {
@@ -249,5 +405,29 @@ impl AppState {
             Ok(resp) => resp.status().is_success(),
             Err(_) => false,
         }
+    }
+}
+
+/// The router's answer when every worker it could use is full: a 429 when one of them is at
+/// its bound of requests (a place frees as soon as one ends), else the workers' own refusal
+/// that ends first (a 503 of an engine's queue deadline keeps its status and its advice).
+fn shed(full: &[(Arc<Worker>, Full)]) -> RouterError {
+    let pick = full
+        .iter()
+        .filter(|(_, f)| f.status == StatusCode::TOO_MANY_REQUESTS)
+        .min_by_key(|(_, f)| f.retry_after)
+        .or_else(|| full.iter().min_by_key(|(_, f)| f.retry_after));
+    let Some((worker, f)) = pick else {
+        return RouterError::NoHealthyWorker;
+    };
+    RouterError::Overloaded {
+        message: format!(
+            "every available worker is full ({} of them; {}: {}); retry later",
+            full.len(),
+            worker.url(),
+            f.reason
+        ),
+        status: f.status,
+        retry_after: f.retry_after,
     }
 }

@@ -164,6 +164,17 @@ pub struct RouterConfig {
     #[arg(long, default_value_t = 60)]
     pub queue_timeout_secs: u64,
 
+    /// Generation requests the router holds in flight across all workers; beyond it a
+    /// request is answered 429 with `Retry-After` at once. -1: no router-wide bound. Each
+    /// worker is bounded in any case by what its `/get_server_info` reports
+    /// (`max_running_requests` + `max_queued_requests`): when every available worker is at
+    /// its bound, or refused the last request (429, or 503 with `Retry-After`) and none has
+    /// left it since, the router answers as the engine would, 429 (or that 503) with
+    /// `Retry-After`, without contacting one; an engine's own 429 or 503 with `Retry-After`
+    /// is passed to the client, never retried on another worker.
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    pub max_concurrent_requests: i64,
+
     /// Log filter (error, warn, info, debug, trace or a tracing directive).
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -209,6 +220,13 @@ impl RouterConfig {
         }
         if self.queue_size > 0 && self.queue_timeout_secs == 0 {
             return bad("--queue-timeout-secs must be positive (or --queue-size 0)".into());
+        }
+        if self.max_concurrent_requests == 0 || self.max_concurrent_requests < -1 {
+            return bad(format!(
+                "--max-concurrent-requests must be positive, or -1 for no router-wide bound; \
+                 got {}",
+                self.max_concurrent_requests
+            ));
         }
         if self.health_check_interval_secs == 0 || self.eviction_interval_secs == 0 {
             return bad("intervals must be positive".into());
@@ -302,6 +320,13 @@ impl RouterConfig {
             .then(|| Duration::from_secs(self.stream_idle_timeout_secs))
     }
 
+    /// `--max-concurrent-requests`, unless -1.
+    pub fn max_concurrent(&self) -> Option<usize> {
+        usize::try_from(self.max_concurrent_requests)
+            .ok()
+            .filter(|&n| n > 0)
+    }
+
     pub fn queue_timeout(&self) -> Duration {
         Duration::from_secs(self.queue_timeout_secs)
     }
@@ -331,6 +356,7 @@ mod tests {
         assert_eq!(c.eviction_interval_secs, 60);
         assert_eq!(c.max_tree_size, 16_777_216);
         assert_eq!((c.queue_size, c.queue_timeout_secs), (100, 60));
+        assert_eq!((c.max_concurrent_requests, c.max_concurrent()), (-1, None));
         assert_eq!(c.first_byte_timeout(), Some(Duration::from_secs(30)));
         assert_eq!(c.stream_idle_timeout(), Some(Duration::from_secs(60)));
         c.validate().unwrap();
@@ -370,6 +396,12 @@ mod tests {
         let c = parse(&["--disable-retries", "--disable-circuit-breaker"]).unwrap();
         assert_eq!(c.retry().max_retries, 0);
         assert_eq!(c.breaker().failure_threshold, 0);
+        let c = parse(&["--max-concurrent-requests", "8"]).unwrap();
+        assert_eq!(c.max_concurrent(), Some(8));
+        for bad in ["0", "-2"] {
+            let c = parse(&["--max-concurrent-requests", bad]).unwrap();
+            assert!(c.validate().is_err(), "--max-concurrent-requests {bad}");
+        }
         let c = parse(&["--first-byte-timeout-secs", "0"]).unwrap();
         assert_eq!(c.first_byte_timeout(), None, "0 turns it off");
         let c = parse(&["--stream-idle-timeout-secs", "0"]).unwrap();

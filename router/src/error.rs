@@ -29,6 +29,16 @@ pub enum RouterError {
     #[error("no worker became available within {secs} s (--queue-timeout-secs); retry later")]
     QueueTimeout { secs: u64 },
 
+    /// Every worker that could take the request is at its bound (or refused the last one),
+    /// or the router is at `--max-concurrent-requests`: answered at once, as an engine would
+    /// (429, or the 503 of an engine's queue deadline), without sending it anywhere.
+    #[error("{message}")]
+    Overloaded {
+        message: String,
+        status: StatusCode,
+        retry_after: u64,
+    },
+
     #[error("worker {url} did not answer within {secs} s (--request-timeout-secs)")]
     Timeout { url: String, secs: u64 },
 
@@ -74,6 +84,7 @@ impl RouterError {
             Self::NoHealthyWorker | Self::QueueFull { .. } | Self::QueueTimeout { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
+            Self::Overloaded { status, .. } => *status,
             Self::Timeout { .. } | Self::StreamStalled { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::RetriesExhausted { .. } | Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
             Self::WorkerExists(_) => StatusCode::CONFLICT,
@@ -92,6 +103,7 @@ impl RouterError {
             Self::NoHealthyWorker => "no_healthy_worker",
             Self::QueueFull { .. } => "queue_full",
             Self::QueueTimeout { .. } => "queue_timeout",
+            Self::Overloaded { .. } => "overloaded",
             Self::Timeout { .. } => "timeout",
             Self::StreamStalled { .. } => "stream_idle_timeout",
             Self::RetriesExhausted { .. } => "retries_exhausted",
@@ -147,13 +159,16 @@ pub fn error_response(status: StatusCode, message: impl Into<String>) -> Respons
 impl IntoResponse for RouterError {
     fn into_response(self) -> Response {
         let status = self.status();
+        let retry_after = match &self {
+            Self::Overloaded { retry_after, .. } => Some(*retry_after),
+            // Every 503 of the router's own says when to come back.
+            _ if status == StatusCode::SERVICE_UNAVAILABLE => Some(crate::queue::RETRY_AFTER_SECS),
+            _ => None,
+        };
         let mut resp = error_response(status, self.to_string());
-        // Every 503 of the router's own says when to come back.
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            resp.headers_mut().insert(
-                header::RETRY_AFTER,
-                HeaderValue::from(crate::queue::RETRY_AFTER_SECS),
-            );
+        if let Some(secs) = retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         resp
     }

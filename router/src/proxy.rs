@@ -1,5 +1,11 @@
 //! Forwarding one request to a worker: selection, retries, and streaming the response back.
 //!
+//! A generation request goes only to a worker with room for it, and is answered 429 (or 503)
+//! with `Retry-After` at once when no worker has any ([`crate::app::AppState::select_within_bounds`]).
+//! A worker's own overload answer (429, or 503 with `Retry-After`) is passed to the client
+//! and never retried: the other engines are likely as full, and a refused request walking
+//! the fleet costs every engine a round trip; the router remembers it for the worker.
+//!
 //! A request is retried on another worker (chosen again by the policy, the failed ones left
 //! out while others remain) after a failure to connect or a 502/503/504 answer, with
 //! exponential backoff and jitter between attempts; a worker that refuses the connection is
@@ -31,9 +37,9 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures::Stream;
 use futures::stream::BoxStream;
-use http::{HeaderMap, HeaderName, Method, header};
+use http::{HeaderMap, HeaderName, Method, StatusCode, header};
 
-use crate::app::AppState;
+use crate::app::{AppState, Chosen};
 use crate::error::{Result, RouterError};
 use crate::retry::is_retryable_status;
 use crate::usage::UsageScan;
@@ -186,6 +192,8 @@ pub async fn forward(state: &AppState, req: Outgoing<'_>) -> Result<Response> {
     let mut tried: Vec<Arc<str>> = Vec::new();
     let mut last_error = String::from("no attempt was made");
     let mut frozen = 0;
+    // Generation requests are the ones an engine admits against its bounds.
+    let bounded = req.text.is_some();
     for attempt in 0..attempts {
         if attempt > 0 {
             state.metrics.retries.with_label_values(&[req.route]).inc();
@@ -194,17 +202,21 @@ pub async fn forward(state: &AppState, req: Outgoing<'_>) -> Result<Response> {
         }
         let chosen = if attempt == 0 {
             // No worker yet (scaled to zero, all restarting): wait in the queue for one.
-            Some(state.select_or_wait(req.text, &tried).await?)
+            Some(state.select_or_wait(req.text, &tried, bounded).await?)
         } else {
-            state.select(req.text, &tried)
+            state.select_within_bounds(req.text, &tried, bounded)?
         };
-        let Some((worker, decision)) = chosen else {
+        let Some(Chosen {
+            worker,
+            decision,
+            mut guard,
+        }) = chosen
+        else {
             if attempt + 1 == attempts {
                 return Err(RouterError::NoHealthyWorker);
             }
             continue;
         };
-        let mut guard = worker.start_request();
         state
             .metrics
             .worker_requests
@@ -256,6 +268,29 @@ pub async fn forward(state: &AppState, req: Outgoing<'_>) -> Result<Response> {
         match sent {
             Ok(resp) => {
                 let status = resp.status();
+                let overload = overload_advice(&resp);
+                if let Some(retry_after) = overload {
+                    // The engine sheds load: passed to the client as it is, never retried
+                    // elsewhere (the other engines are likely as full), and remembered so
+                    // that the next requests are answered here until the worker has room.
+                    if bounded {
+                        worker.note_refusal(status, retry_after, worker.load());
+                    }
+                    guard.succeeded();
+                    state
+                        .metrics
+                        .errors
+                        .with_label_values(&[req.route, "worker_overloaded"])
+                        .inc();
+                    return Ok(stream_back(
+                        state,
+                        resp,
+                        guard,
+                        req.route,
+                        req.started,
+                        false,
+                    ));
+                }
                 if is_retryable_status(status) && attempt + 1 < attempts {
                     guard.failed();
                     tracing::warn!(worker = worker.url(), %status, attempt, "worker unavailable; retrying");
@@ -327,6 +362,22 @@ pub async fn forward(state: &AppState, req: Outgoing<'_>) -> Result<Response> {
         attempts,
         last: last_error,
     })
+}
+
+/// Whether a worker's answer is its load shedding, and its advice in seconds: a 429, or a
+/// 503 with `Retry-After` (an engine's queue deadline; a 503 without it is a gateway's or a
+/// stopping server's, worth another worker). An HTTP-date or missing `Retry-After` of a 429
+/// counts as one second.
+fn overload_advice(resp: &reqwest::Response) -> Option<u64> {
+    let advice = resp
+        .headers()
+        .get(header::RETRY_AFTER)
+        .map(|v| v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()));
+    match resp.status() {
+        StatusCode::TOO_MANY_REQUESTS => Some(advice.flatten().unwrap_or(1)),
+        StatusCode::SERVICE_UNAVAILABLE => advice.map(|secs| secs.unwrap_or(1)),
+        _ => None,
+    }
 }
 
 /// Builds the client's response from the worker's: same status and headers, body streamed.

@@ -400,6 +400,7 @@ async fn list_workers(State(state): State<AppState>) -> Json<serde_json::Value> 
                 "url": w.url(),
                 "healthy": w.is_healthy(),
                 "load": w.load(),
+                "max_in_flight": w.capacity(),
                 "processed": w.processed(),
                 "circuit": w.breaker_state().as_str(),
                 "tree_chars": tree_sizes.get(w.url()).copied().unwrap_or(0),

@@ -2,8 +2,10 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
-use parking_lot::RwLock;
+use http::StatusCode;
+use parking_lot::{Mutex, RwLock};
 
 use crate::breaker::{BreakerConfig, BreakerState, CircuitBreaker};
 use crate::error::{Result, RouterError};
@@ -43,7 +45,40 @@ pub struct Worker {
     /// A probe of a dead worker is in flight (at most one at a time).
     probing: AtomicBool,
     breaker: CircuitBreaker,
+    /// Generation requests the worker holds at most (running plus waiting, as its
+    /// `/get_server_info` reports them); 0 while unknown, which bounds nothing.
+    capacity: AtomicUsize,
+    /// Its `/get_server_info` was read since it last became healthy.
+    bounds_read: AtomicBool,
+    /// The worker's last overload answer, while it holds.
+    refusal: Mutex<Option<Refusal>>,
 }
+
+/// An overload answer of a worker (429, or 503 with `Retry-After`), remembered so that the
+/// next requests are answered the same way by the router until the worker has room again.
+#[derive(Debug, Clone, Copy)]
+struct Refusal {
+    status: StatusCode,
+    /// When the worker's advice (`Retry-After`) ends.
+    until: Instant,
+    /// Requests of this router the worker held besides the refused one: it has room again
+    /// once fewer are in flight (one of them started or ended), or once `until` passes.
+    others: usize,
+}
+
+/// Why a worker takes no generation request now: the answer the router gives in its place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Full {
+    /// 429 (at its bound of requests) or the status of the worker's own refusal.
+    pub status: StatusCode,
+    /// Seconds for `Retry-After`.
+    pub retry_after: u64,
+    pub reason: String,
+}
+
+/// `Retry-After` of a router's own 429 for a worker at its bound, as the engine's for its
+/// full waiting queue before it has measured a rate: one place frees soon.
+pub const FULL_RETRY_AFTER_SECS: u64 = 1;
 
 impl Worker {
     pub fn new(url: &str, breaker: BreakerConfig) -> Self {
@@ -57,7 +92,101 @@ impl Worker {
             health_successes: AtomicU32::new(0),
             probing: AtomicBool::new(false),
             breaker: CircuitBreaker::new(breaker),
+            capacity: AtomicUsize::new(0),
+            bounds_read: AtomicBool::new(false),
+            refusal: Mutex::new(None),
         }
+    }
+
+    /// The most generation requests the worker holds, when it said.
+    pub fn capacity(&self) -> Option<usize> {
+        match self.capacity.load(Ordering::Acquire) {
+            0 => None,
+            n => Some(n),
+        }
+    }
+
+    /// Sets what [`Self::capacity`] reports (`None`: unbounded) and notes the bounds as read.
+    pub fn set_capacity(&self, capacity: Option<usize>) {
+        self.capacity
+            .store(capacity.unwrap_or(0), Ordering::Release);
+        self.bounds_read.store(true, Ordering::Release);
+    }
+
+    /// Whether the bounds were read since the worker last became healthy.
+    pub fn bounds_read(&self) -> bool {
+        self.bounds_read.load(Ordering::Acquire)
+    }
+
+    /// Remembers an overload answer (`status` with `Retry-After: retry_after`) given while
+    /// `load` requests (the refused one among them) were in flight on the worker.
+    pub fn note_refusal(&self, status: StatusCode, retry_after: u64, load: usize) {
+        let retry_after = retry_after.max(1);
+        *self.refusal.lock() = Some(Refusal {
+            status,
+            until: Instant::now() + Duration::from_secs(retry_after),
+            others: load.saturating_sub(1),
+        });
+    }
+
+    /// Why the worker has no room for a generation request now, if it has none: at its
+    /// capacity, or it refused one and nothing has left it since (and its advice holds).
+    pub fn full(&self) -> Option<Full> {
+        let load = self.load();
+        if let Some(cap) = self.capacity()
+            && load >= cap
+        {
+            return Some(Full {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                retry_after: FULL_RETRY_AFTER_SECS,
+                reason: format!("{load} requests in flight, its bound"),
+            });
+        }
+        let mut refusal = self.refusal.lock();
+        let r = (*refusal)?;
+        let now = Instant::now();
+        if now >= r.until || load < r.others {
+            *refusal = None;
+            return None;
+        }
+        Some(Full {
+            status: r.status,
+            retry_after: r.until.saturating_duration_since(now).as_secs().max(1),
+            reason: format!(
+                "it answered {} with {} requests in flight and none has left since",
+                r.status.as_u16(),
+                r.others + 1
+            ),
+        })
+    }
+
+    /// Counts a generation request in flight if the worker has room for it (below its
+    /// capacity, atomically, so that concurrent requests never pass the bound together).
+    pub fn try_start_request(self: &Arc<Self>) -> Result<LoadGuard, Full> {
+        if let Some(full) = self.full() {
+            return Err(full);
+        }
+        if let Some(cap) = self.capacity() {
+            let claimed = self
+                .load
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < cap).then_some(n + 1)
+                });
+            if let Err(load) = claimed {
+                return Err(Full {
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                    retry_after: FULL_RETRY_AFTER_SECS,
+                    reason: format!("{load} requests in flight, its bound"),
+                });
+            }
+            self.processed.fetch_add(1, Ordering::Relaxed);
+            return Ok(LoadGuard {
+                worker: self.clone(),
+                outcome_recorded: false,
+                fleet: None,
+            });
+        }
+        Ok(self.start_request())
     }
 
     pub fn url(&self) -> &str {
@@ -69,7 +198,7 @@ impl Worker {
     }
 
     pub fn load(&self) -> usize {
-        self.load.load(Ordering::Relaxed)
+        self.load.load(Ordering::Acquire)
     }
 
     pub fn processed(&self) -> u64 {
@@ -119,6 +248,9 @@ impl Worker {
             self.health_failures.store(0, Ordering::Relaxed);
             let streak = self.health_successes.fetch_add(1, Ordering::Relaxed) + 1;
             if !self.is_healthy() && (first || streak >= success_threshold) {
+                // A restarted engine may have other limits: read them again.
+                self.bounds_read.store(false, Ordering::Release);
+                *self.refusal.lock() = None;
                 self.healthy.store(true, Ordering::Release);
                 self.breaker.reset();
                 return Some(HealthChange::BecameHealthy);
@@ -141,11 +273,12 @@ impl Worker {
 
     /// Counts a request in flight until the returned guard is dropped.
     pub fn start_request(self: &Arc<Self>) -> LoadGuard {
-        self.load.fetch_add(1, Ordering::Relaxed);
+        self.load.fetch_add(1, Ordering::AcqRel);
         self.processed.fetch_add(1, Ordering::Relaxed);
         LoadGuard {
             worker: self.clone(),
             outcome_recorded: false,
+            fleet: None,
         }
     }
 }
@@ -173,15 +306,45 @@ pub enum HealthChange {
     BecameUnhealthy,
 }
 
+/// A place among the router's requests in flight (`--max-concurrent-requests`), given back
+/// when dropped.
+#[derive(Debug)]
+pub struct FleetSlot(Arc<AtomicUsize>);
+
+impl FleetSlot {
+    /// Takes a place when fewer than `max` are taken; returns the count otherwise.
+    pub fn claim(counter: &Arc<AtomicUsize>, max: usize) -> std::result::Result<Self, usize> {
+        counter
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .map(|_| FleetSlot(counter.clone()))
+    }
+}
+
+impl Drop for FleetSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// One request in flight on a worker. Dropping it ends the request: the load goes down,
 /// and a breaker probe that never got an outcome is handed back.
 #[derive(Debug)]
 pub struct LoadGuard {
     worker: Arc<Worker>,
     outcome_recorded: bool,
+    /// The router-wide place the request holds, if it needs one.
+    fleet: Option<FleetSlot>,
 }
 
 impl LoadGuard {
+    /// Holds `slot` as long as the request.
+    pub fn with_fleet_slot(mut self, slot: Option<FleetSlot>) -> Self {
+        self.fleet = slot;
+        self
+    }
+
     pub fn worker(&self) -> &Arc<Worker> {
         &self.worker
     }
@@ -199,7 +362,7 @@ impl LoadGuard {
 
 impl Drop for LoadGuard {
     fn drop(&mut self) {
-        self.worker.load.fetch_sub(1, Ordering::Relaxed);
+        self.worker.load.fetch_sub(1, Ordering::AcqRel);
         if !self.outcome_recorded {
             self.worker.breaker.release();
         }
@@ -377,6 +540,50 @@ mod tests {
         assert!(w.begin_probe().is_none(), "a probe is in flight");
         drop(first);
         assert!(w.begin_probe().is_some(), "free again once it ends");
+    }
+
+    #[test]
+    fn a_worker_takes_no_more_than_its_capacity() {
+        let w = Arc::new(Worker::new("http://a:1", BreakerConfig::default()));
+        let unbounded: Vec<_> = (0..5).map(|_| w.try_start_request().unwrap()).collect();
+        drop(unbounded);
+        w.set_capacity(Some(2));
+        let g1 = w.try_start_request().unwrap();
+        let _g2 = w.try_start_request().unwrap();
+        let full = w.try_start_request().unwrap_err();
+        assert_eq!(full.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(full.retry_after, FULL_RETRY_AFTER_SECS);
+        assert_eq!(w.load(), 2);
+        drop(g1);
+        assert!(w.full().is_none());
+        let _g3 = w.try_start_request().unwrap();
+        assert_eq!(w.processed(), 8);
+    }
+
+    #[test]
+    fn a_refusal_holds_until_a_request_leaves_or_its_advice_passes() {
+        let w = Arc::new(Worker::new("http://a:1", BreakerConfig::default()));
+        let g1 = w.try_start_request().unwrap();
+        let g2 = w.try_start_request().unwrap();
+        let refused = w.try_start_request().unwrap();
+        w.note_refusal(StatusCode::SERVICE_UNAVAILABLE, 7, w.load());
+        drop(refused);
+        let full = w.try_start_request().unwrap_err();
+        assert_eq!(full.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!((1..=7).contains(&full.retry_after), "{full:?}");
+        drop(g1);
+        assert!(w.full().is_none(), "one of the two it held left");
+        drop(g2);
+
+        // Refused with nothing else in flight: full until the advice passes.
+        w.note_refusal(StatusCode::TOO_MANY_REQUESTS, 0, 1);
+        assert_eq!(w.full().unwrap().status, StatusCode::TOO_MANY_REQUESTS);
+        let r = w.refusal.lock().take().unwrap();
+        *w.refusal.lock() = Some(Refusal {
+            until: Instant::now(),
+            ..r
+        });
+        assert!(w.full().is_none());
     }
 
     #[test]

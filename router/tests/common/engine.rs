@@ -44,6 +44,11 @@ impl Engine {
 
     /// On loopback port `port` (0: a free one). Returns once the engine is listening.
     pub fn start_on(port: u16) -> Engine {
+        Self::start_with(port, &[])
+    }
+
+    /// On loopback port `port` (0: a free one), with more engine flags.
+    pub fn start_with(port: u16, extra: &[&str]) -> Engine {
         let binary = workspace_root().join("target/release/sgl-engine");
         assert!(
             binary.is_file(),
@@ -59,6 +64,7 @@ impl Engine {
                 "127.0.0.1",
             ])
             .args(["--port", &port.to_string(), "--num-threads", "1"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
