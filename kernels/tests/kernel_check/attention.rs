@@ -1,0 +1,453 @@
+//! Decode attention (every form, bf16 and FP8 KV pools) and prefill attention against a host reference.
+
+use super::*;
+
+/// CPU attention of one query row over keys 0..=limit of a sequence's slots.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attn_ref(
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    slots: &[usize],
+    kvh: usize,
+    nkv: usize,
+    hd: usize,
+    limit: usize,
+) -> Vec<f32> {
+    let scale = 1.0 / (hd as f64).sqrt();
+    let sc: Vec<f64> = slots[..=limit]
+        .iter()
+        .map(|&s| {
+            let k = &kc[(s * nkv + kvh) * hd..][..hd];
+            q.iter()
+                .zip(k)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum::<f64>()
+                * scale
+        })
+        .collect();
+    let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let p: Vec<f64> = sc.iter().map(|x| (x - m).exp()).collect();
+    let l: f64 = p.iter().sum();
+    let mut o = vec![0.0f64; hd];
+    for (j, &s) in slots[..=limit].iter().enumerate() {
+        let v = &vc[(s * nkv + kvh) * hd..][..hd];
+        for d in 0..hd {
+            o[d] += p[j] * v[d] as f64;
+        }
+    }
+    o.iter().map(|x| (x / l) as f32).collect()
+}
+
+/// Random K and V pools of `kv` elements: the values they hold, and the pools on the device.
+#[allow(clippy::type_complexity)]
+pub(crate) fn random_cache(
+    c: &mut Ctx,
+    n_slots: usize,
+    nkv: usize,
+    hd: usize,
+    kv: KvDtype,
+) -> R<(Vec<f32>, Vec<f32>, CudaSlice<u8>, CudaSlice<u8>)> {
+    let k: Vec<f32> = (0..n_slots * nkv * hd).map(|_| c.rng.sym() * 2.0).collect();
+    let v: Vec<f32> = (0..n_slots * nkv * hd).map(|_| c.rng.sym()).collect();
+    let ((kb, k), (vb, v)) = (kv_encode(&k, kv), kv_encode(&v, kv));
+    let (dk, dv) = (c.up(&kb)?, c.up(&vb)?);
+    Ok((k, v, dk, dv))
+}
+
+pub(crate) fn kv_name(kv: KvDtype) -> &'static str {
+    match kv {
+        KvDtype::Bf16 => "bf16",
+        KvDtype::Fp8E4m3 => "fp8_e4m3",
+        KvDtype::Fp8E5m2 => "fp8_e5m2",
+    }
+}
+
+pub(crate) fn check_decode(c: &mut Ctx, hd: usize, nh: usize, nkv: usize, kv: KvDtype) -> R<()> {
+    let lens = [1usize, 17, 300, 1029, 2500];
+    let b = lens.len();
+    let total: usize = lens.iter().sum();
+    let n_slots = total + 100;
+    let (k, v, dk, dv) = random_cache(c, n_slots, nkv, hd, kv)?;
+    let perm = c.rng.perm(n_slots);
+    let mut indptr = vec![0i32];
+    let mut idx = Vec::new();
+    let mut seq_slots = Vec::new();
+    for &l in &lens {
+        let s: Vec<usize> = perm[idx.len()..idx.len() + l].to_vec();
+        idx.extend(s.iter().map(|&x| x as i32));
+        indptr.push(idx.len() as i32);
+        seq_slots.push(s);
+    }
+    let q_stride = (nh + 2 * nkv) * hd;
+    let q: Vec<f32> = (0..b * q_stride).map(|_| rbf(c.rng.sym())).collect();
+    let shape = AttnShape {
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        kv,
+    };
+    let max_len = *lens.iter().max().unwrap_or(&1);
+    for plan in [
+        c.k.decode_plan(b, nkv, max_len),
+        sgl_kernels::DecodeAttnPlan { splits: 1 },
+        sgl_kernels::DecodeAttnPlan { splits: 7 },
+    ] {
+        let rows = b * nh * plan.splits as usize;
+        let po = c.s.alloc_zeros::<f32>(rows * hd)?;
+        let pml = c.s.alloc_zeros::<f32>(rows * 2)?;
+        let (dq, dip, dix) = (c.up(&bf(&q))?, c.up(&indptr)?, c.up(&idx)?);
+        let out = c.poisoned(b * nh * hd)?;
+        // SAFETY: shapes as allocated.
+        unsafe {
+            c.k.decode_attn(
+                &c.s,
+                plan,
+                c.p(&out),
+                nh * hd,
+                c.p(&dq),
+                q_stride,
+                c.p(&dk),
+                c.p(&dv),
+                c.p(&dip),
+                c.p(&dix),
+                c.p(&po),
+                c.p(&pml),
+                b,
+                shape,
+            )?
+        };
+        let got = c.down(&out)?;
+        let mut want = Vec::new();
+        for (si, s) in seq_slots.iter().enumerate() {
+            for h in 0..nh {
+                let qr = &q[si * q_stride + h * hd..][..hd];
+                want.extend(attn_ref(
+                    qr,
+                    &k,
+                    &v,
+                    s,
+                    h / (nh / nkv),
+                    nkv,
+                    hd,
+                    s.len() - 1,
+                ));
+            }
+        }
+        let name = format!(
+            "decode_attn d{hd} {nh}/{nkv} heads, {} splits, {} pool",
+            plan.splits,
+            kv_name(kv)
+        );
+        c.record(&name, rel_err(&got, &want), 1e-2);
+    }
+    Ok(())
+}
+
+/// The one-launch decode attention forms against the unfused kernels, bit for bit: for a batch
+/// of sequences of `lens` keys each (the last the new token), random raw qkv rows and
+/// positions, and several split counts: `decode_attn_merged` on rotated q against
+/// `decode_attn` + `attn_merge_splits`, and `decode_attn_rope` on the raw rows against
+/// `rope_kv_store` + `decode_attn` + merge: outputs, the K and V pools (the new tokens' slots
+/// NaN before), the qkv rows left unmodified, and the arrival counters back at zero; each
+/// fused launch runs twice, into NaN-poisoned outputs.
+pub(crate) fn check_decode_fused(
+    c: &mut Ctx,
+    hd: usize,
+    nh: usize,
+    nkv: usize,
+    lens: &[usize],
+    kv: KvDtype,
+) -> R<()> {
+    let b = lens.len();
+    let total: usize = lens.iter().sum();
+    let n_slots = total + 16;
+    let row = (nh + 2 * nkv) * hd;
+    let kv_row = nkv * hd;
+    let (mut k, mut v, _, _) = random_cache(c, n_slots, nkv, hd, kv)?;
+    let perm = c.rng.perm(n_slots);
+    let mut indptr = vec![0i32];
+    let mut idx: Vec<i32> = Vec::new();
+    let mut new_slots = Vec::new();
+    for &l in lens {
+        idx.extend(perm[idx.len()..idx.len() + l].iter().map(|&x| x as i32));
+        indptr.push(idx.len() as i32);
+        new_slots.push(*idx.last().unwrap_or(&0));
+    }
+    for &sl in &new_slots {
+        for j in 0..kv_row {
+            k[sl as usize * kv_row + j] = f32::NAN;
+            v[sl as usize * kv_row + j] = f32::NAN;
+        }
+    }
+    let qkv = bf(&(0..b * row).map(|_| c.rng.sym()).collect::<Vec<_>>());
+    let positions: Vec<i32> = lens
+        .iter()
+        .map(|&l| (l - 1 + c.rng.below(5000)) as i32)
+        .collect();
+    let inv = llama3_inv_freq(hd);
+    let shape = AttnShape {
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        kv,
+    };
+    let (dip, dix, dpos, dsl, dinv) = (
+        c.up(&indptr)?,
+        c.up(&idx)?,
+        c.up(&positions)?,
+        c.up(&new_slots)?,
+        c.up(&inv)?,
+    );
+    let counters = c.s.alloc_zeros::<u32>(b * nkv)?;
+    let max_len = *lens.iter().max().unwrap_or(&1);
+    let (mut differ, mut compared, mut nonfinite) = (0usize, 0usize, 0usize);
+    let mut splits = Vec::new();
+    for plan in [
+        c.k.decode_plan(b, nkv, max_len),
+        sgl_kernels::DecodeAttnPlan { splits: 1 },
+        sgl_kernels::DecodeAttnPlan { splits: 3 },
+        sgl_kernels::DecodeAttnPlan { splits: 7 },
+        sgl_kernels::DecodeAttnPlan {
+            splits: sgl_kernels::MAX_DECODE_SPLITS,
+        },
+    ] {
+        splits.push(plan.splits);
+        let parts = b * nh * plan.splits as usize;
+        let po = c.s.alloc_zeros::<f32>(parts * hd)?;
+        let pml = c.s.alloc_zeros::<f32>(parts * 2)?;
+        // unfused: rope_kv_store, then decode_attn + merge
+        let pool = |x: &[f32]| kv_encode(x, kv).0;
+        let (dq1, dk1, dv1) = (c.up(&qkv)?, c.up(&pool(&k))?, c.up(&pool(&v))?);
+        let out1 = c.poisoned(b * nh * hd)?;
+        // SAFETY: shapes as allocated; new_slots inside the pool.
+        unsafe {
+            c.k.rope_kv_store(
+                &c.s,
+                c.p(&dq1),
+                c.p(&dk1),
+                c.p(&dv1),
+                c.p(&dpos),
+                c.p(&dsl),
+                c.p(&dinv),
+                b,
+                shape,
+            )?;
+            c.k.decode_attn(
+                &c.s,
+                plan,
+                c.p(&out1),
+                nh * hd,
+                c.p(&dq1),
+                row,
+                c.p(&dk1),
+                c.p(&dv1),
+                c.p(&dip),
+                c.p(&dix),
+                c.p(&po),
+                c.p(&pml),
+                b,
+                shape,
+            )?;
+        }
+        let want = c.down(&out1)?;
+        nonfinite += want.iter().filter(|x| !x.is_finite()).count();
+        let bits = |d: &CudaSlice<bf16>| -> R<Vec<u16>> {
+            c.s.synchronize()?;
+            Ok(c.s.clone_dtoh(d)?.iter().map(|x| x.to_bits()).collect())
+        };
+        let bytes = |d: &CudaSlice<u8>| -> R<Vec<u16>> {
+            c.s.synchronize()?;
+            Ok(c.s.clone_dtoh(d)?.iter().map(|&x| x as u16).collect())
+        };
+        let (want_o, want_k, want_v) = (bits(&out1)?, bytes(&dk1)?, bytes(&dv1)?);
+        for _ in 0..2 {
+            // merged, on the rotated rows
+            let out2 = c.poisoned(b * nh * hd)?;
+            // SAFETY: as above; counters: b x nkv, zero.
+            unsafe {
+                c.k.decode_attn_merged(
+                    &c.s,
+                    plan,
+                    c.p(&out2),
+                    nh * hd,
+                    c.p(&dq1),
+                    row,
+                    c.p(&dk1),
+                    c.p(&dv1),
+                    c.p(&dip),
+                    c.p(&dix),
+                    c.p(&po),
+                    c.p(&pml),
+                    c.p(&counters),
+                    b,
+                    shape,
+                )?
+            };
+            differ += diff_bits(&bits(&out2)?, &want_o);
+            compared += want_o.len();
+        }
+        // rope form on the raw rows and a pool whose new slots are still NaN
+        let (dq3, dk3, dv3) = (c.up(&qkv)?, c.up(&pool(&k))?, c.up(&pool(&v))?);
+        for _ in 0..2 {
+            let out3 = c.poisoned(b * nh * hd)?;
+            // SAFETY: as above.
+            unsafe {
+                c.k.decode_attn_rope(
+                    &c.s,
+                    plan,
+                    c.p(&out3),
+                    nh * hd,
+                    c.p(&dq3),
+                    c.p(&dk3),
+                    c.p(&dv3),
+                    c.p(&dpos),
+                    c.p(&dinv),
+                    c.p(&dip),
+                    c.p(&dix),
+                    c.p(&po),
+                    c.p(&pml),
+                    c.p(&counters),
+                    b,
+                    shape,
+                )?
+            };
+            differ += diff_bits(&bits(&out3)?, &want_o);
+            differ += diff_bits(&bytes(&dk3)?, &want_k);
+            differ += diff_bits(&bytes(&dv3)?, &want_v);
+            compared += want_o.len() + want_k.len() + want_v.len();
+        }
+        let raw: Vec<u16> = qkv.iter().map(|x| x.to_bits()).collect();
+        differ += diff_bits(&bits(&dq3)?, &raw);
+        compared += raw.len();
+        c.s.synchronize()?;
+        let left = c.s.clone_dtoh(&counters)?;
+        differ += left.iter().filter(|&&x| x != 0).count();
+        compared += left.len();
+    }
+    c.record(
+        &format!(
+            "decode_attn_merged / decode_attn_rope d{hd} {nh}/{nkv} heads, {} pool, lens {lens:?}, splits {splits:?}: bits vs rope_kv_store + decode_attn + merge ({differ} of {compared} differ, {nonfinite} reference outputs not finite)",
+            kv_name(kv)
+        ),
+        if nonfinite == 0 {
+            differ as f64 / compared as f64
+        } else {
+            f64::INFINITY
+        },
+        0.0,
+    );
+    Ok(())
+}
+
+pub(crate) fn check_prefill(c: &mut Ctx, hd: usize, nh: usize, nkv: usize, kv: KvDtype) -> R<()> {
+    // (prefix already cached, new query tokens)
+    let seqs = [(0usize, 1usize), (0, 70), (150, 200), (37, 64), (0, 513)];
+    let total_kv: usize = seqs.iter().map(|(p, q)| p + q).sum();
+    let n_slots = total_kv + 50;
+    let (k, v, dk, dv) = random_cache(c, n_slots, nkv, hd, kv)?;
+    let perm = c.rng.perm(n_slots);
+    let (mut q_indptr, mut kv_indptr, mut prefix, mut idx) =
+        (vec![0i32], vec![0i32], Vec::new(), Vec::new());
+    let mut seq_slots = Vec::new();
+    let mut t = 0;
+    for &(p, q) in &seqs {
+        let s: Vec<usize> = perm[idx.len()..idx.len() + p + q].to_vec();
+        idx.extend(s.iter().map(|&x| x as i32));
+        kv_indptr.push(idx.len() as i32);
+        t += q;
+        q_indptr.push(t as i32);
+        prefix.push(p as i32);
+        seq_slots.push(s);
+    }
+    let q_stride = (nh + 2 * nkv) * hd;
+    let qkv: Vec<f32> = (0..t * q_stride).map(|_| rbf(c.rng.sym())).collect();
+    let tiles = prefill_tiles(&seqs.iter().map(|s| s.1).collect::<Vec<_>>());
+    let (dq, dt, dqi, dki, dix, dp) = (
+        c.up(&bf(&qkv))?,
+        c.up(&tiles)?,
+        c.up(&q_indptr)?,
+        c.up(&kv_indptr)?,
+        c.up(&idx)?,
+        c.up(&prefix)?,
+    );
+    let out = c.poisoned(t * nh * hd)?;
+    let shape = AttnShape {
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        kv,
+    };
+    // SAFETY: shapes as allocated.
+    unsafe {
+        c.k.prefill_attn(
+            &c.s,
+            c.p(&out),
+            nh * hd,
+            c.p(&dq),
+            q_stride,
+            c.p(&dk),
+            c.p(&dv),
+            c.p(&dt),
+            tiles.len() / 2,
+            c.p(&dqi),
+            c.p(&dki),
+            c.p(&dix),
+            c.p(&dp),
+            shape,
+        )?
+    };
+    let got = c.down(&out)?;
+    let mut want = Vec::new();
+    let mut row = 0;
+    for (si, &(p, q)) in seqs.iter().enumerate() {
+        for i in 0..q {
+            for h in 0..nh {
+                let qr = &qkv[row * q_stride + h * hd..][..hd];
+                want.extend(attn_ref(
+                    qr,
+                    &k,
+                    &v,
+                    &seq_slots[si],
+                    h / (nh / nkv),
+                    nkv,
+                    hd,
+                    p + i,
+                ));
+            }
+            row += 1;
+        }
+    }
+    c.record(
+        &format!(
+            "prefill_attn d{hd} {nh}/{nkv} heads, cached prefixes, {} pool",
+            kv_name(kv)
+        ),
+        rel_err(&got, &want),
+        1e-2,
+    );
+    Ok(())
+}
+
+/// Every attention check on a pool of `kv` elements: the RoPE store, decode attention at
+/// `decode` shapes (head_dim, heads, KV heads), the one-launch forms at `fused` shapes for each
+/// batch of sequence lengths in `lens`, and prefill attention.
+pub(crate) fn check_attention(
+    c: &mut Ctx,
+    kv: KvDtype,
+    decode: &[(usize, usize, usize)],
+    fused: &[(usize, usize, usize)],
+    lens: &[&[usize]],
+) -> R<()> {
+    check_rope(c, kv)?;
+    for &(hd, nh, nkv) in decode {
+        check_decode(c, hd, nh, nkv, kv)?;
+    }
+    for &(hd, nh, nkv) in fused {
+        for l in lens {
+            check_decode_fused(c, hd, nh, nkv, l, kv)?;
+        }
+    }
+    check_prefill(c, 128, 32, 8, kv)?;
+    check_prefill(c, 64, 8, 4, kv)
+}

@@ -1,0 +1,378 @@
+//! Benchmarks (`bench-gemv`, `bench-gemv-fp8`, `bench-decode`): timing helpers, the decode GEMV against cuBLASLt and the copy bandwidth, one decode step in a CUDA graph.
+
+use super::*;
+
+/// Median time in µs of `f` over `iters` launches after a warm-up (CUDA events on `s`).
+pub(crate) fn time_on(s: &CudaStream, iters: usize, mut f: impl FnMut(usize) -> R<()>) -> R<f64> {
+    use cudarc::driver::sys::CUevent_flags;
+    for i in 0..3 {
+        f(i)?;
+    }
+    let ctx = s.context();
+    let mut per = Vec::new();
+    for rep in 0..5 {
+        let e0 = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let e1 = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        e0.record(s)?;
+        for i in 0..iters {
+            f(rep * iters + i)?;
+        }
+        e1.record(s)?;
+        per.push(e0.elapsed_ms(&e1)? as f64 * 1e3 / iters as f64);
+    }
+    per.sort_by(f64::total_cmp);
+    Ok(per[per.len() / 2])
+}
+
+/// Median time in µs of `f` over `iters` launches on the check stream.
+pub(crate) fn time_us(c: &Ctx, iters: usize, f: impl FnMut(usize) -> R<()>) -> R<f64> {
+    time_on(&c.s, iters, f)
+}
+
+/// Device-to-device copy bandwidth (read + write) in bytes per second, over 1 GiB.
+pub(crate) fn copy_bandwidth(c: &Ctx) -> R<f64> {
+    let s = c.s.clone();
+    let n_copy = 1usize << 30;
+    let (src, dst) = (s.alloc_zeros::<u8>(n_copy)?, s.alloc_zeros::<u8>(n_copy)?);
+    let (sa, da) = (dptr(&src, &s).addr(), dptr(&dst, &s).addr());
+    let copy_us = time_us(c, 5, |_| {
+        // SAFETY: both buffers hold n_copy bytes.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(da, sa, n_copy, s.cu_stream())? };
+        Ok(())
+    });
+    drop((src, dst));
+    let copy_bw = 2.0 * n_copy as f64 / (copy_us? * 1e-6);
+    println!(
+        "device copy bandwidth (read + write): {:.0} GB/s",
+        copy_bw / 1e9
+    );
+    Ok(copy_bw)
+}
+
+/// GEMV vs cuBLASLt on the decode GEMMs of Llama-3.1-8B (weights cycled through enough copies
+/// that none is still in L2), against device-to-device copy bandwidth (read + write).
+/// The FP8-weight GEMV on the 8B decode shapes: µs, GB/s of FP8 weights, share of the copy
+/// bandwidth; and the sum over one decode step's layer GEMMs.
+pub(crate) fn bench_gemv_fp8(c: &mut Ctx) -> R<()> {
+    use GemvEpilogue::*;
+    let s = c.s.clone();
+    let copy_bw = copy_bandwidth(c)?;
+    let shapes = [
+        ("qkv", 4096usize, 6144usize, Store),
+        ("o", 4096, 4096, Store),
+        ("gate_up", 4096, 28672, SwiGlu),
+        ("down", 14336, 4096, Store),
+    ];
+    println!("\n| FP8 shape | k | n | tokens | plan | µs | GB/s | of copy |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut step = std::collections::BTreeMap::<usize, (f64, f64)>::new();
+    for (name, k, n, epi) in shapes {
+        let bytes = n * k;
+        let copies = (256usize << 20).div_ceil(bytes).max(1);
+        let host: Vec<u8> = (0..n * k).map(|i| (i % 251) as u8 & 0x77).collect();
+        let scale = c.up(&vec![1e-3f32; n])?;
+        let ws: Vec<CudaSlice<u8>> = (0..copies)
+            .map(|_| s.clone_htod(&host))
+            .collect::<Result<_, _>>()?;
+        drop(host);
+        let xh = bf(&(0..8 * k).map(|_| c.rng.sym()).collect::<Vec<_>>());
+        let x = c.up(&xh)?;
+        let y = s.alloc_zeros::<bf16>(8 * n)?;
+        let iters = (4usize << 30).div_ceil(bytes).clamp(10, 400);
+        for m in [1usize, 8] {
+            let plan = c.k.gemv_plan(k, n, epi);
+            let us = time_us(c, iters, |i| {
+                let w = WeightRef::Fp8 {
+                    w: dptr(&ws[i % copies], &s),
+                    scale: dptr(&scale, &s),
+                };
+                // SAFETY: shapes as allocated.
+                unsafe {
+                    c.k.gemv(&s, dptr(&y, &s), dptr(&x, &s), w, m, k, n, epi, &c.gemv_ws)?
+                };
+                Ok(())
+            })?;
+            let bw = bytes as f64 / (us * 1e-6);
+            println!(
+                "| {name} | {k} | {n} | {m} | {}r x {} x {} | {us:.1} | {:.0} | {:.1}% |",
+                plan.rows_per_block,
+                plan.tiles,
+                plan.splits,
+                bw / 1e9,
+                100.0 * bw / copy_bw
+            );
+            let e = step.entry(m).or_default();
+            e.0 += us * 32.0;
+            e.1 += (bytes * 32) as f64;
+        }
+    }
+    for (m, (us, bytes)) in step {
+        let floor = bytes / copy_bw * 1e6;
+        println!(
+            "FP8 layer GEMVs of one decode step, {m} tokens: {:.3} ms, copy-rate floor {:.3} ms ({:.1}%)",
+            us / 1e3,
+            floor / 1e3,
+            100.0 * floor / us
+        );
+    }
+    Ok(())
+}
+
+pub(crate) fn bench_gemv(c: &mut Ctx) -> R<()> {
+    use GemvEpilogue::*;
+    let s = c.s.clone();
+    let copy_bw = copy_bandwidth(c)?;
+    // (name, k, n, epilogue, per decode step: 32 layers or once)
+    let shapes = [
+        ("qkv", 4096usize, 6144usize, Store, 32usize),
+        ("o", 4096, 4096, Store, 32),
+        ("gate_up", 4096, 28672, SwiGlu, 32),
+        ("down", 14336, 4096, Store, 32),
+        ("lm_head", 4096, 128256, Store, 1),
+    ];
+    println!(
+        "\n| shape | k | n | tokens | plan | GEMV µs | GEMV GB/s | cuBLASLt µs | cuBLASLt GB/s | GEMV / copy | cuBLASLt / copy |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut step = std::collections::BTreeMap::<usize, (f64, f64, f64)>::new();
+    for (name, k, n, epi, per_step) in shapes {
+        let bytes = n * k * 2;
+        let copies = (256usize << 20).div_ceil(bytes).max(1);
+        // non-zero weights (a pattern: cheap to make for 1 GB)
+        let host = bf(&(0..n * k)
+            .map(|i| ((i % 251) as f32 - 125.0) * 1e-3)
+            .collect::<Vec<_>>());
+        let ws: Vec<CudaSlice<bf16>> = (0..copies)
+            .map(|_| s.clone_htod(&host))
+            .collect::<Result<_, _>>()?;
+        drop(host);
+        let xh = bf(&(0..8 * k).map(|_| c.rng.sym()).collect::<Vec<_>>());
+        let x = c.up(&xh)?;
+        let y = s.alloc_zeros::<bf16>(8 * n)?;
+        let iters = (4usize << 30).div_ceil(bytes).clamp(10, 200);
+        for m in [1usize, 4, 8] {
+            let plan = c.k.gemv_plan(k, n, epi);
+            let gemv = time_us(c, iters, |i| {
+                let w = dptr(&ws[i % copies], &s);
+                // SAFETY: shapes as allocated.
+                unsafe {
+                    c.k.gemv(&s, dptr(&y, &s), dptr(&x, &s), w, m, k, n, epi, &c.gemv_ws)?
+                };
+                Ok(())
+            })?;
+            let blas = time_us(c, iters, |i| {
+                let w = dptr(&ws[i % copies], &s);
+                // SAFETY: shapes as allocated.
+                unsafe {
+                    c.gemm
+                        .linear(dptr(&x, &s), w, dptr(&y, &s), m, k, n, false)?
+                };
+                Ok(())
+            })?;
+            let (gbw, bbw) = (bytes as f64 / (gemv * 1e-6), bytes as f64 / (blas * 1e-6));
+            println!(
+                "| {name} | {k} | {n} | {m} | {}r x {} x {} | {gemv:.1} | {:.0} | {blas:.1} | {:.0} | {:.1}% | {:.1}% |",
+                plan.rows_per_block,
+                plan.tiles,
+                plan.splits,
+                gbw / 1e9,
+                bbw / 1e9,
+                100.0 * gbw / copy_bw,
+                100.0 * bbw / copy_bw
+            );
+            let e = step.entry(m).or_default();
+            e.0 += gemv * per_step as f64;
+            e.1 += blas * per_step as f64;
+            e.2 += (bytes * per_step) as f64;
+        }
+    }
+    println!(
+        "\nGEMMs of one decode step (32 layers + LM head; cuBLASLt runs gate_up without the fused SwiGLU):"
+    );
+    println!(
+        "| tokens | weight GB | GEMV ms | cuBLASLt ms | copy-rate floor ms | GEMV of floor | cuBLASLt of floor |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (m, (g, b, bytes)) in step {
+        let floor = bytes / copy_bw * 1e3;
+        println!(
+            "| {m} | {:.2} | {:.3} | {:.3} | {floor:.3} | {:.1}% | {:.1}% |",
+            bytes / 1e9,
+            g / 1e3,
+            b / 1e3,
+            100.0 * floor / (g / 1e3),
+            100.0 * floor / (b / 1e3)
+        );
+    }
+    Ok(())
+}
+
+/// One batch-1 decode step of Llama-3.1-8B (32 layers, 128256-token head, 256 cached keys)
+/// captured in a CUDA graph: fused or separate norms, PDL on or off (trigger at the end of each
+/// block's work, or right after the wait), a sweep of the GEMV's L2 prefetch depth before its
+/// wait, the three attention forms, and ablations (the same graph without attention, without
+/// the LM head, without norms, attention alone) that show each kernel family's marginal cost in
+/// the graph. Prints ms per step, launches, and the copy-bandwidth floor of the weight bytes
+/// the variant streams over its step time.
+pub(crate) fn bench_decode(c: &mut Ctx) -> R<()> {
+    let copy_bw = copy_bandwidth(c)?;
+    let s = c.s.context().new_stream()?;
+    let t0 = std::time::Instant::now();
+    let m = DecodeModel::new(&c.k, &s, &mut c.rng, 32, 128256, 256)?;
+    s.synchronize()?;
+    let bytes = m.weight_bytes() as f64;
+    let lm_bytes = 2.0 * m.lm_head.len() as f64;
+    let floor_ms = bytes / copy_bw * 1e3;
+    println!(
+        "decode model ready in {:.1}s: {:.2} GB of weights, copy-rate floor {floor_ms:.3} ms/step, attention {} splits",
+        t0.elapsed().as_secs_f64(),
+        bytes / 1e9,
+        m.plan.splits
+    );
+    let (pdl_default, pf_default) = (c.k.pdl(), c.k.gemv_prefetch());
+    let early_default = c.k.pdl_early_trigger();
+    println!(
+        "\n| step | norms | attention | PDL | GEMV L2 prefetch steps | launches | ms / step | of floor |\n|---|---|---|---|---|---|---|---|"
+    );
+    use AttnForm::*;
+    let full = Variant::FULL;
+    let no_attn = full.with_attn(Skip);
+    let attn_only = Variant {
+        gemvs: false,
+        lm_head: false,
+        ..full
+    };
+    // (name, variant, PDL, early trigger, prefetch steps)
+    let mut configs = vec![
+        ("full", full, true, false, pf_default),
+        ("full", full, true, true, pf_default),
+        ("full", full, false, false, pf_default),
+    ];
+    for pf in [0, 2, 4, u32::MAX] {
+        configs.push(("full", full, true, false, pf));
+    }
+    for attn in [Merged, Rope] {
+        configs.push(("full", full.with_attn(attn), true, false, pf_default));
+        configs.push(("full", full.with_attn(attn), true, true, pf_default));
+        configs.push(("full", full.with_attn(attn), false, false, pf_default));
+    }
+    configs.extend([
+        ("full", full.separate_norms(), true, false, pf_default),
+        ("full", full.separate_norms(), false, false, pf_default),
+        (
+            "no attention (GEMVs only)",
+            no_attn,
+            true,
+            false,
+            pf_default,
+        ),
+        ("no attention (GEMVs only)", no_attn, true, true, pf_default),
+        (
+            "no attention (GEMVs only)",
+            no_attn,
+            false,
+            false,
+            pf_default,
+        ),
+        (
+            "GEMVs only, norms left out",
+            no_attn.separate_norms().without_norms(),
+            true,
+            false,
+            pf_default,
+        ),
+        (
+            "no LM head",
+            full.without_lm_head(),
+            true,
+            false,
+            pf_default,
+        ),
+        (
+            "no LM head",
+            full.with_attn(Rope).without_lm_head(),
+            true,
+            false,
+            pf_default,
+        ),
+        (
+            "LM head only",
+            no_attn.without_layer_gemvs(),
+            true,
+            false,
+            pf_default,
+        ),
+        ("attention only", attn_only, true, false, pf_default),
+        ("attention only", attn_only, false, false, pf_default),
+        (
+            "attention only",
+            attn_only.with_attn(Merged),
+            true,
+            false,
+            pf_default,
+        ),
+        (
+            "attention only",
+            attn_only.with_attn(Rope),
+            true,
+            false,
+            pf_default,
+        ),
+        (
+            "attention only",
+            attn_only.with_attn(Rope),
+            false,
+            false,
+            pf_default,
+        ),
+    ]);
+    for (name, v, pdl, early, pf) in configs {
+        c.k.set_pdl(pdl);
+        c.k.set_pdl_early_trigger(early, &s)?;
+        c.k.set_gemv_prefetch(pf);
+        if pdl && !c.k.pdl() {
+            println!("(PDL needs sm_90: skipped)");
+            continue;
+        }
+        let (g, launches) = m.capture(&c.k, &s, v)?;
+        let us = time_on(&s, 20, |_| Ok(g.launch()?))?;
+        let var_bytes = if v.gemvs {
+            bytes - if v.lm_head { 0.0 } else { lm_bytes }
+        } else if v.lm_head {
+            lm_bytes
+        } else {
+            0.0
+        };
+        let of_floor = if var_bytes > 0.0 {
+            format!("{:.1}%", 100.0 * var_bytes / copy_bw / (us * 1e-6))
+        } else {
+            "-".to_string()
+        };
+        println!(
+            "| {name} | {} | {:?} | {} | {} | {launches} | {:.3} | {of_floor} |",
+            if v.fused {
+                "fused"
+            } else if v.norms {
+                "add_rmsnorm"
+            } else {
+                "none"
+            },
+            v.attn,
+            match (pdl, early) {
+                (false, _) => "off",
+                (true, false) => "on, end trigger",
+                (true, true) => "on, early trigger",
+            },
+            if pf == u32::MAX {
+                "all".to_string()
+            } else {
+                pf.to_string()
+            },
+            us / 1e3,
+        );
+    }
+    c.k.set_pdl(pdl_default);
+    c.k.set_pdl_early_trigger(early_default, &s)?;
+    c.k.set_gemv_prefetch(pf_default);
+    Ok(())
+}
