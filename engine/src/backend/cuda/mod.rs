@@ -48,13 +48,13 @@ pub struct CudaOptions {
     pub quantization: Quantization,
     /// The KV pool's element type (`--kv-cache-dtype`).
     pub kv: KvDtype,
+    pub tensor_parallel: TensorParallel,
+    /// Tensor parallelism: NCCL for every all-reduce, no one-shot kernel.
+    pub disable_custom_all_reduce: bool,
     /// Batch-invariant results (`--enable-deterministic-inference`): one GEMM algorithm for
     /// every token count and no GEMV, a fixed decode attention split count, and the one-shot
     /// all-reduce (rank-ordered sums) for every message.
     pub deterministic: bool,
-    pub tensor_parallel: TensorParallel,
-    /// Tensor parallelism: NCCL for every all-reduce, no one-shot kernel.
-    pub disable_custom_all_reduce: bool,
 }
 
 impl Default for CudaOptions {
@@ -66,10 +66,10 @@ impl Default for CudaOptions {
             disable_cuda_graph: false,
             max_forward_tokens: 8192,
             quantization: Quantization::AsStored,
-            deterministic: false,
             kv: KvDtype::Bf16,
             tensor_parallel: TensorParallel::default(),
             disable_custom_all_reduce: false,
+            deterministic: false,
         }
     }
 }
@@ -91,10 +91,10 @@ impl From<&LoadOptions> for CudaOptions {
                 KvCacheDtype::Auto => KvDtype::Bf16,
                 KvCacheDtype::Fp8E4m3 => KvDtype::Fp8E4m3,
                 KvCacheDtype::Fp8E5m2 => KvDtype::Fp8E5m2,
-            deterministic: o.deterministic,
             },
             tensor_parallel: o.tensor_parallel,
             disable_custom_all_reduce: o.disable_custom_all_reduce,
+            deterministic: o.deterministic,
             ..CudaOptions::default()
         }
     }
@@ -238,6 +238,9 @@ impl CudaBackend {
                     &stream,
                     j,
                     rank,
+                    opts.disable_custom_all_reduce
+                        || std::env::var("SGL_DISABLE_CUSTOM_ALL_REDUCE").as_deref() == Ok("1"),
+                )?;
                 // Two ranks' sums are the same bits in either order; more need the one-shot
                 // kernel's fixed rank order for every message.
                 if opts.deterministic && j.size > 2 && ar.is_none() {
@@ -246,9 +249,6 @@ impl CudaBackend {
                         j.size
                     )));
                 }
-                    opts.disable_custom_all_reduce
-                        || std::env::var("SGL_DISABLE_CUSTOM_ALL_REDUCE").as_deref() == Ok("1"),
-                )?;
                 (Some(comm), ar)
             }
         };
@@ -433,10 +433,10 @@ impl CudaBackend {
         &mut self,
         gemv: bool,
         fuse_norm: bool,
-        let gemv = gemv && !self.opts.deterministic;
         fuse_attn: bool,
         pdl: bool,
     ) -> Result<()> {
+        let gemv = gemv && !self.opts.deterministic;
         let now = (
             self.use_gemv,
             self.fuse_norm,
@@ -739,6 +739,10 @@ impl Overlap for CudaBackend {
 
 /// Upper bound on decode-attention splits, re-exported for buffer sizing.
 pub(crate) const DECODE_SPLITS: usize = MAX_DECODE_SPLITS as usize;
+/// Decode attention's splits per sequence under `--enable-deterministic-inference`, for every
+/// batch: a sequence of `len` keys is split into parts of `len / 8` (at least one tile), so
+/// a batch of one still spreads over 8 x its KV heads blocks.
+pub(crate) const DETERMINISTIC_DECODE_SPLITS: u32 = 8;
 
 #[cfg(test)]
 mod split_tests {
@@ -757,7 +761,3 @@ mod split_tests {
         assert_eq!(merged, vec![0, 0, 10, 30, 40, 40, 40]);
     }
 }
-/// Decode attention's splits per sequence under `--enable-deterministic-inference`, for every
-/// batch: a sequence of `len` keys is split into parts of `len / 8` (at least one tile), so
-/// a batch of one still spreads over 8 x its KV heads blocks.
-pub(crate) const DETERMINISTIC_DECODE_SPLITS: u32 = 8;
