@@ -18,7 +18,10 @@ same machine.
 
     cargo build --release -p sgl-engine
     python3 scripts/bench/load_test.py --model "$(scripts/fetch-model.sh)" [--duration 60]
-        [--rate R --binary OTHER_BUILD]
+        [--rate R --binary OTHER_BUILD] [--levels 5 --duration 600 --rss-every 60]
+
+--rss-every N adds the server's RSS over time (peak and last sample of each N-second window),
+for the long run that shows memory stays bounded (10 minutes at 5x).
 """
 import argparse
 import asyncio
@@ -75,14 +78,29 @@ class Server:
 
 
 class RssSampler(threading.Thread):
+    """Samples the server's VmRSS every 0.25 s; keeps the peak and (time, KiB) samples."""
+
     def __init__(self, pid):
         super().__init__(daemon=True)
         self.pid, self.peak, self.running = pid, 0, True
+        self.start_time = time.perf_counter()
+        self.samples = []
 
     def run(self):
         while self.running:
-            self.peak = max(self.peak, rss_kib(self.pid, "VmRSS"))
+            kib = rss_kib(self.pid, "VmRSS")
+            self.peak = max(self.peak, kib)
+            self.samples.append((time.perf_counter() - self.start_time, kib))
             time.sleep(0.25)
+
+    def windows(self, every):
+        """(end second, peak KiB, last KiB) per window of `every` seconds."""
+        out = {}
+        for t, kib in self.samples:
+            w = int(t // every)
+            peak, _ = out.get(w, (0, 0))
+            out[w] = (max(peak, kib), kib)
+        return [((w + 1) * every, peak, last) for w, (peak, last) in sorted(out.items())]
 
 
 def body(rng, max_new):
@@ -150,6 +168,13 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--server-args", default="", help="extra engine flags, space separated")
     ap.add_argument(
+        "--rss-every",
+        type=float,
+        default=0,
+        help="also print the server's RSS over time: peak and last sample of each window of "
+        "this many seconds (0: only the level's peak)",
+    )
+    ap.add_argument(
         "--rate",
         type=float,
         help="take this as the sustainable rate (req/s) instead of measuring it, so that "
@@ -162,6 +187,8 @@ def main():
     )
     args = ap.parse_args()
 
+    print("command: " + " ".join(sys.argv))
+    print("load average (1, 5, 15 min) before: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
     server = Server(args.binary, args.model, args.port, args.server_args.split())
     try:
         info = server.info()
@@ -207,6 +234,15 @@ def main():
             )
             if other:
                 print("  other answers:", sorted({str(s) for s, _ in results if s != 200 and s not in (429, 503)}))
+            if args.rss_every > 0:
+                print(f"  RSS over time at {level:g}x (the load ends at {args.duration:.0f} s; "
+                      "later windows are the drain):")
+                print("  | until s | peak RSS MiB | last RSS MiB |")
+                print("  | --- | --- | --- |")
+                for end, peak, last in sampler.windows(args.rss_every):
+                    print(f"  | {end:.0f} | {peak / 1024:.0f} | {last / 1024:.0f} |", flush=True)
+            print("  load average (1, 5, 15 min) after the level: "
+                  + ", ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
     finally:
         server.stop()
 
