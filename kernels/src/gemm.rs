@@ -52,6 +52,9 @@ impl Drop for Plan {
     }
 }
 
+/// The algorithm of each (in, out, FP8) for a batch-invariant Gemm.
+type AlgoCache = Mutex<HashMap<(usize, usize, bool), sys::cublasLtMatmulAlgo_t>>;
+
 pub struct Gemm {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
@@ -59,7 +62,7 @@ pub struct Gemm {
     /// By (tokens, in, out, FP8).
     plans: Mutex<HashMap<(usize, usize, usize, bool), Plan>>,
     /// Batch invariance: the one algorithm of each (in, out, FP8), for every token count.
-    invariant: Option<Mutex<HashMap<(usize, usize, bool), sys::cublasLtMatmulAlgo_t>>>,
+    invariant: Option<AlgoCache>,
 }
 
 // SAFETY: the cuBLASLt handle and descriptors are only used through &self methods that take
@@ -114,7 +117,7 @@ impl Gemm {
         in_f: usize,
         out_f: usize,
         fp8: bool,
-        cache: &Mutex<HashMap<(usize, usize, bool), sys::cublasLtMatmulAlgo_t>>,
+        cache: &AlgoCache,
     ) -> Result<sys::cublasLtMatmulAlgo_t> {
         let mut cache = cache
             .lock()
