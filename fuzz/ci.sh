@@ -31,7 +31,8 @@ echo "fuzz targets built in $(($(date +%s) - start)) s"
 for target in $(cargo +nightly fuzz list); do
     mkdir -p "$cache/corpus/$target"
     log="$cache/$target.log"
-    if ! fuzz run "$target" "$cache/corpus/$target" -- -max_total_time="$secs" \
+    # New inputs go to the cached corpus; the checked-in seeds are read as a second corpus.
+    if ! fuzz run "$target" "$cache/corpus/$target" "corpus-seeds/$target" -- -max_total_time="$secs" \
         -rss_limit_mb=4096 -timeout=10 >"$log" 2>&1; then
         tail -n 60 "$log"
         echo "fuzz target $target failed; its input is in fuzz/artifacts/$target/" >&2
