@@ -577,4 +577,30 @@ mod tests {
         let out = request_headers(&client, Some("secret"));
         assert_eq!(out[header::AUTHORIZATION], "Bearer secret");
     }
+
+    fn answer(status: u16, retry_after: Option<&str>) -> reqwest::Response {
+        let mut b = http::Response::builder().status(status);
+        if let Some(v) = retry_after {
+            b = b.header(header::RETRY_AFTER, v);
+        }
+        reqwest::Response::from(b.body("").unwrap())
+    }
+
+    #[test]
+    fn a_429_or_a_503_with_retry_after_is_an_engine_shedding_load() {
+        assert_eq!(overload_advice(&answer(429, Some("7"))), Some(7));
+        assert_eq!(overload_advice(&answer(429, None)), Some(1));
+        assert_eq!(overload_advice(&answer(503, Some("13"))), Some(13));
+        let date = "Wed, 21 Oct 2015 07:28:00 GMT";
+        assert_eq!(overload_advice(&answer(503, Some(date))), Some(1));
+        // A 503 without advice is a gateway's or a stopping server's: retried elsewhere.
+        assert_eq!(overload_advice(&answer(503, None)), None);
+        for status in [200, 500, 502, 504] {
+            assert_eq!(
+                overload_advice(&answer(status, Some("5"))),
+                None,
+                "{status}"
+            );
+        }
+    }
 }
