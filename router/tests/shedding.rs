@@ -340,6 +340,22 @@ async fn max_concurrent_requests_bounds_the_router_across_workers() {
         })
         .await
     );
+    // Both places came back: two new streams are taken, and a third is refused again.
+    let mut again = Vec::new();
+    for i in 0..2 {
+        let resp = post(&c, &url, &generation(&format!("again {i}"), 8, true)).await;
+        assert_eq!(resp.status(), 200);
+        again.push(resp);
+    }
+    let resp = post(&c, &url, &generation("third again", 8, false)).await;
+    assert_shed(resp, 429, "rate_limit_error").await;
+    drop(again);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            loads(&c, &url).await == [0, 0]
+        })
+        .await
+    );
     for w in &workers {
         w.release(1000);
     }
