@@ -1,18 +1,15 @@
 //! Start the real `sgl-engine` binary on the real model for end-to-end tests.
 //!
-//! `Server::start` runs `sgl-engine serve --model-path <gguf> --port 0 ...`, waits for the
-//! `listening on http://127.0.0.1:<port>` line on its stdout, and kills the process on drop.
-//! A server shared by the tests of one binary lives in a `static`, which is never dropped:
-//! a small watchdog process (`sh`, reading our end of a pipe) kills the server when the test
-//! process exits, however it exits.
+//! `Server::start` runs `sgl-engine serve --model-path <gguf> --port 0 ...` through the
+//! workspace's one child-process harness (`sgl-test-harness`: waits for the
+//! `listening on http://127.0.0.1:<port>` line, logs to a file, kills the process on drop and,
+//! for a server kept in a `static`, when the test process exits), and adds the HTTP helpers
+//! these tests share.
 
 #![allow(dead_code, clippy::unwrap_used)]
 
-use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -24,45 +21,14 @@ const START_TIMEOUT: Duration = Duration::from_secs(300);
 pub const API_KEY: &str = "sk-sgl-test-key";
 
 pub struct Server {
-    child: Child,
-    /// Closing this pipe (our process exiting) makes the watchdog kill the server.
-    _watchdog_pipe: ChildStdin,
-    watchdog: Child,
+    process: sgl_test_harness::Server,
     pub base: String,
-    pub log: PathBuf,
     pub api_key: Option<String>,
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// Path of the test model: `$SGL_TEST_MODEL`, or what `scripts/fetch-model.sh` prints.
 pub fn model_path() -> PathBuf {
-    if let Ok(p) = std::env::var("SGL_TEST_MODEL") {
-        return PathBuf::from(p);
-    }
-    let out = Command::new("bash")
-        .arg(repo_root().join("scripts/fetch-model.sh"))
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("run scripts/fetch-model.sh");
-    assert!(out.status.success(), "scripts/fetch-model.sh failed");
-    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(!path.is_empty(), "scripts/fetch-model.sh printed no path");
-    PathBuf::from(path)
-}
-
-fn log_tail(path: &Path) -> String {
-    let mut s = String::new();
-    if let Ok(mut f) = File::open(path) {
-        let _ = f.read_to_string(&mut s);
-    }
-    let start = s.len().saturating_sub(4000);
-    let start = (start..s.len())
-        .find(|&i| s.is_char_boundary(i))
-        .unwrap_or(s.len());
-    s[start..].to_string()
+    sgl_test_harness::default_model().unwrap_or_else(|e| panic!("{e}"))
 }
 
 impl Server {
@@ -75,66 +41,23 @@ impl Server {
     pub fn start_model(name: &str, model: &Path, args: &[&str]) -> Server {
         let log = Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("sgl-engine-{name}-{}.log", std::process::id()));
-        let log_file = File::create(&log).expect("create server log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sgl-engine"))
-            .arg("serve")
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sgl-engine"));
+        cmd.arg("serve")
             .arg("--model-path")
             .arg(model)
             .args(["--host", "127.0.0.1", "--port", "0"])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log_file.try_clone().expect("clone log handle"))
-            .spawn()
-            .expect("spawn sgl-engine");
-        let pid = child.id();
-        let mut watchdog = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "read _ignored; kill -TERM {pid} 2>/dev/null; sleep 5; kill -KILL {pid} 2>/dev/null"
-            ))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn watchdog");
-        let pipe = watchdog.stdin.take().expect("watchdog stdin");
-
-        // Read stdout on a thread: find the `listening on` line, then copy the rest to the log
-        // so that the server never blocks on a full pipe.
-        let stdout = child.stdout.take().expect("server stdout");
-        let (tx, rx) = mpsc::channel();
-        let mut copy = log_file;
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let _ = writeln!(copy, "[stdout] {line}");
-                if let Some(rest) = line.trim().strip_prefix("listening on ")
-                    && let Some(t) = tx.take()
-                {
-                    let _ = t.send(rest.trim().trim_end_matches('/').to_string());
-                }
-            }
-        });
-        let base = match rx.recv_timeout(START_TIMEOUT) {
-            Ok(b) => b,
-            Err(_) => {
-                let _ = child.kill();
-                let status = child.wait().ok();
-                panic!(
-                    "sgl-engine did not print `listening on ...` (exit status {status:?}); log {}:\n{}",
-                    log.display(),
-                    log_tail(&log)
-                );
-            }
-        };
-        Server {
-            child,
-            _watchdog_pipe: pipe,
-            watchdog,
-            base,
+            .args(args);
+        let process = sgl_test_harness::Server::start(
+            &format!("sgl-engine {name}"),
+            cmd,
+            "listening on ",
+            START_TIMEOUT,
             log,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        Server {
+            base: process.url().to_string(),
+            process,
             api_key: None,
         }
     }
@@ -166,12 +89,12 @@ impl Server {
 
     /// The whole server log so far (stderr, and stdout lines marked `[stdout]`).
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.process.log_text()
     }
 
     /// Last lines of the server log, for failure messages.
     pub fn log_tail(&self) -> String {
-        log_tail(&self.log)
+        self.process.log_tail()
     }
 
     /// POST JSON, return the status and the body parsed as JSON (or as a string).
@@ -210,15 +133,6 @@ impl Server {
         assert!(ct.starts_with("text/event-stream"), "content-type {ct}");
         let text = resp.text().await.unwrap();
         sse_data(&text)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = self.watchdog.kill();
-        let _ = self.watchdog.wait();
     }
 }
 

@@ -15,11 +15,9 @@ mod fixtures;
 mod server;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
-use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -300,58 +298,35 @@ fn huggingface_hub_and_the_engine_share_one_cache() {
     assert_eq!(c.file_requests(), 0, "huggingface_hub fetched again: {c:?}");
 }
 
-/// A running `sgl-engine serve`, killed on drop.
+/// A running `sgl-engine serve` (the workspace's child-process harness), killed on drop.
 struct Serving {
-    child: Child,
+    _process: sgl_test_harness::Server,
     base: String,
 }
 
-impl Drop for Serving {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn serve(mut cmd: Command, model: &str, extra: &[&str], log: &Path) -> Serving {
-    let err = std::fs::File::create(log).unwrap();
-    let mut child = cmd
-        .args([
-            "serve",
-            "--model-path",
-            model,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-        ])
-        .args(["--max-total-tokens", "4096", "--num-threads", "1"])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(err)
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if let Some(rest) = line.strip_prefix("listening on ") {
-                let _ = tx.send(rest.trim().to_string());
-            }
-        }
-    });
-    match rx.recv_timeout(Duration::from_secs(300)) {
-        Ok(base) => Serving { child, base },
-        Err(_) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "sgl-engine serve {model} did not start:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-        }
+    cmd.args([
+        "serve",
+        "--model-path",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+    ])
+    .args(["--max-total-tokens", "4096", "--num-threads", "1"])
+    .args(extra);
+    let process = sgl_test_harness::Server::start(
+        &format!("sgl-engine serve {model}"),
+        cmd,
+        "listening on ",
+        Duration::from_secs(300),
+        log.to_path_buf(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    Serving {
+        base: process.url().to_string(),
+        _process: process,
     }
 }
 
