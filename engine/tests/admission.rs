@@ -278,7 +278,9 @@ async fn far_above_capacity_the_excess_gets_503_at_once() {
 
     // Cold start: nothing measured, so a burst the engine serves well within the deadline is
     // all accepted (only the hard bounds apply); its starts are the first measurement.
+    let t0 = Instant::now();
     let cold = burst(&s, "cold", 8, TOKENS).await;
+    let cold_rate = cold.len() as f64 / t0.elapsed().as_secs_f64();
     assert!(
         cold.iter().all(|a| a.status == 200),
         "cold burst: {:?}",
@@ -292,7 +294,10 @@ async fn far_above_capacity_the_excess_gets_503_at_once() {
     );
 
     // Far above capacity: what the measured rate cannot start in time is refused at once.
-    let n = 150;
+    // About ¾ of the deadline's worth of starts is accepted, so a burst of three deadlines'
+    // worth at the cold burst's rate (150 at least, within the count bound) is mostly
+    // refused however fast this machine is.
+    let n = ((3.0 * cold_rate * DEADLINE as f64).ceil() as usize).clamp(150, 900);
     let (answers, peak_estimate) = {
         let watch = async {
             let mut peak: f64 = 0.0;
@@ -395,13 +400,17 @@ async fn an_idle_or_lightly_loaded_engine_refuses_nothing() {
         statuses(&cold)
     );
     let deadline = Instant::now() + Duration::from_secs(120);
+    // A burst the estimate must refuse some of: it doubles until it does (a fast machine
+    // starts 60 requests within the deadline), up to what the count bound allows.
+    let mut n = 60;
     loop {
-        let hot = burst(&s, "hot", 60, TOKENS).await;
+        let hot = burst(&s, "hot", n, TOKENS).await;
         println!(
-            "60 at once: {} accepted, {} refused at once",
+            "{n} at once: {} accepted, {} refused at once",
             hot.iter().filter(|a| a.status == 200).count(),
             refused_at_once(&hot).len()
         );
+        n = (2 * n).min(960);
         let refused = refused_at_once(&hot);
         if !refused.is_empty() {
             // A shorter deadline, a shorter wait to advise than the test above.
