@@ -3,8 +3,8 @@
 # alone and inside batches of 1..63 random others over HTTP (deterministic_check.py), with the
 # flag and without it (the default, whose GEMM algorithm, GEMV and attention splits follow the
 # batch), bf16 and FP8 weights; and the flag's cost: a single request's decode rate and the
-# offline throughput of N random prompts, both over HTTP (det-ref1024: the GEMMs' algorithm
-# taken at 1024 tokens instead of 256). Expects .dev/gpu/sgl-engine; writes to $OUT.
+# offline throughput of N random prompts, both over HTTP (det-refT: the GEMMs' algorithm
+# taken at T tokens instead of 256). Expects .dev/gpu/sgl-engine; writes to $OUT.
 # Knobs: MODES ("default det det-fp8 default-fp8 det-ref1024"), N (500), ROUNDS (4), TP (1),
 # BUDGET_S (560).
 set -o pipefail
@@ -31,7 +31,9 @@ for mode in ${MODES:-default det det-fp8 default-fp8 det-ref1024}; do
   esac
   case $mode in
     *fp8) flags="$flags --quantization fp8" ;;
-    *ref1024) ref=1024 ;;
+  esac
+  case $mode in
+    *-ref[0-9]*) ref=${mode##*-ref} ;;
   esac
   port=$((port + 1))
   [ "$(elapsed)" -gt $((BUDGET_S - 90)) ] && { echo "== $mode skipped: out of time"; continue; }
