@@ -1,8 +1,7 @@
-//! The engine's one error type and its one mapping to an HTTP status and an OpenAI-style body.
+//! The engine's one error type, with the HTTP status code and the OpenAI-style body each
+//! error is answered with. The response itself is built by the API layer (`api/error.rs`), so
+//! this module knows no web framework.
 
-use axum::Json;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 #[derive(Debug, thiserror::Error)]
@@ -118,19 +117,18 @@ impl EngineError {
         }
     }
 
-    pub fn status(&self) -> StatusCode {
+    /// The HTTP status this error is answered with.
+    pub fn status_code(&self) -> u16 {
         match self {
-            EngineError::BadRequest { .. } | EngineError::InvalidArgument(_) => {
-                StatusCode::BAD_REQUEST
-            }
-            EngineError::NotFound(_) => StatusCode::NOT_FOUND,
-            EngineError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            EngineError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
-            EngineError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            EngineError::BadRequest { .. } | EngineError::InvalidArgument(_) => 400,
+            EngineError::NotFound(_) => 404,
+            EngineError::Unauthorized(_) => 401,
+            EngineError::Overloaded { .. } => 429,
+            EngineError::Unavailable { .. } => 503,
             EngineError::Load(_)
             | EngineError::Model(_)
             | EngineError::Backend(_)
-            | EngineError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            | EngineError::Internal(_) => 500,
         }
     }
 
@@ -163,7 +161,7 @@ impl EngineError {
                 "message": self.to_string(),
                 "type": self.kind(),
                 "param": param,
-                "code": self.status().as_u16(),
+                "code": self.status_code(),
             }
         })
     }
@@ -182,21 +180,6 @@ impl From<crate::backend::BackendError> for EngineError {
             crate::backend::BackendError::Load(e) => EngineError::Model(Box::new(e)),
             other => EngineError::Backend(Box::new(other)),
         }
-    }
-}
-
-impl IntoResponse for EngineError {
-    /// 429 and 503 say when to come back (`Retry-After`, seconds).
-    fn into_response(self) -> Response {
-        let retry_after = self.retry_after();
-        let mut resp = (self.status(), Json(self.body())).into_response();
-        if let Some(r) = retry_after {
-            resp.headers_mut().insert(
-                axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from(r.secs()),
-            );
-        }
-        resp
     }
 }
 
@@ -219,25 +202,5 @@ mod tests {
         assert_eq!(secs(61.0), 60);
         assert_eq!(secs(f64::INFINITY), 60);
         assert_eq!(secs(f64::NAN), 60);
-    }
-
-    #[test]
-    fn shed_answers_carry_their_retry_after() {
-        let e = EngineError::Unavailable {
-            message: "would wait".into(),
-            retry_after: RetryAfter::from_wait(12.3),
-        };
-        let resp = e.into_response();
-        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(resp.headers()[axum::http::header::RETRY_AFTER], "13");
-        let resp = EngineError::overloaded("full").into_response();
-        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(resp.headers()[axum::http::header::RETRY_AFTER], "1");
-        let resp = EngineError::bad_request("no").into_response();
-        assert!(
-            resp.headers()
-                .get(axum::http::header::RETRY_AFTER)
-                .is_none()
-        );
     }
 }

@@ -6,6 +6,7 @@
 //! away drops its handler (or its event stream), which drops the request's stream and so
 //! aborts the request in the scheduler.
 
+mod error;
 mod generation;
 mod native;
 mod openai;

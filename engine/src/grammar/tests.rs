@@ -860,7 +860,7 @@ fn a_stuck_compile_holds_its_slot_and_others_get_busy_not_a_hang() {
     );
     let err = busy.err().expect("no slot while the first compile runs");
     assert!(matches!(err, GrammarError::Busy(_)), "{err:?}");
-    assert_eq!(EngineError::from(err).status().as_u16(), 503);
+    assert_eq!(EngineError::from(err).status_code(), 503);
     release_tx.send(()).expect("release");
     stuck.join().expect("joins").expect("compiles");
     // The slot is free again.
