@@ -36,11 +36,7 @@ async fn a_request_that_kills_its_worker_is_not_retried_elsewhere() {
     let url = router.url();
     assert!(
         eventually(Duration::from_secs(10), || async {
-            list_workers(&c, &url).await["workers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|w| w["healthy"] == true)
+            every_worker(&c, &url, |w| w["healthy"] == true).await
         })
         .await
     );
@@ -81,11 +77,7 @@ async fn refused_connections_are_retried_and_mark_the_worker_dead() {
     let url = router.url();
     assert!(
         eventually(Duration::from_secs(10), || async {
-            list_workers(&c, &url).await["workers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|w| w["healthy"] == true)
+            every_worker(&c, &url, |w| w["healthy"] == true).await
         })
         .await
     );

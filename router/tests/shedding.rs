@@ -11,7 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::engine::Engine;
-use common::{client, eventually, list_workers, start};
+use common::{client, eventually, every_worker, list_workers, start};
 use serde_json::{Value, json};
 use sgl_router::sim::SimConfig;
 use sgl_router::{PolicyKind, RouterConfig};
@@ -127,11 +127,10 @@ async fn a_full_fleet_is_answered_429_by_the_router_and_nothing_leaks() {
     // The router learns each engine's bound: 1 running + 1 waiting.
     assert!(
         eventually(Duration::from_secs(60), || async {
-            list_workers(&c, &url).await["workers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|w| w["healthy"] == true && w["max_in_flight"] == 2)
+            every_worker(&c, &url, |w| {
+                w["healthy"] == true && w["max_in_flight"] == 2
+            })
+            .await
         })
         .await,
         "bounds not read: {}",
@@ -219,11 +218,10 @@ async fn an_engines_own_429_is_passed_through_once_and_not_retried_on_the_others
     let url = router.url();
     assert!(
         eventually(Duration::from_secs(60), || async {
-            list_workers(&c, &url).await["workers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|w| w["healthy"] == true && w["max_in_flight"] == 2)
+            every_worker(&c, &url, |w| {
+                w["healthy"] == true && w["max_in_flight"] == 2
+            })
+            .await
         })
         .await
     );
@@ -313,11 +311,7 @@ async fn max_concurrent_requests_bounds_the_router_across_workers() {
     let url = router.url();
     assert!(
         eventually(Duration::from_secs(10), || async {
-            list_workers(&c, &url).await["workers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|w| w["healthy"] == true)
+            every_worker(&c, &url, |w| w["healthy"] == true).await
         })
         .await
     );

@@ -87,6 +87,19 @@ pub async fn list_workers(c: &reqwest::Client, router: &str) -> Value {
         .unwrap()
 }
 
+/// Whether every worker `/list_workers` shows satisfies `pred` now.
+pub async fn every_worker(
+    c: &reqwest::Client,
+    router: &str,
+    pred: impl Fn(&Value) -> bool,
+) -> bool {
+    list_workers(c, router).await["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(pred)
+}
+
 /// The `/list_workers` entry of `url`.
 pub async fn worker_entry(c: &reqwest::Client, router: &str, url: &str) -> Value {
     let all = list_workers(c, router).await;
