@@ -29,6 +29,9 @@ const WORKSPACE_BYTES: usize = 32 << 20;
 /// tile of a good shape, small enough that a decode batch still spreads over the GPU.
 pub const INVARIANT_REF_TOKENS: usize = 256;
 
+/// The placeholder algorithm of a plan that failed or of a heuristic result not filled in.
+const NO_ALGO: sys::cublasLtMatmulAlgo_t = sys::cublasLtMatmulAlgo_t { data: [0; 8] };
+
 /// Algorithms the heuristic is asked for when one without split-k is wanted.
 const HEURISTIC_CANDIDATES: usize = 8;
 
@@ -134,13 +137,7 @@ impl Gemm {
         let pref = result::create_matmul_pref()?;
         let ws = WORKSPACE_BYTES;
         let no_reduction = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_NONE as u32;
-        let mut found = [sys::cublasLtMatmulHeuristicResult_t {
-            algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
-            workspaceSize: 0,
-            state: sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS,
-            wavesCount: 0.0,
-            reserved: [0; 4],
-        }; HEURISTIC_CANDIDATES];
+        let mut found = [heuristic_result(NO_ALGO); HEURISTIC_CANDIDATES];
         let mut count: i32 = 0;
         // SAFETY: attribute buffers are live locals of the documented types and sizes; the
         // result array holds HEURISTIC_CANDIDATES entries; every handle is destroyed once.
@@ -233,7 +230,7 @@ impl Gemm {
                             a,
                             b,
                             c,
-                            algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
+                            algo: NO_ALGO,
                         });
                         Err(e)
                     }
@@ -264,7 +261,7 @@ impl Gemm {
                     a,
                     b,
                     c,
-                    algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
+                    algo: NO_ALGO,
                 });
                 Err(KernelError::Unsupported(format!(
                     "no cuBLASLt algorithm for {tokens}x{in_f} -> {out_f}{}: {e:?}",
@@ -287,13 +284,7 @@ impl Gemm {
         c: sys::cublasLtMatrixLayout_t,
         algo: sys::cublasLtMatmulAlgo_t,
     ) -> Result<sys::cublasLtMatmulAlgo_t> {
-        let mut out = sys::cublasLtMatmulHeuristicResult_t {
-            algo,
-            workspaceSize: 0,
-            state: sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS,
-            wavesCount: 0.0,
-            reserved: [0; 4],
-        };
+        let mut out = heuristic_result(algo);
         // SAFETY: live handles made by this Gemm; `out` is a live local.
         let status =
             unsafe { sys::cublasLtMatmulAlgoCheck(self.handle, desc, a, b, c, c, &algo, &mut out) };
@@ -481,5 +472,16 @@ fn splitk(algo: &sys::cublasLtMatmulAlgo_t) -> u32 {
         v
     } else {
         u32::MAX
+    }
+}
+
+/// A heuristic result holding `algo`, for cuBLASLt to fill in.
+fn heuristic_result(algo: sys::cublasLtMatmulAlgo_t) -> sys::cublasLtMatmulHeuristicResult_t {
+    sys::cublasLtMatmulHeuristicResult_t {
+        algo,
+        workspaceSize: 0,
+        state: sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS,
+        wavesCount: 0.0,
+        reserved: [0; 4],
     }
 }
