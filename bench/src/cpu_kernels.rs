@@ -30,11 +30,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use candle_core::Device;
 use candle_core::quantized::{GgmlDType, gguf_file};
-use sgl_engine::backend::cpu::CpuBackend;
-use sgl_engine::backend::cpu::kernels::{
+use sgl_core::backend::cpu::CpuBackend;
+use sgl_core::backend::cpu::kernels::{
     Isa, Weight, WeightFormat, matmul_multi, matmul_with_isa, parallel_for, set_num_threads,
 };
-use sgl_engine::backend::{Backend, SeqInput};
+use sgl_core::backend::{Backend, SeqInput};
 
 const LLAMA_CPP_DECODE_MS: f64 = 1000.0 / 69.0;
 const LLAMA_CPP_PREFILL_TOK_S: f64 = 160.0;
@@ -526,7 +526,7 @@ fn decode_bench(path: &str, seconds: f64) -> anyhow::Result<()> {
     let max_ctx = contexts.iter().copied().max().unwrap_or(1).max(1);
     set_num_threads(threads);
 
-    let model = sgl_engine::model::load(std::path::Path::new(path))
+    let model = sgl_core::model::load(std::path::Path::new(path))
         .with_context(|| format!("load {path} (run scripts/fetch-model.sh)"))?;
     let vocab = model.config.vocab_size as u64;
     let mut backend = CpuBackend::with_capacity(&model, batch * max_ctx, max_ctx)?;

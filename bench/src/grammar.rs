@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use sgl_engine::grammar::{GrammarBackend, GrammarSpec, build_backend};
-use sgl_engine::tokenizer::Tokenizer;
+use sgl_core::grammar::{GrammarBackend, GrammarSpec, build_backend};
+use sgl_core::tokenizer::Tokenizer;
 
 const DEFAULT_MODEL: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),

@@ -73,7 +73,7 @@ enum Command {
 
 fn init_logging(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(format!("{level},sgl_engine={level}"))
+        tracing_subscriber::EnvFilter::new(format!("{level},sgl_core={level}"))
     });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -93,7 +93,7 @@ fn report<E: std::fmt::Display>(r: Result<(), E>) -> ExitCode {
 }
 
 #[cfg(feature = "cuda")]
-fn gpu(run: fn(&[String]) -> sgl_engine::error::Result<()>, p: Passed) -> ExitCode {
+fn gpu(run: fn(&[String]) -> sgl_core::error::Result<()>, p: Passed) -> ExitCode {
     init_logging("info");
     report(run(&p.args))
 }

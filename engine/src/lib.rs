@@ -1,22 +1,13 @@
-//! sgl-engine: an SGLang-compatible LLM serving engine.
+//! sgl-engine: the HTTP server of the SGLang-compatible serving engine.
 //!
-//! Data flow: the HTTP layer ([`api`]) validates and tokenizes a request, hands it to the
-//! scheduler thread through an [`engine::EngineHandle`], and streams back the tokens the
-//! scheduler sends. The scheduler ([`scheduler`]) owns the KV pool and radix cache ([`cache`])
-//! and the [`backend`], which runs the model ([`model`]).
+//! [`api`] serves SGLang's native routes and the OpenAI-compatible ones on axum: it validates
+//! and tokenizes a request, hands it to the engine core (`sgl_core`) through an
+//! [`EngineHandle`](sgl_core::engine::EngineHandle), and streams back the tokens the
+//! scheduler sends. The core's errors get their one HTTP mapping here (`api/error.rs`). The
+//! `sgl-engine` binary (`main.rs`) parses the flags, launches the core and serves [`api`].
 
 pub mod api;
-pub mod backend;
-pub mod cache;
-pub mod config;
-pub mod engine;
-pub mod error;
-pub mod grammar;
-pub mod metrics;
-pub mod model;
-pub mod request;
-pub mod sampling;
-pub mod scheduler;
-pub mod stop;
-pub mod tokenizer;
-pub mod tool_parser;
+
+/// The flags of `sgl-engine serve` and the model references it accepts, as the binary
+/// parses them: the operator checks every engine command it renders against these.
+pub use sgl_core::{config, model};

@@ -4,8 +4,8 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use sgl_engine::config::{DeviceKind, ServerArgs};
-use sgl_engine::model::hub;
+use sgl_core::config::{DeviceKind, ServerArgs};
+use sgl_core::model::hub;
 
 #[derive(Parser)]
 #[command(
@@ -36,7 +36,7 @@ struct DownloadArgs {
     #[arg(long, env = "HF_REVISION")]
     revision: Option<String>,
     #[arg(long, value_enum, default_value = "info")]
-    log_level: sgl_engine::config::LogLevel,
+    log_level: sgl_core::config::LogLevel,
     /// Also write the result lines (`path ...`, `commit ...`) to this file, e.g. a Kubernetes
     /// container's `/dev/termination-log`, where the kubelet reads it into the pod status.
     #[arg(long)]
@@ -121,14 +121,14 @@ async fn check(mut args: ServerArgs) -> Result<(), String> {
             }
         }
     }
-    let summary = sgl_engine::engine::check(args).map_err(|e| e.to_string())?;
+    let summary = sgl_core::engine::check(args).map_err(|e| e.to_string())?;
     println!("ok: {summary}");
     Ok(())
 }
 
 fn init_logging(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(format!("{level},sgl_engine={level}"))
+        tracing_subscriber::EnvFilter::new(format!("{level},sgl_core={level},sgl_engine={level}"))
     });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -149,7 +149,7 @@ async fn serve(mut args: ServerArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     resolve_hub_model(&mut args).await?;
-    let engine = tokio::task::spawn_blocking(move || sgl_engine::engine::launch(args))
+    let engine = tokio::task::spawn_blocking(move || sgl_core::engine::launch(args))
         .await
         .map_err(|e| format!("start-up failed: {e}"))?
         .map_err(|e| e.to_string())?;

@@ -4,10 +4,10 @@
 
 mod common;
 
-use sgl_engine::backend::cpu::CpuBackend;
-use sgl_engine::backend::cpu::kernels::set_num_threads;
-use sgl_engine::backend::{Backend, SeqInput};
-use sgl_engine::sampling::argmax;
+use sgl_core::backend::cpu::CpuBackend;
+use sgl_core::backend::cpu::kernels::set_num_threads;
+use sgl_core::backend::{Backend, SeqInput};
+use sgl_core::sampling::argmax;
 
 /// Slots per sequence: sequence `i` owns slots `i * REGION..`.
 const REGION: usize = 1024;
@@ -137,7 +137,7 @@ fn run(backend: &mut CpuBackend, plan: &Plan, prompt: &[u32], feed: &[u32]) -> V
 
 #[test]
 fn logits_do_not_depend_on_the_batch_chunks_or_threads() {
-    let model = sgl_engine::model::load(&common::model_path()).expect("load model");
+    let model = sgl_core::model::load(&common::model_path()).expect("load model");
     let mut backend = CpuBackend::with_capacity(&model, 17 * REGION, 2048).expect("backend");
     let prompt = tokens(0, PROMPT);
 

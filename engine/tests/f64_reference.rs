@@ -9,12 +9,12 @@
 mod common;
 
 use serde_json::Value;
-use sgl_engine::backend::cpu::CpuBackend;
-use sgl_engine::backend::{Backend, SeqInput};
-use sgl_engine::model::Model;
-use sgl_engine::model::config::ModelConfig;
-use sgl_engine::model::llama::{Part, TensorParallel};
-use sgl_engine::sampling::argmax;
+use sgl_core::backend::cpu::CpuBackend;
+use sgl_core::backend::{Backend, SeqInput};
+use sgl_core::model::Model;
+use sgl_core::model::config::ModelConfig;
+use sgl_core::model::llama::{Part, TensorParallel};
+use sgl_core::sampling::argmax;
 
 /// A matrix `[rows, cols]`, row-major, dequantized to f32 (exact for the checkpoint's formats).
 struct Mat {
@@ -68,7 +68,7 @@ struct Reference {
     inv_freq: Vec<f64>,
 }
 
-fn mat(t: sgl_engine::model::Tensor<'_>) -> Mat {
+fn mat(t: sgl_core::model::Tensor<'_>) -> Mat {
     let (rows, cols) = t.matrix_dims().expect("a matrix");
     Mat {
         rows,
@@ -81,7 +81,7 @@ impl Reference {
     fn new(model: &Model) -> Reference {
         let t = model.llama(TensorParallel::default());
         let cfg = t.config().clone();
-        let vec = |x: sgl_engine::model::Tensor<'_>| x.to_f32().expect("dequantize");
+        let vec = |x: sgl_core::model::Tensor<'_>| x.to_f32().expect("dequantize");
         let layers = (0..cfg.num_layers)
             .map(|i| Layer {
                 attn_norm: vec(t.layer(i, Part::AttnNorm).expect("attn norm")),
@@ -259,7 +259,7 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 fn compare(prompts: usize, steps: usize) -> Vec<(usize, usize, f64)> {
     let data: Value = serde_json::from_str(include_str!("data/reference/llama_cpp_greedy.json"))
         .expect("reference json");
-    let model = sgl_engine::model::load(&common::model_path()).expect("load model");
+    let model = sgl_core::model::load(&common::model_path()).expect("load model");
     let reference = Reference::new(&model);
     let mut backend = CpuBackend::with_capacity(&model, 4096, 4096).expect("backend");
     let cases = data["cases"].as_array().expect("cases");

@@ -15,8 +15,8 @@ use std::process::Command;
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 use serde_json::{Value, json};
-use sgl_engine::backend::cpu::CpuBackend;
-use sgl_engine::backend::{Backend, SeqInput};
+use sgl_core::backend::cpu::CpuBackend;
+use sgl_core::backend::{Backend, SeqInput};
 
 const HIDDEN: usize = 128;
 const FFN: usize = 256;
@@ -115,7 +115,7 @@ fn write_pair(root: &Path, scales: Scales, quant_config: Value) -> (PathBuf, Pat
     let (fp8_dir, ref_dir) = (root.join("fp8"), root.join("reference"));
     let mut f = std::fs::File::open(common::model_path()).unwrap();
     let content = candle_core::quantized::gguf_file::Content::read(&mut f).unwrap();
-    let tok = sgl_engine::tokenizer::Tokenizer::from_gguf(&content).unwrap();
+    let tok = sgl_core::tokenizer::Tokenizer::from_gguf(&content).unwrap();
     let vocab = tok.vocab_size();
     let config = json!({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -267,7 +267,7 @@ fn compressed_tensors() -> Value {
 
 /// Logits of every step of a greedy run: the prompt, then `steps` generated tokens.
 fn greedy_logits(dir: &Path, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
-    let model = sgl_engine::model::load(dir).unwrap();
+    let model = sgl_core::model::load(dir).unwrap();
     let mut backend = CpuBackend::with_capacity(&model, 256, 256).unwrap();
     let (mut tokens, mut start) = (prompt.to_vec(), 0);
     let mut out = Vec::new();
@@ -281,7 +281,7 @@ fn greedy_logits(dir: &Path, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
                 num_logits: 1,
             }])
             .unwrap();
-        let next = sgl_engine::sampling::argmax(&logits);
+        let next = sgl_core::sampling::argmax(&logits);
         out.push(logits);
         start += tokens.len();
         tokens = vec![next];

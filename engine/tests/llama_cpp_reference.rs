@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
-use sgl_engine::backend::cpu::CpuBackend;
-use sgl_engine::backend::{Backend, SeqInput};
-use sgl_engine::sampling::argmax;
-use sgl_engine::tokenizer::Tokenizer;
+use sgl_core::backend::cpu::CpuBackend;
+use sgl_core::backend::{Backend, SeqInput};
+use sgl_core::sampling::argmax;
+use sgl_core::tokenizer::Tokenizer;
 
 fn model_path() -> PathBuf {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -75,7 +75,7 @@ fn greedy_tokens_match_llama_cpp() {
     let path = model_path();
     let data: Value = serde_json::from_str(include_str!("data/reference/llama_cpp_greedy.json"))
         .expect("reference json");
-    let model = sgl_engine::model::load(&path).expect("load model");
+    let model = sgl_core::model::load(&path).expect("load model");
     let tokenizer = Tokenizer::from_gguf(model.gguf().expect("gguf header")).expect("tokenizer");
     let mut backend = CpuBackend::with_capacity(&model, 4096, 4096).expect("backend");
 
@@ -127,8 +127,8 @@ fn greedy_tokens_match_llama_cpp() {
 /// same logits, bit for bit, as the same batch run as one, step after step.
 #[test]
 fn split_batched_decode_matches_unsplit() {
-    sgl_engine::backend::cpu::kernels::set_num_threads(2);
-    let model = sgl_engine::model::load(&model_path()).expect("load model");
+    sgl_core::backend::cpu::kernels::set_num_threads(2);
+    let model = sgl_core::model::load(&model_path()).expect("load model");
     let mut backend = CpuBackend::with_capacity(&model, 16 * 64, 1024).expect("backend");
     const SEQS: usize = 16;
     // Prompts of 3 to 33 tokens; sequence i owns slots i*64.. (its prompt, then decodes).

@@ -8,11 +8,11 @@ use std::io::Write;
 use std::sync::OnceLock;
 
 use serde_json::Value;
+use sgl_core::tokenizer::ChatTemplate;
+use sgl_core::tool_parser::{ToolParserKind, ToolSpec};
 use sgl_engine::api::parse_object;
 use sgl_engine::api::schema::{self, ChatBody, CompletionBody, GenerateBody, Message};
 use sgl_engine::api::validate::{Dialect, parse_sampling};
-use sgl_engine::tokenizer::ChatTemplate;
-use sgl_engine::tool_parser::{ToolParserKind, ToolSpec};
 
 /// What a fuzz target does with one input.
 pub type Target = fn(&[u8]);
@@ -62,7 +62,7 @@ pub fn request_body(data: &[u8]) {
 /// that are not UTF-8 are skipped, as libFuzzer's `&str` targets skip them.
 pub fn gbnf(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
-        let _ = sgl_engine::grammar::gbnf_to_lark(text);
+        let _ = sgl_core::grammar::gbnf_to_lark(text);
     }
 }
 
@@ -163,13 +163,13 @@ pub fn model_file(data: &[u8]) {
     if f.write_all(data).is_err() {
         return;
     }
-    if let Ok(model) = sgl_engine::model::load(&gguf)
+    if let Ok(model) = sgl_core::model::load(&gguf)
         && let Some(content) = model.gguf()
     {
-        let _ = sgl_engine::tokenizer::Tokenizer::from_gguf(content);
+        let _ = sgl_core::tokenizer::Tokenizer::from_gguf(content);
     }
     let st = dir.path().join("model.safetensors");
     if std::fs::write(&st, data).is_ok() {
-        let _ = sgl_engine::model::tensors::SafetensorsFiles::open(&[st]);
+        let _ = sgl_core::model::tensors::SafetensorsFiles::open(&[st]);
     }
 }

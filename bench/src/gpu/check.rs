@@ -6,9 +6,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
-use sgl_engine::backend::cuda::CudaBackend;
-use sgl_engine::backend::{Backend, SeqInput};
-use sgl_engine::error::{EngineError, Result};
+use sgl_core::backend::cuda::CudaBackend;
+use sgl_core::backend::{Backend, SeqInput};
+use sgl_core::error::{EngineError, Result};
 
 use super::{Slots, arg, open};
 

@@ -5,7 +5,7 @@
 //!   real engine, or `--backend-loop` straight on the backend).
 //! - `check-reference`: [`check`] (greedy runs for the transformers comparison).
 //! - `bench-all-reduce`: the tensor-parallel all-reduce alone
-//!   (`sgl_engine::backend::cuda::all_reduce_bench`).
+//!   (`sgl_core::backend::cuda::all_reduce_bench`).
 //!
 //! Flags are read by name (`--model DIR`, `--batch N`, ...) as the GPU scripts pass them.
 
@@ -16,9 +16,9 @@ mod one_batch;
 use std::path::PathBuf;
 
 use rand::Rng;
-use sgl_engine::backend::BackendError;
-use sgl_engine::backend::cuda::{CudaBackend, CudaOptions};
-use sgl_engine::error::{EngineError, Result};
+use sgl_core::backend::BackendError;
+use sgl_core::backend::cuda::{CudaBackend, CudaOptions};
+use sgl_core::error::{EngineError, Result};
 
 pub use check::run as check_reference;
 pub use offline::run as offline_throughput;
@@ -26,7 +26,7 @@ pub use one_batch::run as one_batch;
 
 /// `bench-all-reduce --tp-size N` (default 2).
 pub fn all_reduce(args: &[String]) -> Result<()> {
-    sgl_engine::backend::cuda::all_reduce_bench(arg_usize(args, "--tp-size", 2)?)
+    sgl_core::backend::cuda::all_reduce_bench(arg_usize(args, "--tp-size", 2)?)
 }
 
 /// A failed CUDA call as the engine's error.
@@ -53,7 +53,7 @@ pub(crate) fn arg_usize(args: &[String], name: &str, default: usize) -> Result<u
 pub(crate) fn open(args: &[String]) -> Result<CudaBackend> {
     let model = arg(args, "--model")
         .ok_or_else(|| EngineError::InvalidArgument("--model DIR is required".into()))?;
-    let model = sgl_engine::model::load(&PathBuf::from(model))?;
+    let model = sgl_core::model::load(&PathBuf::from(model))?;
     let opts = CudaOptions {
         disable_cuda_graph: args.iter().any(|a| a == "--disable-cuda-graph"),
         cuda_graph_max_bs: arg_usize(args, "--cuda-graph-max-bs", 160)?,
@@ -61,13 +61,13 @@ pub(crate) fn open(args: &[String]) -> Result<CudaBackend> {
         mem_fraction_static: arg(args, "--mem-fraction-static")
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.88),
-        tensor_parallel: sgl_engine::model::llama::TensorParallel {
+        tensor_parallel: sgl_core::model::llama::TensorParallel {
             rank: 0,
             size: arg_usize(args, "--tp-size", 1)?,
         },
         quantization: match arg(args, "--quantization") {
-            None => sgl_engine::model::Quantization::AsStored,
-            Some("fp8") => sgl_engine::model::Quantization::Fp8,
+            None => sgl_core::model::Quantization::AsStored,
+            Some("fp8") => sgl_core::model::Quantization::Fp8,
             Some(q) => {
                 return Err(EngineError::InvalidArgument(format!(
                     "--quantization {q}: only fp8 is supported"

@@ -1,6 +1,6 @@
 //! `bench-offline-throughput`: SGLang's bench_offline_throughput.
 //!
-//! - `--model DIR ...`: through the real engine (`sgl_engine::engine::launch`, every request
+//! - `--model DIR ...`: through the real engine (`sgl_core::engine::launch`, every request
 //!   submitted at once, streams read to the end); see [`offline_engine`] for the dataset
 //!   flags. Prints JSON and a table (output and total tok/s, the radix cache hit rate from the
 //!   engine's counters, wall time).
@@ -13,10 +13,10 @@ use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-use sgl_engine::backend::cuda::CudaBackend;
-use sgl_engine::backend::{Backend, SeqInput};
-use sgl_engine::error::{EngineError, Result};
-use sgl_engine::model::config::ModelConfig;
+use sgl_core::backend::cuda::CudaBackend;
+use sgl_core::backend::{Backend, SeqInput};
+use sgl_core::error::{EngineError, Result};
+use sgl_core::model::config::ModelConfig;
 
 use super::{arg, arg_usize, open, random_tokens};
 
@@ -208,7 +208,7 @@ const ENGINE_BENCH_FLAGS: &[&str] = &[
 #[derive(clap::Parser)]
 struct ServeFlags {
     #[command(flatten)]
-    server: sgl_engine::config::ServerArgs,
+    server: sgl_core::config::ServerArgs,
 }
 
 /// One benchmark request: prompt token ids and output length.
@@ -297,11 +297,11 @@ struct Outcome {
 /// Submit every request at once and read all streams to the end.
 fn run_requests(
     rt: &tokio::runtime::Runtime,
-    engine: &sgl_engine::engine::EngineHandle,
+    engine: &sgl_core::engine::EngineHandle,
     reqs: &[BenchReq],
     tag: &str,
 ) -> Result<(Vec<Outcome>, f64)> {
-    use sgl_engine::request::{GenerateRequest, SamplingParams, StreamEvent};
+    use sgl_core::request::{GenerateRequest, SamplingParams, StreamEvent};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     let t0 = Instant::now();
@@ -468,7 +468,7 @@ pub fn offline_engine(args: &[String]) -> Result<EngineOfflineReport> {
         .map_err(|e| EngineError::InvalidArgument(format!("engine flags: {e}")))?
         .server;
     let radix = !flags.disable_radix_cache;
-    let engine = sgl_engine::engine::launch(flags)?;
+    let engine = sgl_core::engine::launch(flags)?;
     let max_running = engine.info().max_running_requests;
     let chunk = engine.args().chunked_prefill_size.unwrap_or(-1);
     let rt = tokio::runtime::Builder::new_multi_thread()

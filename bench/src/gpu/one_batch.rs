@@ -17,10 +17,10 @@ use cudarc::driver::result as dres;
 use half::bf16;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-use sgl_engine::backend::cuda::CudaBackend;
-use sgl_engine::backend::{Backend, SeqInput};
-use sgl_engine::error::{EngineError, Result};
-use sgl_engine::model::config::ModelConfig;
+use sgl_core::backend::cuda::CudaBackend;
+use sgl_core::backend::{Backend, SeqInput};
+use sgl_core::error::{EngineError, Result};
+use sgl_core::model::config::ModelConfig;
 use sgl_kernels::dptr;
 
 use super::{Slots, arg, arg_usize, cuda_err, open, random_tokens};

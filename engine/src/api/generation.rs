@@ -13,9 +13,9 @@ use std::time::Instant;
 use futures::Stream;
 use futures::stream::{self, StreamExt};
 
-use crate::engine::{EngineHandle, RequestStream};
-use crate::error::{EngineError, Result};
-use crate::request::{
+use sgl_core::engine::{EngineHandle, RequestStream};
+use sgl_core::error::{EngineError, Result};
+use sgl_core::request::{
     FinishReason, GenerateRequest, SamplingParams, StreamEvent, TokenLogprob, Usage,
 };
 

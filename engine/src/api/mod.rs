@@ -1,8 +1,8 @@
 //! The HTTP API: SGLang's native routes and the OpenAI-compatible ones, on axum.
 //!
 //! Handlers read a body into its serde types ([`schema`]), check and turn them into
-//! [`GenerateRequest`](crate::request::GenerateRequest)s ([`validate`]), submit them to the engine and answer with JSON or server-sent events
-//! ([`sse`]). Every error goes through [`EngineError`]'s one HTTP mapping. A client that goes
+//! [`GenerateRequest`](sgl_core::request::GenerateRequest)s ([`validate`]), submit them to the
+//! engine and answer with JSON or server-sent events ([`sse`]). Every error goes through [`EngineError`]'s one HTTP mapping. A client that goes
 //! away drops its handler (or its event stream), which drops the request's stream and so
 //! aborts the request in the scheduler.
 
@@ -23,8 +23,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Map, Value};
 
-use crate::engine::EngineHandle;
-use crate::error::{EngineError, Result};
+pub use error::{ApiError, ApiResult};
+use sgl_core::engine::EngineHandle;
+use sgl_core::error::{EngineError, Result};
 
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
@@ -112,7 +113,10 @@ fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".to_string());
     tracing::error!(reason, "request handler panicked");
-    EngineError::Internal(format!("the request handler failed: {reason}")).into_response()
+    ApiError(EngineError::Internal(format!(
+        "the request handler failed: {reason}"
+    )))
+    .into_response()
 }
 
 /// 405 with the same body shape as every other error.
@@ -129,12 +133,12 @@ async fn method_not_allowed(req: Request) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-async fn not_found(req: Request) -> EngineError {
-    EngineError::NotFound(format!(
+async fn not_found(req: Request) -> ApiError {
+    ApiError(EngineError::NotFound(format!(
         "no route for {} {}",
         req.method(),
         req.uri().path()
-    ))
+    )))
 }
 
 /// Routes open without the API key: probes (`/health`) and Prometheus scrapes (`/metrics`),
@@ -160,10 +164,10 @@ async fn require_api_key(State(engine): State<EngineHandle>, req: Request, next:
         .map(str::trim);
     match given {
         Some(g) if constant_time_eq(g.as_bytes(), key.as_bytes()) => next.run(req).await,
-        Some(_) => EngineError::Unauthorized("invalid API key".into()).into_response(),
-        None => EngineError::Unauthorized(
+        Some(_) => ApiError(EngineError::Unauthorized("invalid API key".into())).into_response(),
+        None => ApiError(EngineError::Unauthorized(
             "missing API key: send the header `Authorization: Bearer <key>`".into(),
-        )
+        ))
         .into_response(),
     }
 }
@@ -212,16 +216,16 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
                 return Err(payload_too_large());
             }
             Err(rejection) => {
-                return Err(EngineError::bad_request(format!(
+                return Err(ApiError(EngineError::bad_request(format!(
                     "cannot read the request body: {}",
                     rejection.body_text()
-                ))
+                )))
                 .into_response());
             }
         };
         parse_object(&bytes)
             .map(JsonObject)
-            .map_err(IntoResponse::into_response)
+            .map_err(|e| ApiError(e).into_response())
     }
 }
 

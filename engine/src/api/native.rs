@@ -32,12 +32,12 @@ use super::validate::{
     Dialect, Fields, Limits, LogprobInput, MaxTokensDefault, NATIVE_DEFAULT_MAX_NEW_TOKENS,
     SamplingInput, build_request, compile_grammar, describe, new_rid, parse_sampling,
 };
-use super::{JsonObject, run_blocking, sse};
-use crate::config::ServerArgs;
-use crate::engine::EngineHandle;
-use crate::error::{EngineError, Result};
-use crate::request::{FinishReason, GenerateRequest, SamplingParams, TokenLogprob};
-use crate::tokenizer::Tokenizer;
+use super::{ApiError, ApiResult, JsonObject, run_blocking, sse};
+use sgl_core::config::ServerArgs;
+use sgl_core::engine::EngineHandle;
+use sgl_core::error::{EngineError, Result};
+use sgl_core::request::{FinishReason, GenerateRequest, SamplingParams, TokenLogprob};
+use sgl_core::tokenizer::Tokenizer;
 
 /// Most alternatives per position `/generate` returns (`top_logprobs_num`).
 pub const MAX_TOP_LOGPROBS_NUM: usize = 100;
@@ -484,7 +484,7 @@ fn chunk_json(t: &Tagged, p: &ParsedGenerate) -> Value {
 pub async fn generate(
     State(engine): State<EngineHandle>,
     JsonObject(body): JsonObject,
-) -> Result<Response> {
+) -> ApiResult<Response> {
     let e = engine.clone();
     let mut p = run_blocking(move || parse_generate(&e, body)).await?;
     prefill_shared_prompts(&engine, &p.reqs).await?;
@@ -525,13 +525,14 @@ pub async fn generate(
 pub async fn parse_function_call(
     State(engine): State<EngineHandle>,
     JsonObject(body): JsonObject,
-) -> Result<Json<Value>> {
+) -> ApiResult<Json<Value>> {
     let default = engine.args().tool_call_parser;
     run_blocking(move || {
-        crate::tool_parser::function_call_response_with_default(&Value::Object(body), default)
+        sgl_core::tool_parser::function_call_response_with_default(&Value::Object(body), default)
     })
     .await
     .map(Json)
+    .map_err(ApiError)
 }
 
 /// `GET /health`: 200 while the scheduler runs.
@@ -539,7 +540,10 @@ pub async fn health(State(engine): State<EngineHandle>) -> Response {
     if engine.stats().alive.load(Ordering::Acquire) {
         StatusCode::OK.into_response()
     } else {
-        EngineError::unavailable("the engine's scheduler is not running").into_response()
+        ApiError(EngineError::unavailable(
+            "the engine's scheduler is not running",
+        ))
+        .into_response()
     }
 }
 
@@ -547,7 +551,7 @@ pub async fn health(State(engine): State<EngineHandle>) -> Response {
 const HEALTH_GENERATE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// `GET /health_generate`: 200 once a one-token generation went through the whole engine.
-pub async fn health_generate(State(engine): State<EngineHandle>) -> Result<Response> {
+pub async fn health_generate(State(engine): State<EngineHandle>) -> ApiResult<Response> {
     let input_ids = engine
         .tokenizer()
         .and_then(|t| t.encode("Hello", false).ok())
@@ -568,13 +572,13 @@ pub async fn health_generate(State(engine): State<EngineHandle>) -> Result<Respo
     let gens = submit_all(&engine, vec![req])?;
     match tokio::time::timeout(HEALTH_GENERATE_TIMEOUT, finish_all(gens)).await {
         Ok(Ok(_)) => Ok(StatusCode::OK.into_response()),
-        Ok(Err(e)) => Err(EngineError::unavailable(format!(
+        Ok(Err(e)) => Err(ApiError(EngineError::unavailable(format!(
             "health generation failed: {e}"
-        ))),
-        Err(_) => Err(EngineError::unavailable(format!(
+        )))),
+        Err(_) => Err(ApiError(EngineError::unavailable(format!(
             "health generation did not finish within {} s",
             HEALTH_GENERATE_TIMEOUT.as_secs()
-        ))),
+        )))),
     }
 }
 
@@ -674,22 +678,24 @@ pub async fn get_server_info(State(engine): State<EngineHandle>) -> Json<Value> 
 
 /// `GET|POST /flush_cache`: 200 when the radix cache was dropped; 400 while requests run, as
 /// SGLang does.
-pub async fn flush_cache(State(engine): State<EngineHandle>) -> Result<Response> {
+pub async fn flush_cache(State(engine): State<EngineHandle>) -> ApiResult<Response> {
     if engine.flush_cache().await {
         Ok((StatusCode::OK, "Cache flushed.\n").into_response())
     } else {
         Err(EngineError::bad_request(
             "Cache not flushed: requests are running or waiting. Retry when the server is idle.",
-        ))
+        )
+        .into())
     }
 }
 
 /// `GET /metrics` (with `--enable-metrics`).
-pub async fn metrics(State(engine): State<EngineHandle>) -> Result<Response> {
+pub async fn metrics(State(engine): State<EngineHandle>) -> ApiResult<Response> {
     if !engine.args().enable_metrics {
         return Err(EngineError::NotFound(
             "metrics are off: start the server with --enable-metrics".into(),
-        ));
+        )
+        .into());
     }
     let text = engine
         .metrics()

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use serde::Serialize;
 
-use crate::error::EngineError;
+use sgl_core::error::EngineError;
 
 /// An empty line is sent when no chunk went out for this long. Besides keeping proxies from
 /// closing an idle stream, the write is what tells the server that a client went away while

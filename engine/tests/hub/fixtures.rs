@@ -41,7 +41,7 @@ pub fn write_tiny_llama(dir: &Path, gguf: &Path) {
     std::fs::create_dir_all(dir).unwrap();
     let mut f = std::fs::File::open(gguf).unwrap();
     let content = candle_core::quantized::gguf_file::Content::read(&mut f).unwrap();
-    let tok = sgl_engine::tokenizer::Tokenizer::from_gguf(&content).unwrap();
+    let tok = sgl_core::tokenizer::Tokenizer::from_gguf(&content).unwrap();
     tok.inner().save(dir.join("tokenizer.json"), false).unwrap();
     let vocab = tok.vocab_size();
     let eos = tok.token_to_id("<|im_end|>").unwrap();

@@ -41,13 +41,12 @@ use serde_json::{Value, json};
 
 use super::generation::{Output, Step, finish_all, merge, prefill_shared_prompts, submit_all};
 use super::validate::check_model;
-use super::{JsonObject, run_blocking, sse};
-use crate::engine::EngineHandle;
-use crate::error::Result;
-use crate::request::{FinishReason, GenerateRequest, TokenLogprob, Usage};
-use crate::tokenizer::Tokenizer;
-use crate::tool_parser::{StreamDelta, ToolCallDelta, ToolParser, ToolParserKind, ToolSpec};
+use super::{ApiResult, JsonObject, run_blocking, sse};
 use request::{parse_chat, parse_completion};
+use sgl_core::engine::EngineHandle;
+use sgl_core::request::{FinishReason, GenerateRequest, TokenLogprob, Usage};
+use sgl_core::tokenizer::Tokenizer;
+use sgl_core::tool_parser::{StreamDelta, ToolCallDelta, ToolParser, ToolParserKind, ToolSpec};
 
 /// Most alternatives per token on chat (`top_logprobs`), as OpenAI allows.
 pub const MAX_CHAT_TOP_LOGPROBS: usize = 20;
@@ -432,7 +431,7 @@ fn stream_response(
     sse::response(events)
 }
 
-async fn run(engine: EngineHandle, mut p: Parsed) -> Result<Response> {
+async fn run(engine: EngineHandle, mut p: Parsed) -> ApiResult<Response> {
     if p.n > 1 {
         prefill_shared_prompts(&engine, &p.reqs).await?;
     }
@@ -448,7 +447,7 @@ async fn run(engine: EngineHandle, mut p: Parsed) -> Result<Response> {
 pub async fn chat_completions(
     State(engine): State<EngineHandle>,
     JsonObject(body): JsonObject,
-) -> Result<Response> {
+) -> ApiResult<Response> {
     let e = engine.clone();
     let parsed = run_blocking(move || parse_chat(&e, body)).await?;
     run(engine, parsed).await
@@ -458,7 +457,7 @@ pub async fn chat_completions(
 pub async fn completions(
     State(engine): State<EngineHandle>,
     JsonObject(body): JsonObject,
-) -> Result<Response> {
+) -> ApiResult<Response> {
     let e = engine.clone();
     let parsed = run_blocking(move || parse_completion(&e, body)).await?;
     run(engine, parsed).await
@@ -485,7 +484,7 @@ pub async fn list_models(State(engine): State<EngineHandle>) -> Json<Value> {
 pub async fn retrieve_model(
     State(engine): State<EngineHandle>,
     Path(model): Path<String>,
-) -> Result<Json<Value>> {
+) -> ApiResult<Json<Value>> {
     check_model(&engine, Some(&model))?;
     Ok(Json(model_card(&engine)))
 }

@@ -13,11 +13,11 @@ use crate::api::validate::{
     MaxTokensDefault, OPENAI_DEFAULT_MAX_TOKENS_CAP, SamplingInput, build_request, check_model,
     compile_grammar, new_rid, parse_sampling,
 };
-use crate::engine::EngineHandle;
-use crate::error::{EngineError, Result};
-use crate::grammar::GrammarSpec;
-use crate::tokenizer::Tokenizer;
-use crate::tool_parser::{ToolChoice, ToolParserKind, ToolSpec, constraint_grammar};
+use sgl_core::engine::EngineHandle;
+use sgl_core::error::{EngineError, Result};
+use sgl_core::grammar::GrammarSpec;
+use sgl_core::tokenizer::Tokenizer;
+use sgl_core::tool_parser::{ToolChoice, ToolParserKind, ToolSpec, constraint_grammar};
 
 fn no_tokenizer(what: &str) -> EngineError {
     EngineError::bad_request(format!(

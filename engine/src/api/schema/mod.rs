@@ -23,7 +23,7 @@ pub use values::{
     StopStrings, TokenId, TokenIds,
 };
 
-use crate::error::{EngineError, Result};
+use sgl_core::error::{EngineError, Result};
 
 /// `prefix` joined with a field path as `serde_path_to_error` prints it (`.` is the root).
 fn join_path(prefix: &str, path: &str) -> String {

@@ -27,10 +27,10 @@ use super::schema::{
     self, CommonSampling, Count, Int, LogitBias, NativeSampling, Number, OpenAiSampling,
     ResponseFormat, Seed,
 };
-use crate::engine::EngineHandle;
-use crate::error::{EngineError, Result};
-use crate::grammar::GrammarSpec;
-use crate::request::{GenerateRequest, LogprobRequest, RequestGrammar, SamplingParams};
+use sgl_core::engine::EngineHandle;
+use sgl_core::error::{EngineError, Result};
+use sgl_core::grammar::GrammarSpec;
+use sgl_core::request::{GenerateRequest, LogprobRequest, RequestGrammar, SamplingParams};
 
 /// `/generate` default for `max_new_tokens` (SGLang's).
 pub const NATIVE_DEFAULT_MAX_NEW_TOKENS: usize = 128;

@@ -1,6 +1,6 @@
 //! The engine's one error type, with the HTTP status code and the OpenAI-style body each
-//! error is answered with. The response itself is built by the API layer (`api/error.rs`), so
-//! this module knows no web framework.
+//! error is answered with. The response itself is built by the HTTP server (`sgl-engine`'s
+//! `api/error.rs`), so this crate knows no web framework.
 
 use serde_json::json;
 

@@ -7,7 +7,7 @@ The vocabulary is trained here with sentencepiece on a small built-in corpus; ll
 llama-cpp-python, vocab only) gives the reference ids.
 
     pip install sentencepiece gguf llama-cpp-python
-    python3 engine/tests/data/tokenizer/make_tiny_spm.py
+    python3 core/tests/data/tokenizer/make_tiny_spm.py
 """
 
 import codecs

@@ -8,7 +8,7 @@ configured as transformers configures it (trim_blocks, lstrip_blocks, loop contr
 raise_exception, its tojson).
 
     pip install llama-cpp-python gguf jinja2 [transformers]
-    python3 engine/tests/data/tokenizer/make_reference.py [path/to/SmolLM2.gguf]
+    python3 core/tests/data/tokenizer/make_reference.py [path/to/SmolLM2.gguf]
 """
 
 import json
