@@ -17,12 +17,24 @@
 //! Only services with `minReplicas: 0` get a ScaledObject; others keep the operator's HPA, so
 //! turning the option on changes nothing for them. A service never has both (two autoscalers
 //! on one scale subresource fight over it).
+//!
+//! KEDA decides activation (0 → 1) and deactivation (→ 0) in its own loop, every
+//! `pollingInterval`; its default of 30 s would add up to 30 s to the wait of a request held in
+//! the router (whose `queueTimeoutSeconds` defaults to 60 s, and the engine has to start
+//! after), so the ScaledObject polls every [`POLLING_SECONDS`]. Between one engine and more,
+//! KEDA's HPA reads the triggers through KEDA's metrics API server (`external.metrics.k8s.io`),
+//! which KEDA's installation provides.
 
 use serde_json::json;
 use sgl_crds::{AutoscalingSpec, SGLangService};
 
 use super::{KV_USAGE_TARGET, Names, meta};
 use crate::Error;
+
+/// How often KEDA checks the triggers of a service's ScaledObject: the most a waiting
+/// request waits for KEDA to see it (besides Prometheus's scrape interval and the engine's
+/// start). Each check is one Prometheus query a trigger.
+pub const POLLING_SECONDS: i32 = 5;
 
 /// The `ScaledObject` of a service, as KEDA's CRD (`keda.sh/v1alpha1`) describes it.
 pub fn scaled_object(
@@ -109,9 +121,13 @@ pub fn scaled_object(
             },
             "minReplicaCount": a.min_replicas,
             "maxReplicaCount": a.max_replicas,
+            "pollingInterval": POLLING_SECONDS,
             // Idle this long after the last active trigger, the service goes to zero; the
             // same window holds scale-down between 1 and max.
             "cooldownPeriod": a.scale_down_stabilization_seconds,
+            // A new ScaledObject has no last active trigger: without this window KEDA takes
+            // a service to zero at its first check, before its first engine is even ready.
+            "initialCooldownPeriod": a.scale_down_stabilization_seconds,
             "advanced": {
                 "horizontalPodAutoscalerConfig": {
                     "behavior": {

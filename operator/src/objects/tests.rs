@@ -441,6 +441,8 @@ fn with_keda_scale_to_zero_is_a_scaled_object_instead_of_the_hpa() {
     assert_eq!(so["spec"]["minReplicaCount"], 0);
     assert_eq!(so["spec"]["maxReplicaCount"], 3);
     assert_eq!(so["spec"]["cooldownPeriod"], 60);
+    assert_eq!(so["spec"]["initialCooldownPeriod"], 60);
+    assert_eq!(so["spec"]["pollingInterval"], 5);
     let waiting = &so["spec"]["triggers"][0];
     assert_eq!(waiting["type"], "prometheus");
     assert_eq!(
