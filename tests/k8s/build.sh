@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds the test control plane's components from the Go module proxy, once, into a cache
 # folder keyed by the pinned versions (versions.env and the wrapper modules under go/):
-#   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm
-# and prometheus-adapter (the custom metrics API); and fetches KEDA's ScaledObject CRD (a file
-# of its module, nothing built). Does nothing when the binaries are there. Prints the bin folder on stdout; progress and
-# timings go to stderr.
+#   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm,
+# prometheus-adapter (the custom metrics API) and KEDA's operator (with its module's CRDs and
+# RBAC in bin/keda/). Does nothing when the binaries are there. Prints the bin folder on
+# stdout; progress and timings go to stderr.
 #
 # Environment: SGL_K8S_CACHE (default ~/.cache/sgl-k8s) is the cache root.
 # `build.sh --check` builds nothing: it prints the bin folder when everything is built and
@@ -24,8 +24,9 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   k8s_ldflags+=" -X $pkg.gitTreeState=clean"
 done
 
-# The folder's key covers the control plane's components. prometheus-adapter has its own
-# key, kept next to its binary, so pinning another adapter rebuilds the adapter alone.
+# The folder's key covers the control plane's components. prometheus-adapter and KEDA have
+# their own keys, kept next to their binaries, so pinning another version of one rebuilds
+# that one alone.
 core_mods=(etcd kubernetes)
 key="$( (grep -v -e '^PROMETHEUS_ADAPTER_' -e '^KEDA_' -e '^# KEDA' "$here/versions.env"
   for m in "${core_mods[@]}"; do cat "$here/go/$m/go.mod"; done
@@ -33,12 +34,18 @@ key="$( (grep -v -e '^PROMETHEUS_ADAPTER_' -e '^KEDA_' -e '^# KEDA' "$here/versi
   echo "$k8s_ldflags") |
   sha256sum | cut -c1-16)"
 adapter_mod="$here/go/prometheus-adapter"
-# KEDA's lines are left out of both keys: its CRD is fetched apart, and builds nothing.
 adapter_key="$( (grep -v -e '^KEDA_' -e '^# KEDA' "$here/versions.env"
   cat "$adapter_mod/go.mod" "$adapter_mod/go.sum") | sha256sum | cut -c1-16)"
+# KEDA is built inside a copy of its own module (its go.sum pins every dependency; its go.mod
+# has replace lines, which `go install …@version` refuses), so its key is its version and
+# how it is built.
+keda_ldflags="-s -w -X=github.com/kedacore/keda/v2/version.Version=$KEDA_VERSION"
+keda_key="$( (grep -e '^KEDA_' "$here/versions.env"; echo "CGO_ENABLED=0 $keda_ldflags") |
+  sha256sum | cut -c1-16)"
 cache="${SGL_K8S_CACHE:-$HOME/.cache/sgl-k8s}"
 bin="$cache/$key/bin"
-components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm prometheus-adapter)
+components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm prometheus-adapter
+  keda-operator)
 
 missing=()
 for c in "${components[@]}"; do
@@ -47,6 +54,10 @@ done
 if [ -x "$bin/prometheus-adapter" ] &&
   [ "$(cat "$bin/prometheus-adapter.key" 2> /dev/null)" != "$adapter_key" ]; then
   missing+=(prometheus-adapter)
+fi
+if [ -x "$bin/keda-operator" ] && { [ "$(cat "$bin/keda-operator.key" 2> /dev/null)" != "$keda_key" ] ||
+  [ ! -s "$bin/keda/crds/keda.sh_scaledobjects.yaml" ]; }; then
+  missing+=(keda-operator)
 fi
 # The wrapper module must build the version pinned here.
 grep -q "^require sigs.k8s.io/prometheus-adapter $PROMETHEUS_ADAPTER_VERSION\$" "$adapter_mod/go.mod" || {
@@ -77,6 +88,30 @@ timed() {
   for f in "$tmp"/*; do
     [ -e "$f" ] && mv "$f" "$bin/"
   done
+}
+
+# KEDA's operator, built in a copy of the module github.com/kedacore/keda/v2 (its Dir from
+# `go mod download`), and what running it needs from that module: its CRDs (config/crd/bases)
+# and its RBAC (its namespace, service account, ClusterRole and bindings), into bin/keda/.
+build_keda() {
+  local dir
+  dir=$(cd "$cache" && GOFLAGS=-mod=mod go mod download -json "github.com/kedacore/keda/v2@$KEDA_VERSION" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [ -n "$dir" ] && [ -d "$dir/cmd/operator" ] || {
+    echo "github.com/kedacore/keda/v2@$KEDA_VERSION: no module folder from the Go module proxy" >&2
+    return 1
+  }
+  rm -rf "$tmp/keda-src" "$bin/keda"
+  cp -r "$dir" "$tmp/keda-src"
+  chmod -R u+w "$tmp/keda-src"
+  (cd "$tmp/keda-src" && CGO_ENABLED=0 go build -trimpath "-ldflags=$keda_ldflags" \
+    -o "$tmp/keda-operator" ./cmd/operator)
+  rm -rf "$tmp/keda-src"
+  mkdir -p "$tmp/keda/crds" "$tmp/keda/rbac"
+  cp "$dir"/config/crd/bases/*.yaml "$tmp/keda/crds/"
+  cp "$dir/config/general/namespace.yaml" "$dir/config/service_account/service_account.yaml" \
+    "$dir/config/rbac/role.yaml" "$dir/config/rbac/role_binding.yaml" "$tmp/keda/rbac/"
+  chmod -R u+w "$tmp/keda"
 }
 
 if [ ${#missing[@]} -gt 0 ]; then
@@ -113,6 +148,10 @@ if [ ${#missing[@]} -gt 0 ]; then
       "${flags[@]}" -o "$tmp/prometheus-adapter" sigs.k8s.io/prometheus-adapter/cmd/adapter
     echo "$adapter_key" > "$bin/prometheus-adapter.key"
   fi
+  if want keda-operator; then
+    timed "keda-operator $KEDA_VERSION" build_keda
+    echo "$keda_key" > "$bin/keda-operator.key"
+  fi
   rm -rf "$tmp"
   log "cold build of ${missing[*]} took $(($(date +%s) - total_start)) s"
 fi
@@ -126,22 +165,6 @@ if [ -z "${SGL_K8S_PROMETHEUS:-}" ] && ! command -v prometheus > /dev/null && co
   { $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive \
     apt-get install -y -qq --no-install-recommends prometheus; } >&2 ||
     log "could not install prometheus: the test cluster will serve no custom metrics API"
-fi
-
-# KEDA's ScaledObject CRD, to validate the operator's ScaledObjects against (test s2): only
-# its module's files are fetched (about 2.5 MB, kept in the Go module cache), nothing built.
-keda_crd="$bin/crds/keda.sh_scaledobjects-$KEDA_VERSION.yaml"
-if [ ! -s "$keda_crd" ]; then
-  keda_dir=$(cd "$cache" && GOFLAGS=-mod=mod go mod download -json "github.com/kedacore/keda/v2@$KEDA_VERSION" 2> /dev/null |
-    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p') || true
-  if [ -n "$keda_dir" ] && [ -s "$keda_dir/config/crd/bases/keda.sh_scaledobjects.yaml" ]; then
-    mkdir -p "$bin/crds"
-    cp "$keda_dir/config/crd/bases/keda.sh_scaledobjects.yaml" "$keda_crd.tmp"
-    mv "$keda_crd.tmp" "$keda_crd"
-    log "KEDA $KEDA_VERSION ScaledObject CRD in $keda_crd"
-  else
-    log "could not fetch KEDA $KEDA_VERSION's CRD (github.com/kedacore/keda/v2 from the Go module proxy)"
-  fi
 fi
 
 echo "$bin"

@@ -12,6 +12,7 @@
 #   tests/k8s/cluster.sh env   [--work DIR]
 #   tests/k8s/cluster.sh down  [--work DIR]
 #   tests/k8s/cluster.sh apiserver-stop|apiserver-start  [--work DIR]
+#   tests/k8s/cluster.sh keda-start  [--work DIR]
 #
 # `up` builds the components once (build.sh), makes certificates with openssl, starts every
 # component on free ports and waits until a node is Ready; `up` and `env` end by printing
@@ -21,6 +22,8 @@
 # --runner starts the pod runner with the cluster's kubeconfig; arguments after `--` are
 # passed to it. `apiserver-stop` and `apiserver-start`
 # stop the API server and start it again with the same flags (port, etcd, certificates).
+# `keda-start` starts KEDA's operator on a running cluster, once (it then runs until `down`;
+# see keda_start below).
 #
 # Nodes (all kwok, label type=kwok, pod CIDRs in 127.0.0.0/8):
 #   kwok-node-0     127.1.0.0/16, 32 CPUs, no taint (the examples apply unchanged);
@@ -96,6 +99,10 @@ wait_for() {
   done
 }
 
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
 print_env() {
   [ -s "$work/admin.kubeconfig" ] || die "no cluster in $work (run: $0 up)"
   echo "export KUBECONFIG=$work/admin.kubeconfig"
@@ -112,7 +119,87 @@ apiserver_start() {
     "$(dirname "${args[0]}")/kubectl" get --raw /readyz
 }
 
+# KEDA's operator (built by build.sh, with the CRDs and RBAC of KEDA's module), as KEDA's own
+# service account with that RBAC (the keda-operator ClusterRole: read any object, update any
+# `*/scale`), watching every namespace, without leader election, certificate rotation or
+# webhooks. Its gRPC metrics service (what KEDA's metrics API server reads, which is not run:
+# the operator alone takes a workload from zero to one and back; the HPA it creates for one
+# replica and more then cannot read its metrics) needs a serving certificate: one from the
+# test CA.
+# Its ports are added to ports.env (KEDA_METRICS_PORT: its /metrics; KEDA_HEALTH_PORT:
+# /healthz and /readyz).
+keda_start() {
+  [ -s "$work/ports.env" ] || die "no cluster in $work (run: $0 up)"
+  if [ -s "$work/pids/keda-operator" ] && kill -0 "$(cat "$work/pids/keda-operator")" 2> /dev/null; then
+    log "KEDA's operator is already running"
+    return 0
+  fi
+  local bin kubectl
+  bin="$(cat "$work/bin.dir")"
+  kubectl="$bin/kubectl"
+  [ -x "$bin/keda-operator" ] || die "$bin/keda-operator is missing (run tests/k8s/build.sh)"
+  export KUBECONFIG="$work/admin.kubeconfig"
+  "$kubectl" apply --server-side -f "$bin/keda/crds/" > /dev/null
+  "$kubectl" wait --for=condition=Established --timeout=60s -f "$bin/keda/crds/" > /dev/null
+  local f
+  for f in namespace service_account role role_binding; do
+    "$kubectl" apply --server-side -f "$bin/keda/rbac/$f.yaml" > /dev/null
+  done
+  local token server
+  token=$("$kubectl" create token keda-operator -n keda --duration 48h) ||
+    die "no token for KEDA's service account"
+  server=$(sed -n 's/^APISERVER_URL=//p' "$work/ports.env")
+  cat > "$work/keda-operator.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: sgl-test
+  cluster:
+    server: $server
+    certificate-authority: $work/pki/ca.crt
+users:
+- name: keda-operator
+  user:
+    token: $token
+contexts:
+- name: sgl-test
+  context: {cluster: sgl-test, user: keda-operator, namespace: keda}
+current-context: sgl-test
+EOF
+  chmod 600 "$work/keda-operator.kubeconfig"
+  local certs="$work/keda/certs"
+  mkdir -p "$certs" "$work/keda/ca"
+  cp "$work/pki/ca.crt" "$certs/ca.crt"
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=keda-operator" -keyout "$certs/tls.key" \
+    -out "$work/keda/tls.csr" 2> /dev/null
+  printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=digitalSignature,keyEncipherment" \
+    "extendedKeyUsage=serverAuth,clientAuth" "subjectAltName=IP:127.0.0.1,DNS:localhost" \
+    > "$work/keda/tls.ext"
+  openssl x509 -req -in "$work/keda/tls.csr" -CA "$work/pki/ca.crt" -CAkey "$work/pki/ca.key" \
+    -CAcreateserial -days 30 -extfile "$work/keda/tls.ext" -out "$certs/tls.crt" 2> /dev/null
+  local metrics_port health_port grpc_port
+  metrics_port=$(free_port)
+  health_port=$(free_port)
+  grpc_port=$(free_port)
+  start keda-operator env KUBECONFIG="$work/keda-operator.kubeconfig" WATCH_NAMESPACE="" \
+    KEDA_CLUSTER_OBJECT_NAMESPACE=keda POD_NAMESPACE=keda \
+    "$bin/keda-operator" --leader-elect=false --enable-cert-rotation=false \
+    --metrics-bind-address "127.0.0.1:$metrics_port" \
+    --health-probe-bind-address "127.0.0.1:$health_port" \
+    --metrics-service-bind-address "127.0.0.1:$grpc_port" \
+    --cert-dir "$certs" --ca-dir "$work/keda/ca"
+  wait_for "KEDA's operator" 120 curl -sf "http://127.0.0.1:$health_port/readyz"
+  cat >> "$work/ports.env" <<EOF
+KEDA_METRICS_PORT=$metrics_port
+KEDA_HEALTH_PORT=$health_port
+EOF
+  log "KEDA's operator started (log: $work/logs/keda-operator.log)"
+}
+
 case "$cmd" in
+  keda-start)
+    keda_start
+    exit 0 ;;
   apiserver-stop)
     f="$work/pids/kube-apiserver"
     [ -s "$f" ] || die "no API server is running in $work"
@@ -148,12 +235,9 @@ done
 stop_all
 rm -rf "$work"
 mkdir -p "$work/pids" "$work/logs" "$work/pki"
+echo "$bin" > "$work/bin.dir"
 # A start that fails stops what it had started (the watchdog is started only at the end).
 trap 'rc=$?; if [ "$rc" -ne 0 ]; then stop_all; fi; exit "$rc"' EXIT
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
 
 # --- certificates -------------------------------------------------------------------------
 pki="$work/pki"
