@@ -585,6 +585,7 @@ fn decode_bench(path: &str, seconds: f64) -> anyhow::Result<()> {
                     start_pos: filled,
                     kv_slots: &slots[b][..upto],
                     num_logits: 0,
+                    prompt: true,
                 })
                 .collect();
             let t = Instant::now();
@@ -606,6 +607,7 @@ fn decode_bench(path: &str, seconds: f64) -> anyhow::Result<()> {
                     start_pos: upto,
                     kv_slots: &slots[b][..ctx],
                     num_logits: 1,
+                    prompt: false,
                 })
                 .collect();
             for _ in 0..2 {

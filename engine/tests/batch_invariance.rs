@@ -59,6 +59,7 @@ fn run(backend: &mut CpuBackend, plan: &Plan, prompt: &[u32], feed: &[u32]) -> V
                 start_pos: 0,
                 kv_slots: s,
                 num_logits: 1,
+                prompt: true,
             }])
             .expect("companion prefill");
         other_last.push(argmax(&l));
@@ -80,6 +81,7 @@ fn run(backend: &mut CpuBackend, plan: &Plan, prompt: &[u32], feed: &[u32]) -> V
             start_pos: at,
             kv_slots: &mine[..at + len],
             num_logits: usize::from(last),
+            prompt: true,
         }];
         if let (Some(t), Some(s)) = (&step_tok, other_slots.first()) {
             batch.push(SeqInput {
@@ -87,6 +89,7 @@ fn run(backend: &mut CpuBackend, plan: &Plan, prompt: &[u32], feed: &[u32]) -> V
                 start_pos: s.len() - 1,
                 kv_slots: s,
                 num_logits: 1,
+                prompt: false,
             });
         }
         let l = backend.forward(&batch).expect("prefill chunk");
@@ -117,6 +120,7 @@ fn run(backend: &mut CpuBackend, plan: &Plan, prompt: &[u32], feed: &[u32]) -> V
             start_pos: pos,
             kv_slots: &mine,
             num_logits: 1,
+            prompt: false,
         }];
         for (k, s) in other_slots.iter().enumerate() {
             batch.push(SeqInput {
@@ -124,6 +128,7 @@ fn run(backend: &mut CpuBackend, plan: &Plan, prompt: &[u32], feed: &[u32]) -> V
                 start_pos: s.len() - 1,
                 kv_slots: s,
                 num_logits: 1,
+                prompt: false,
             });
         }
         let l = backend.forward(&batch).expect("decode");

@@ -231,6 +231,7 @@ fn ours(backend: &mut CpuBackend, prompt: &[u32], steps: usize) -> Vec<u32> {
                 start_pos: start,
                 kv_slots: &slots,
                 num_logits: 1,
+                prompt: true,
             }])
             .expect("forward");
         let t = argmax(&logits);

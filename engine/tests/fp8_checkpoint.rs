@@ -279,6 +279,7 @@ fn greedy_logits(dir: &Path, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
                 start_pos: start,
                 kv_slots: &slots,
                 num_logits: 1,
+                prompt: true,
             }])
             .unwrap();
         let next = sgl_core::sampling::argmax(&logits);

@@ -50,6 +50,7 @@ fn greedy(backend: &mut CpuBackend, prompt: &[u32], steps: usize) -> Vec<u32> {
             start_pos: 0,
             kv_slots: &slots,
             num_logits: 1,
+            prompt: true,
         }])
         .expect("prefill");
     let mut out = vec![argmax(&logits)];
@@ -63,6 +64,7 @@ fn greedy(backend: &mut CpuBackend, prompt: &[u32], steps: usize) -> Vec<u32> {
                 start_pos: pos,
                 kv_slots: &slots,
                 num_logits: 1,
+                prompt: false,
             }])
             .expect("decode");
         out.push(argmax(&logits));
@@ -154,6 +156,7 @@ fn split_batched_decode_matches_unsplit() {
                 start_pos: 0,
                 kv_slots: s,
                 num_logits: 1,
+                prompt: true,
             }])
             .expect("prefill");
         last.push(argmax(&logits));
@@ -170,6 +173,7 @@ fn split_batched_decode_matches_unsplit() {
                 start_pos: prompts[i].len() + step,
                 kv_slots: &slots[i],
                 num_logits: 1,
+                prompt: false,
             })
             .collect();
         backend.set_split_decode(true);

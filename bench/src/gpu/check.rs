@@ -93,6 +93,7 @@ fn check(b: &mut CudaBackend, prompts: &Path, out: &Path) -> Result<()> {
                 start_pos: 0,
                 kv_slots: &prefix_slots,
                 num_logits: 0,
+                prompt: true,
             };
             b.forward(&[pre])?;
         }
@@ -112,6 +113,7 @@ fn check(b: &mut CudaBackend, prompts: &Path, out: &Path) -> Result<()> {
                 start_pos: p,
                 kv_slots: &s[..pr.len()],
                 num_logits: 1,
+                prompt: true,
             })
             .collect();
         let logits = b.forward(&batch)?;
@@ -134,6 +136,7 @@ fn check(b: &mut CudaBackend, prompts: &Path, out: &Path) -> Result<()> {
                         start_pos: pos,
                         kv_slots: &s[..pos + 1],
                         num_logits: 1,
+                        prompt: false,
                     }
                 })
                 .collect();

@@ -114,6 +114,7 @@ fn offline(
                     start_pos: 0,
                     kv_slots: &r.slots[..r.prompt.len()],
                     num_logits: 1,
+                    prompt: true,
                 })
                 .collect();
             let toks = b.forward_sample_all(&batch, 0.0)?;
@@ -138,6 +139,7 @@ fn offline(
                         start_pos: pos,
                         kv_slots: &r.slots[..pos + 1],
                         num_logits: 1,
+                        prompt: false,
                     }
                 })
                 .collect();

@@ -311,6 +311,7 @@ pub fn bench_one_batch(b: &mut CudaBackend, a: &BenchOneBatchArgs) -> Result<One
                 start_pos: 0,
                 kv_slots: &s[..a.input_len],
                 num_logits: 1,
+                prompt: true,
             })
             .collect();
         let mut next = b.forward_sample_all(&batch, 0.0)?;
@@ -327,6 +328,7 @@ pub fn bench_one_batch(b: &mut CudaBackend, a: &BenchOneBatchArgs) -> Result<One
                     start_pos: pos,
                     kv_slots: &s[..pos + 1],
                     num_logits: 1,
+                    prompt: false,
                 })
                 .collect();
             next = b.forward_sample_all(&batch, 0.0)?;
@@ -418,6 +420,7 @@ fn gemv_consistency(b: &mut CudaBackend) -> Result<f64> {
                 start_pos: 0,
                 kv_slots: &s[..64],
                 num_logits: 1,
+                prompt: true,
             })
             .collect();
         b.forward(&pre)?;
@@ -430,6 +433,7 @@ fn gemv_consistency(b: &mut CudaBackend) -> Result<f64> {
                 start_pos: 64,
                 kv_slots: s,
                 num_logits: 1,
+                prompt: false,
             })
             .collect();
         logits.push(b.forward(&dec)?);
@@ -505,6 +509,7 @@ fn ttft_only(b: &mut CudaBackend, n: usize) -> Result<()> {
                 start_pos: 0,
                 kv_slots: &slots,
                 num_logits: 1,
+                prompt: true,
             }],
             0.0,
         )?;

@@ -29,6 +29,11 @@ pub struct SeqInput<'a> {
     /// How many of this sequence's last tokens need logits: 1 for the next-token distribution,
     /// more for prompt logprobs, 0 for a prompt chunk that is not the last.
     pub num_logits: usize,
+    /// Whether `tokens` are prompt tokens (a prompt or a chunk of one, also a single token
+    /// after a cached prefix) rather than a token being decoded. Backends that run decode
+    /// passes in another form (the CUDA decode attention) keep a prompt token out of it where
+    /// the form must not depend on the cache (`--enable-deterministic-inference`).
+    pub prompt: bool,
 }
 
 /// Sampling controls a backend may apply on its own device.

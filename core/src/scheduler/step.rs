@@ -213,6 +213,7 @@ impl Scheduler {
                     start_pos: e.start,
                     kv_slots: r.kv.slots(),
                     num_logits: e.nrows,
+                    prompt: e.prefill,
                 })
             })
             .collect()

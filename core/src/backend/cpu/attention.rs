@@ -1065,6 +1065,7 @@ mod tests {
             start_pos: 0,
             kv_slots: &slots,
             num_logits: 1,
+            prompt: true,
         }];
         let mut out = [0f32; 2];
         attention(&q, &k, &v, &batch, 1, 1, 2, &mut out, 1);
@@ -1173,12 +1174,14 @@ mod tests {
                 start_pos: 0,
                 kv_slots: &slots_a,
                 num_logits: 1,
+                prompt: true,
             },
             SeqInput {
                 tokens: &toks_b,
                 start_pos: cached,
                 kv_slots: &slots_b,
                 num_logits: 1,
+                prompt: true,
             },
         ];
         let q: Vec<f32> = (0..(3 + new) * heads * hd)
@@ -1216,12 +1219,14 @@ mod tests {
                 start_pos: 6,
                 kv_slots: &a,
                 num_logits: 1,
+                prompt: true,
             },
             SeqInput {
                 tokens: &toks,
                 start_pos: 8,
                 kv_slots: &b,
                 num_logits: 1,
+                prompt: true,
             },
         ];
         let runs = KvRuns::new(&batch);

@@ -13,7 +13,7 @@ use sgl_kernels::{
     prefill_tiles,
 };
 
-use super::{CudaBackend, DECODE_SPLITS, DETERMINISTIC_DECODE_SPLITS, cuda_err};
+use super::{CudaBackend, DECODE_SPLITS, DETERMINISTIC_DECODE_SPLITS, cuda_err, decode_form};
 use crate::backend::{SampleInput, SeqInput};
 use crate::error::{EngineError, Result};
 use crate::model::config::ModelConfig;
@@ -257,15 +257,15 @@ impl CudaBackend {
         // Tensor parallelism: every worker rank runs the same batch (see `tp`).
         self.peers.run(batch)?;
         let tokens: usize = batch.iter().map(|s| s.tokens.len()).sum();
-        if batch.iter().all(|s| s.tokens.len() == 1)
-            && let Some(bs) = self.graphs.bucket(batch.len())
-        {
+        let decode = batch
+            .iter()
+            .all(|q| decode_form(q, self.opts.deterministic));
+        if decode && let Some(bs) = self.graphs.bucket(batch.len()) {
             let kv_total: usize = batch.iter().map(|s| s.kv_slots.len()).sum();
             if kv_total + (bs - batch.len()) <= self.graphs.index_cap {
                 return self.run_graph(batch, bs);
             }
         }
-        let decode = batch.iter().all(|s| s.tokens.len() == 1);
         let partials = if decode && self.opts.deterministic {
             // the fixed split count's partial rows (see `decode_splits`)
             batch.len() * DETERMINISTIC_DECODE_SPLITS as usize
@@ -304,7 +304,9 @@ impl CudaBackend {
 
     fn run_eager(&mut self, batch: &[SeqInput<'_>], tokens: usize) -> Result<Vec<usize>> {
         let s = self.stream.clone();
-        let decode = batch.iter().all(|q| q.tokens.len() == 1);
+        let decode = batch
+            .iter()
+            .all(|q| decode_form(q, self.opts.deterministic));
         let mut ids = Vec::with_capacity(tokens);
         let mut pos = Vec::with_capacity(tokens);
         let mut slots = Vec::with_capacity(tokens);

@@ -593,13 +593,22 @@ impl CudaBackend {
     }
 }
 
-/// Splits a batch that mixes single-token sequences (decodes) with longer ones (prompts) into
-/// the two groups' indices, each in batch order. Run apart, the decodes go through the decode
+/// Whether a sequence runs in the decode form (the decode attention kernel, CUDA graphs): one
+/// token, and under `--enable-deterministic-inference` not a prompt's. There a prompt's last
+/// token takes the prefill kernel whether the rest of its prompt is in the radix cache or not,
+/// so a cached prompt gives the fresh prompt's logits bit for bit (the two kernels sum the
+/// keys in different orders).
+fn decode_form(q: &SeqInput<'_>, deterministic: bool) -> bool {
+    q.tokens.len() == 1 && !(deterministic && q.prompt)
+}
+
+/// Splits a batch that mixes decode-form sequences ([`decode_form`]) with prompts into the two
+/// groups' indices, each in batch order. Run apart, the decodes go through the decode
 /// attention kernel (and a CUDA graph within `--cuda-graph-max-bs`) instead of taking a
 /// one-row tile each in the prefill kernel. `None` when the batch is all one kind.
-fn split_mixed(batch: &[SeqInput<'_>]) -> Option<(Vec<usize>, Vec<usize>)> {
+fn split_mixed(batch: &[SeqInput<'_>], deterministic: bool) -> Option<(Vec<usize>, Vec<usize>)> {
     let (decodes, prompts): (Vec<usize>, Vec<usize>) =
-        (0..batch.len()).partition(|&i| batch[i].tokens.len() == 1);
+        (0..batch.len()).partition(|&i| decode_form(&batch[i], deterministic));
     (!decodes.is_empty() && !prompts.is_empty()).then_some((decodes, prompts))
 }
 
@@ -638,7 +647,7 @@ impl Backend for CudaBackend {
     fn forward(&mut self, batch: &[SeqInput<'_>]) -> Result<Vec<f32>> {
         self.validate(batch)?;
         self.begin_sync();
-        if let Some((decodes, prompts)) = split_mixed(batch) {
+        if let Some((decodes, prompts)) = split_mixed(batch, self.opts.deterministic) {
             let v = self.cfg.vocab_size;
             let mut outs = Vec::with_capacity(2);
             for idx in [&decodes, &prompts] {

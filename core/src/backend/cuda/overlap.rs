@@ -351,7 +351,7 @@ impl CudaBackend {
         for (k, &i) in sampling.iter().enumerate() {
             sampled_idx[i] = k;
         }
-        let groups: Vec<Vec<usize>> = match split_mixed(batch) {
+        let groups: Vec<Vec<usize>> = match split_mixed(batch, self.opts.deterministic) {
             Some((decodes, prompts)) => vec![decodes, prompts],
             None => vec![(0..batch.len()).collect()],
         };

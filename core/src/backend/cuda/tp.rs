@@ -270,6 +270,7 @@ struct OwnedSeq {
     start_pos: usize,
     kv_slots: Vec<u32>,
     num_logits: usize,
+    prompt: bool,
 }
 
 enum Cmd {
@@ -358,6 +359,7 @@ impl Peers {
                     start_pos: s.start_pos,
                     kv_slots: s.kv_slots.to_vec(),
                     num_logits: s.num_logits,
+                    prompt: s.prompt,
                 })
                 .collect(),
         );
@@ -493,6 +495,7 @@ fn worker(mut b: CudaBackend, rx: mpsc::Receiver<Cmd>, failure: Arc<Failure>) {
                             start_pos: s.start_pos,
                             kv_slots: &s.kv_slots,
                             num_logits: s.num_logits,
+                            prompt: s.prompt,
                         })
                         .collect();
                     b.run(&batch)?;

@@ -63,6 +63,7 @@ pub(super) struct SeqRecord {
     pub start_pos: usize,
     pub tokens: usize,
     pub num_logits: usize,
+    pub prompt: bool,
 }
 
 /// Every forward pass the backend ran, shared with the test that owns the scheduler.
@@ -108,6 +109,7 @@ impl Backend for FakeModel {
                         start_pos: s.start_pos,
                         tokens: s.tokens.len(),
                         num_logits: s.num_logits,
+                        prompt: s.prompt,
                     })
                     .collect(),
             );

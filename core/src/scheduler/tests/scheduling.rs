@@ -528,3 +528,43 @@ fn a_cached_prompt_continues_as_it_did_cold_with_passes_overlapped() {
         }
     }
 }
+
+/// Backends learn which tokens are a prompt's: a prompt whose every token but the last is in
+/// the radix cache recomputes that one token as prompt work (the CUDA backend keeps it out of
+/// the decode kernel under `--enable-deterministic-inference`, so it sums as a fresh prompt
+/// does), while each generated token is decoded; with passes overlapped too.
+#[test]
+fn passes_mark_prompt_tokens_apart_from_decoded_ones() {
+    for mode in [Mode::Plain, Mode::Overlap] {
+        let mut h = Setup {
+            mode,
+            ..Setup::default()
+        }
+        .build();
+        let p = prompt(40, 3);
+        let mut cold = h.submit(p.clone(), greedy(4));
+        h.run_to_idle();
+        let mut cached = h.submit(p.clone(), greedy(4));
+        h.run_to_idle();
+        assert_eq!(cached.usage().cached_tokens, 39);
+        assert_eq!((cold.output().len(), cached.output().len()), (4, 4));
+        let seqs: Vec<SeqRecord> = h.passes().into_iter().flatten().collect();
+        // Cold: the whole prompt, then three decodes; cached: the last prompt token, then
+        // three decodes (the fourth token of each comes from its last pass).
+        let got: Vec<(usize, usize, bool)> = seqs
+            .iter()
+            .map(|s| (s.start_pos, s.tokens, s.prompt))
+            .collect();
+        let want = [
+            (0, 40, true),
+            (40, 1, false),
+            (41, 1, false),
+            (42, 1, false),
+            (39, 1, true),
+            (40, 1, false),
+            (41, 1, false),
+            (42, 1, false),
+        ];
+        assert_eq!(got, want, "{mode:?}");
+    }
+}
