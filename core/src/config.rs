@@ -148,7 +148,8 @@ pub struct ServerArgs {
     /// Greedy output independent of the batch (SGLang's flag). The CPU is batch-invariant
     /// always; on the GPU this takes one cuBLASLt algorithm for every batch size (no split-k,
     /// no GEMV), a fixed split count in decode attention and, under tensor parallelism, the
-    /// rank-ordered one-shot all-reduce for every message, at a cost in speed.
+    /// rank-ordered one-shot all-reduce for every message, and a prompt's last token in the
+    /// prefill kernel also when the rest of the prompt is cached, at a cost in speed.
     #[arg(long)]
     pub enable_deterministic_inference: bool,
     /// Address of rank 0 for multi-node tensor parallelism (not supported yet: refused).

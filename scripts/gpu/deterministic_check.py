@@ -5,8 +5,9 @@ for K in 1, 3, 7, 15, 31 and 63, it runs ROUNDS times while K other random reque
 prompt and output lengths) are sent around it at once: even rounds after /flush_cache (its
 prompt prefilled beside the others' prompts; compared with the first alone run), odd rounds
 with its prompt cached (compared with the second). Prints one table row per K and a JSON
-summary line. The two alone runs themselves may differ: a cached prompt's last token goes
-through the decode attention kernel, a fresh one through the prefill kernel.
+summary line. Without `--enable-deterministic-inference` the two alone runs may differ: a
+cached prompt's last token goes through the decode attention kernel, a fresh one through the
+prefill kernel; with the flag both take the prefill kernel and must be identical.
 Usage: deterministic_check.py PORT VOCAB LABEL [ROUNDS] [SEED]"""
 import json
 import random

@@ -126,6 +126,9 @@ def main():
     ok &= pen_ok
     print(f"| penalties on the GPU vs on the host: equal leading tokens | {agree} of 24 | "
           f"{'ok' if pen_ok else 'FAIL'} |")
+    if not pen_ok:
+        for d, h in zip(on["penal_device"], on["penal_host"]):
+            print(f"|   device {d} |\n|   host   {h} |")
     print("OVERLAP CHECK " + ("PASS" if ok else "FAIL"))
 
 
