@@ -31,10 +31,10 @@ use anyhow::{Context, bail};
 use candle_core::Device;
 use candle_core::quantized::{GgmlDType, gguf_file};
 use sgl_core::backend::cpu::CpuBackend;
-use sgl_core::backend::cpu::kernels::{
+use sgl_core::backend::{Backend, SeqInput};
+use sgl_kernels::cpu::{
     Isa, Weight, WeightFormat, matmul_multi, matmul_with_isa, parallel_for, set_num_threads,
 };
-use sgl_core::backend::{Backend, SeqInput};
 
 const LLAMA_CPP_DECODE_MS: f64 = 1000.0 / 69.0;
 const LLAMA_CPP_PREFILL_TOK_S: f64 = 160.0;

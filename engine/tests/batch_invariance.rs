@@ -5,9 +5,9 @@
 mod common;
 
 use sgl_core::backend::cpu::CpuBackend;
-use sgl_core::backend::cpu::kernels::set_num_threads;
 use sgl_core::backend::{Backend, SeqInput};
 use sgl_core::sampling::argmax;
+use sgl_kernels::cpu::set_num_threads;
 
 /// Slots per sequence: sequence `i` owns slots `i * REGION..`.
 const REGION: usize = 1024;

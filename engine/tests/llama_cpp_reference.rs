@@ -129,7 +129,7 @@ fn greedy_tokens_match_llama_cpp() {
 /// same logits, bit for bit, as the same batch run as one, step after step.
 #[test]
 fn split_batched_decode_matches_unsplit() {
-    sgl_core::backend::cpu::kernels::set_num_threads(2);
+    sgl_kernels::cpu::set_num_threads(2);
     let model = sgl_core::model::load(&model_path()).expect("load model");
     let mut backend = CpuBackend::with_capacity(&model, 16 * 64, 1024).expect("backend");
     const SEQS: usize = 16;

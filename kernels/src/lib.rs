@@ -1,118 +1,39 @@
-//! CUDA kernels of the serving engine and their typed launchers over cudarc.
+//! Kernels of the serving engine: the CPU kernels ([`cpu`], always built) and, with the
+//! `cuda` feature, the CUDA kernels and their typed launchers over cudarc.
 //!
-//! The `.cu` sources under `src/cu/` are compiled by NVRTC (loaded at run time, like every CUDA
-//! library here) for the device's architecture when [`Kernels::load`] is first called; the
-//! PTX is cached on disk, keyed by a hash of the source, the architecture and NVRTC's version.
-//! [`compile_ptx`] compiles every kernel without a GPU, which is how CI catches a broken kernel.
-//! GEMMs go through cuBLASLt ([`Gemm`]).
+//! CUDA: the `.cu` sources under `src/cu/` are compiled by NVRTC (loaded at run time, like
+//! every CUDA library here) for the device's architecture when `Kernels::load` is first called;
+//! the PTX is cached on disk, keyed by a hash of the source, the architecture and NVRTC's
+//! version. `compile_ptx` compiles every kernel without a GPU, which is how CI catches a broken
+//! kernel. GEMMs go through cuBLASLt (`Gemm`).
 
+pub mod cpu;
+
+#[cfg(feature = "cuda")]
 mod gemm;
+#[cfg(feature = "cuda")]
 mod launch;
+#[cfg(feature = "cuda")]
 pub mod nccl;
+#[cfg(feature = "cuda")]
 mod source;
 
+#[cfg(feature = "cuda")]
 pub use gemm::Gemm;
+#[cfg(feature = "cuda")]
 pub use launch::{
     AR_BLOCKS, AR_MAX_RANKS, ArPeers, AttnShape, DecodeAttnPlan, GEMV_MAX_SPLITS, GEMV_MAX_TOKENS,
     GEMV_PREFETCH_STEPS, GemvEpilogue, GemvPlan, GemvWorkspace, Kernels, KvDtype, LogitEdit,
     MAX_DECODE_SPLITS, WeightRef, prefill_tiles,
 };
+#[cfg(feature = "cuda")]
 pub use source::{KERNEL_NAMES, SOURCE, compile_ptx, nvrtc_available};
 
-use std::marker::PhantomData;
-
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(feature = "cuda")]
+pub use cuda::{Dptr, KernelError, Result, dptr};
+#[cfg(feature = "cuda")]
 pub use cudarc;
+#[cfg(feature = "cuda")]
 pub use half::bf16;
-
-/// Errors of the kernel layer.
-#[derive(Debug, thiserror::Error)]
-pub enum KernelError {
-    #[error("CUDA driver: {0}")]
-    Driver(#[from] cudarc::driver::DriverError),
-    #[error("cuBLASLt: {0:?}")]
-    Blas(#[source] cudarc::cublaslt::result::CublasError),
-    #[error("NVRTC could not compile the kernels: {0}")]
-    Compile(String),
-    #[error("NVRTC (libnvrtc.so) was not found; install the CUDA toolkit or nvidia-cuda-nvrtc")]
-    NvrtcMissing,
-    #[error("unsupported shape: {0}")]
-    Unsupported(String),
-}
-
-impl From<cudarc::cublaslt::result::CublasError> for KernelError {
-    fn from(e: cudarc::cublaslt::result::CublasError) -> Self {
-        KernelError::Blas(e)
-    }
-}
-
-pub type Result<T, E = KernelError> = std::result::Result<T, E>;
-
-/// A device address of elements of type `T` (no ownership, no length): what the launchers
-/// take. Obtain one from an allocation with [`dptr`] and move within it with [`Dptr::add`].
-pub struct Dptr<T> {
-    addr: u64,
-    _t: PhantomData<fn() -> T>,
-}
-
-impl<T> Clone for Dptr<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for Dptr<T> {}
-
-impl<T> std::fmt::Debug for Dptr<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Dptr({:#x})", self.addr)
-    }
-}
-
-impl<T> Dptr<T> {
-    /// # Safety
-    /// `addr` must be a device address of `T`s that stays allocated while it is used.
-    pub const unsafe fn from_raw(addr: u64) -> Self {
-        Dptr {
-            addr,
-            _t: PhantomData,
-        }
-    }
-
-    /// The null address (for optional kernel arguments).
-    pub const fn null() -> Self {
-        Dptr {
-            addr: 0,
-            _t: PhantomData,
-        }
-    }
-
-    /// The address `n` elements further on (pointer arithmetic, not `std::ops::Add`).
-    #[allow(clippy::should_implement_trait)]
-    pub fn add(self, n: usize) -> Self {
-        Dptr {
-            addr: self.addr + (n * std::mem::size_of::<T>()) as u64,
-            _t: PhantomData,
-        }
-    }
-
-    pub fn addr(self) -> u64 {
-        self.addr
-    }
-
-    /// The same address, as one of `U`s (the KV pool's bytes hold elements of its dtype).
-    pub const fn cast<U>(self) -> Dptr<U> {
-        Dptr {
-            addr: self.addr,
-            _t: PhantomData,
-        }
-    }
-}
-
-/// The device address of an allocation.
-pub fn dptr<T>(s: &cudarc::driver::CudaSlice<T>, stream: &cudarc::driver::CudaStream) -> Dptr<T> {
-    use cudarc::driver::DevicePtr;
-    let (addr, _sync) = s.device_ptr(stream);
-    Dptr {
-        addr,
-        _t: PhantomData,
-    }
-}

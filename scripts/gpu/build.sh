@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 target="${CARGO_TARGET_DIR:-target}"
 dest="${1:-.dev/gpu}"
 cargo build --release -p sgl-engine -p sgl-bench --features cuda
-checks=$(cargo test --release -p sgl-kernels --test kernel_check --no-run --message-format=json |
+checks=$(cargo test --release -p sgl-kernels --features cuda --test kernel_check --no-run --message-format=json |
     python3 -c '
 import json, sys
 for line in sys.stdin:

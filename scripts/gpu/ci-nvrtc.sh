@@ -15,4 +15,4 @@ PY
 )"
 if [ -z "$lib" ]; then echo "libnvrtc not found after pip install" >&2; exit 1; fi
 LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" SGL_REQUIRE_NVRTC=1 \
-  cargo test --release -p sgl-kernels --test nvrtc_compile
+  cargo test --release -p sgl-kernels --features cuda --test nvrtc_compile

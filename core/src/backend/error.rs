@@ -13,7 +13,7 @@ pub enum BackendError {
     Weight {
         name: String,
         #[source]
-        source: crate::backend::cpu::kernels::KernelError,
+        source: sgl_kernels::cpu::KernelError,
     },
     /// A model this backend cannot run, or options it cannot honour.
     #[error("{0}")]

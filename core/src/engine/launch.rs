@@ -6,7 +6,6 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::{EngineHandle, EngineParts, GrammarAvailability, ModelInfo, SchedulerStats};
-use crate::backend::cpu::kernels;
 use crate::backend::{self, LoadOptions};
 use crate::config::{DeviceKind, ServerArgs};
 use crate::error::{EngineError, Result};
@@ -175,7 +174,7 @@ pub fn launch(mut args: ServerArgs) -> Result<EngineHandle> {
     args.resolve_device();
     let started = Instant::now();
     if let Some(n) = args.num_threads {
-        kernels::set_num_threads(n);
+        sgl_kernels::cpu::set_num_threads(n);
     }
     tracing::info!("loading model from {}", args.model_path.display());
     let model = model::load(&args.model_path)?;

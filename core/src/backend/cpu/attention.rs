@@ -39,8 +39,8 @@ use std::cell::RefCell;
 
 use half::f16;
 
-use super::kernels::{Isa, SharedMut, parallel_for};
 use crate::backend::SeqInput;
+use sgl_kernels::cpu::{Isa, SharedMut, parallel_for};
 
 /// Query heads one task handles against one KV head.
 const MAX_GROUP: usize = 16;

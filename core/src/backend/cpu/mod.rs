@@ -2,7 +2,6 @@
 //! held as f16, per layer and KV head one row per slot (see `attention`).
 
 mod attention;
-pub mod kernels;
 mod ops;
 pub mod weights;
 
@@ -14,7 +13,9 @@ use crate::model::config::ModelConfig;
 pub use weights::LlamaWeights;
 
 use half::f16;
-use kernels::{SharedMut, matmul, matmul_multi, matmul_multi_with, num_threads, parallel_for};
+use sgl_kernels::cpu::{
+    self as kernels, SharedMut, matmul, matmul_multi, matmul_multi_with, num_threads, parallel_for,
+};
 
 /// Bytes of KV cache the CPU backend takes when `--max-total-tokens` is not given.
 pub const CPU_KV_BUDGET_BYTES: usize = 2 << 30;

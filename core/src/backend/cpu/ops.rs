@@ -10,7 +10,7 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, dim: usize, out: &mut [f32]) {
     if dim == 0 {
         return;
     }
-    super::kernels::parallel_chunks_mut(out, dim * NORM_ROWS, |i, o| {
+    sgl_kernels::cpu::parallel_chunks_mut(out, dim * NORM_ROWS, |i, o| {
         let at = i * dim * NORM_ROWS;
         rms_norm_rows(&x[at..at + o.len()], w, eps, dim, o);
     });
@@ -27,8 +27,8 @@ pub fn add_rms_norm(x: &mut [f32], y: &[f32], w: &[f32], eps: f32, dim: usize, o
     if dim == 0 {
         return;
     }
-    let xs = super::kernels::SharedMut::new(x);
-    super::kernels::parallel_chunks_mut(out, dim * NORM_ROWS, |i, o| {
+    let xs = sgl_kernels::cpu::SharedMut::new(x);
+    sgl_kernels::cpu::parallel_chunks_mut(out, dim * NORM_ROWS, |i, o| {
         let at = i * dim * NORM_ROWS;
         // SAFETY: chunk `i` of `x` is `at..at + o.len()` (`x` and `out` have the same length),
         // disjoint from every other task's.
@@ -88,7 +88,7 @@ const SILU_CHUNK: usize = 4096;
 /// `gate = silu(gate) * up`.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "silu_mul: lengths differ");
-    super::kernels::parallel_chunks_mut(gate, SILU_CHUNK, |i, g| {
+    sgl_kernels::cpu::parallel_chunks_mut(gate, SILU_CHUNK, |i, g| {
         silu_mul_serial(g, &up[i * SILU_CHUNK..i * SILU_CHUNK + g.len()]);
     });
 }
@@ -97,7 +97,7 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
 fn silu_mul_serial(gate: &mut [f32], up: &[f32]) {
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if super::kernels::Isa::detect() != super::kernels::Isa::Scalar {
+    if sgl_kernels::cpu::Isa::detect() != sgl_kernels::cpu::Isa::Scalar {
         // SAFETY: a SIMD ISA means AVX2, FMA and F16C were detected at run time.
         done = unsafe { silu_mul_avx2(gate, up) };
     }

@@ -1,11 +1,11 @@
 //! Llama-family weights laid out for the CPU kernels: matrices in the kernels' formats (float
 //! rows, or ggml blocks repacked into groups of rows), norms and biases as f32.
 
-use super::kernels::{Weight, WeightFormat};
 use crate::backend::BackendError;
 use crate::model::llama::{LlamaTensors, Part};
 use crate::model::tensors::e4m3_to_f32;
 use crate::model::{DType, LoadError, Quantization, Tensor};
+use sgl_kernels::cpu::{Weight, WeightFormat};
 
 use candle_core::quantized::GgmlDType;
 

@@ -41,9 +41,9 @@ mod x86_quant;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use buffer::HugeBytes;
+pub use buffer::HugeBytes;
 pub use dispatch::Isa;
-pub(crate) use pool::SharedMut;
+pub use pool::SharedMut;
 pub use pool::{num_threads, parallel_chunks_mut, parallel_for, set_num_threads};
 
 /// Storage format of a weight matrix.

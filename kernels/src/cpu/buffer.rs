@@ -23,7 +23,7 @@ const ALIGN: usize = 64;
 
 /// Zeroed bytes on memory advised (on Linux) to use transparent huge pages; on the heap where
 /// no mapping can be made, or for buffers too small to matter.
-pub(crate) struct HugeBytes {
+pub struct HugeBytes {
     storage: Storage,
     len: usize,
 }
@@ -63,7 +63,7 @@ fn advise(map: &memmap2::MmapMut) {
 
 impl HugeBytes {
     /// `len` zero bytes.
-    pub(crate) fn zeroed(len: usize) -> HugeBytes {
+    pub fn zeroed(len: usize) -> HugeBytes {
         let storage = if len < 4096 {
             Storage::Heap(vec![0; len])
         } else if len >= CHUNK_BYTES {
@@ -112,6 +112,7 @@ fn take_shared(len: usize) -> Option<(Arc<Chunk>, usize)> {
 impl Deref for HugeBytes {
     type Target = [u8];
 
+    #[inline]
     fn deref(&self) -> &[u8] {
         match &self.storage {
             // SAFETY: `offset..offset + len` lies inside the chunk's mapping (checked when it
@@ -126,6 +127,7 @@ impl Deref for HugeBytes {
 }
 
 impl DerefMut for HugeBytes {
+    #[inline]
     fn deref_mut(&mut self) -> &mut [u8] {
         match &mut self.storage {
             // SAFETY: as in `deref`; `&mut self` makes this the only live view of the range.

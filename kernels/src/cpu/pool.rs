@@ -243,7 +243,7 @@ pub fn parallel_chunks_mut<T: Send, F: Fn(usize, &mut [T]) + Sync>(
 
 /// A mutable buffer that the tasks of one pool job write in disjoint ranges, each taking its
 /// own with [`SharedMut::slice`]. It borrows the buffer mutably for as long as it lives.
-pub(crate) struct SharedMut<'a, T> {
+pub struct SharedMut<'a, T> {
     ptr: *mut T,
     len: usize,
     _buf: PhantomData<&'a mut [T]>,
@@ -254,7 +254,8 @@ pub(crate) struct SharedMut<'a, T> {
 unsafe impl<T: Send> Sync for SharedMut<'_, T> {}
 
 impl<'a, T> SharedMut<'a, T> {
-    pub(crate) fn new(buf: &'a mut [T]) -> Self {
+    #[inline]
+    pub fn new(buf: &'a mut [T]) -> Self {
         SharedMut {
             ptr: buf.as_mut_ptr(),
             len: buf.len(),
@@ -263,12 +264,19 @@ impl<'a, T> SharedMut<'a, T> {
     }
 
     /// The buffer's address, for prefetch hints (reading through it would race the tasks).
-    pub(crate) fn as_ptr(&self) -> *const T {
+    #[inline]
+    pub fn as_ptr(&self) -> *const T {
         self.ptr
     }
 
-    pub(crate) fn len(&self) -> usize {
+    #[inline]
+    pub fn len(&self) -> usize {
         self.len
+    }
+
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     /// `buf[at..at + len]`; panics if that is out of bounds.
@@ -276,7 +284,8 @@ impl<'a, T> SharedMut<'a, T> {
     /// # Safety
     /// No other live slice from this `SharedMut` may overlap the range.
     #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn slice(&self, at: usize, len: usize) -> &mut [T] {
+    #[inline]
+    pub unsafe fn slice(&self, at: usize, len: usize) -> &mut [T] {
         assert!(
             at <= self.len && len <= self.len - at,
             "shared buffer range {at}..{} out of bounds ({})",
