@@ -7,7 +7,3 @@
 //! `sgl-engine` binary (`main.rs`) parses the flags, launches the core and serves [`api`].
 
 pub mod api;
-
-/// The flags of `sgl-engine serve` and the model references it accepts, as the binary
-/// parses them: the operator checks every engine command it renders against these.
-pub use sgl_core::{config, model};

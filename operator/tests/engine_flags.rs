@@ -5,8 +5,8 @@
 
 use clap::Parser;
 use serde_json::{Value, json};
+use sgl_core::config::ServerArgs;
 use sgl_crds::{GrammarBackend, KvCacheDtype, LogLevel, Quantization, SGLangService, served};
-use sgl_engine::config::ServerArgs;
 use sgl_operator::objects::engine_args;
 
 /// `sgl-engine serve` as the engine's binary parses it.
@@ -253,7 +253,7 @@ fn hub_ids_are_read_as_the_engine_reads_them() {
         "org/name/.gguf",
         "",
     ] {
-        let engine = sgl_engine::model::hub::RepoRef::from_model_path(std::path::Path::new(path));
+        let engine = sgl_core::model::hub::RepoRef::from_model_path(std::path::Path::new(path));
         assert_eq!(
             sgl_operator::objects::is_hub_id(path),
             engine.is_some(),
