@@ -2,9 +2,9 @@
 # Builds the test control plane's components from the Go module proxy, once, into a cache
 # folder keyed by the pinned versions (versions.env and the wrapper modules under go/):
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm,
-# prometheus-adapter (the custom metrics API) and KEDA's operator (with its module's CRDs and
-# RBAC in bin/keda/). Does nothing when the binaries are there. Prints the bin folder on
-# stdout; progress and timings go to stderr.
+# prometheus-adapter (the custom metrics API) and KEDA's operator and metrics API server (with
+# its module's CRDs and RBAC in bin/keda/). Does nothing when the binaries are there. Prints
+# the bin folder on stdout; progress and timings go to stderr.
 #
 # Environment: SGL_K8S_CACHE (default ~/.cache/sgl-k8s) is the cache root.
 # `build.sh --check` builds nothing: it prints the bin folder when everything is built and
@@ -40,12 +40,11 @@ adapter_key="$( (grep -v -e '^KEDA_' -e '^# KEDA' "$here/versions.env"
 # has replace lines, which `go install …@version` refuses), so its key is its version and
 # how it is built.
 keda_ldflags="-s -w -X=github.com/kedacore/keda/v2/version.Version=$KEDA_VERSION"
-keda_key="$( (grep -e '^KEDA_' "$here/versions.env"; echo "CGO_ENABLED=0 $keda_ldflags") |
+keda_key="$( (grep -e '^KEDA_' "$here/versions.env"; echo "operator adapter CGO_ENABLED=0 $keda_ldflags") |
   sha256sum | cut -c1-16)"
 cache="${SGL_K8S_CACHE:-$HOME/.cache/sgl-k8s}"
 bin="$cache/$key/bin"
-components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm prometheus-adapter
-  keda-operator)
+components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm prometheus-adapter)
 
 missing=()
 for c in "${components[@]}"; do
@@ -55,9 +54,11 @@ if [ -x "$bin/prometheus-adapter" ] &&
   [ "$(cat "$bin/prometheus-adapter.key" 2> /dev/null)" != "$adapter_key" ]; then
   missing+=(prometheus-adapter)
 fi
-if [ -x "$bin/keda-operator" ] && { [ "$(cat "$bin/keda-operator.key" 2> /dev/null)" != "$keda_key" ] ||
-  [ ! -s "$bin/keda/crds/keda.sh_scaledobjects.yaml" ]; }; then
-  missing+=(keda-operator)
+# KEDA (keda-operator, keda-adapter and bin/keda/) is built as one, under its key.
+if [ ! -x "$bin/keda-operator" ] || [ ! -x "$bin/keda-adapter" ] ||
+  [ "$(cat "$bin/keda-operator.key" 2> /dev/null)" != "$keda_key" ] ||
+  [ ! -s "$bin/keda/crds/keda.sh_scaledobjects.yaml" ]; then
+  missing+=(keda)
 fi
 # The wrapper module must build the version pinned here.
 grep -q "^require sigs.k8s.io/prometheus-adapter $PROMETHEUS_ADAPTER_VERSION\$" "$adapter_mod/go.mod" || {
@@ -90,9 +91,11 @@ timed() {
   done
 }
 
-# KEDA's operator, built in a copy of the module github.com/kedacore/keda/v2 (its Dir from
-# `go mod download`), and what running it needs from that module: its CRDs (config/crd/bases)
-# and its RBAC (its namespace, service account, ClusterRole and bindings), into bin/keda/.
+# KEDA's operator and metrics API server (cmd/operator, cmd/adapter), built in a copy of the
+# module github.com/kedacore/keda/v2 (its Dir from `go mod download`), and what running them
+# needs from that module: its CRDs (config/crd/bases) and its RBAC (its namespace, service
+# account, ClusterRoles and bindings, those of the metrics API server in
+# bin/keda/metrics-server/), into bin/keda/.
 build_keda() {
   local dir
   dir=$(cd "$cache" && GOFLAGS=-mod=mod go mod download -json "github.com/kedacore/keda/v2@$KEDA_VERSION" |
@@ -105,12 +108,15 @@ build_keda() {
   cp -r "$dir" "$tmp/keda-src"
   chmod -R u+w "$tmp/keda-src"
   (cd "$tmp/keda-src" && CGO_ENABLED=0 go build -trimpath "-ldflags=$keda_ldflags" \
-    -o "$tmp/keda-operator" ./cmd/operator)
+    -o "$tmp/keda-operator" ./cmd/operator &&
+    CGO_ENABLED=0 go build -trimpath "-ldflags=$keda_ldflags" -o "$tmp/keda-adapter" ./cmd/adapter)
   rm -rf "$tmp/keda-src"
-  mkdir -p "$tmp/keda/crds" "$tmp/keda/rbac"
+  mkdir -p "$tmp/keda/crds" "$tmp/keda/rbac" "$tmp/keda/metrics-server"
   cp "$dir"/config/crd/bases/*.yaml "$tmp/keda/crds/"
   cp "$dir/config/general/namespace.yaml" "$dir/config/service_account/service_account.yaml" \
     "$dir/config/rbac/role.yaml" "$dir/config/rbac/role_binding.yaml" "$tmp/keda/rbac/"
+  cp "$dir/config/metrics-server/role.yaml" "$dir/config/metrics-server/role_binding.yaml" \
+    "$tmp/keda/metrics-server/"
   chmod -R u+w "$tmp/keda"
 }
 
@@ -148,8 +154,8 @@ if [ ${#missing[@]} -gt 0 ]; then
       "${flags[@]}" -o "$tmp/prometheus-adapter" sigs.k8s.io/prometheus-adapter/cmd/adapter
     echo "$adapter_key" > "$bin/prometheus-adapter.key"
   fi
-  if want keda-operator; then
-    timed "keda-operator $KEDA_VERSION" build_keda
+  if want keda; then
+    timed "keda-operator and keda-adapter $KEDA_VERSION" build_keda
     echo "$keda_key" > "$bin/keda-operator.key"
   fi
   rm -rf "$tmp"

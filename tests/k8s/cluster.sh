@@ -22,8 +22,8 @@
 # --runner starts the pod runner with the cluster's kubeconfig; arguments after `--` are
 # passed to it. `apiserver-stop` and `apiserver-start`
 # stop the API server and start it again with the same flags (port, etcd, certificates).
-# `keda-start` starts KEDA's operator on a running cluster, once (it then runs until `down`;
-# see keda_start below).
+# `keda-start` starts KEDA (its operator and its metrics API server) on a running cluster,
+# once (it then runs until `down`; see keda_start below).
 #
 # Nodes (all kwok, label type=kwok, pod CIDRs in 127.0.0.0/8):
 #   kwok-node-0     127.1.0.0/16, 32 CPUs, no taint (the examples apply unchanged);
@@ -119,15 +119,18 @@ apiserver_start() {
     "$(dirname "${args[0]}")/kubectl" get --raw /readyz
 }
 
-# KEDA's operator (built by build.sh, with the CRDs and RBAC of KEDA's module), as KEDA's own
-# service account with that RBAC (the keda-operator ClusterRole: read any object, update any
-# `*/scale`), watching every namespace, without leader election, certificate rotation or
-# webhooks. Its gRPC metrics service (what KEDA's metrics API server reads, which is not run:
-# the operator alone takes a workload from zero to one and back; the HPA it creates for one
-# replica and more then cannot read its metrics) needs a serving certificate: one from the
-# test CA.
-# Its ports are added to ports.env (KEDA_METRICS_PORT: its /metrics; KEDA_HEALTH_PORT:
-# /healthz and /readyz).
+# KEDA (built by build.sh, with the CRDs and RBAC of KEDA's module): its operator, which
+# activates a workload (0 -> 1), takes it back to zero and creates the HPA for one replica and
+# more, and its metrics API server (`external.metrics.k8s.io` through the aggregation layer,
+# what that HPA reads; it asks the operator's gRPC metrics service for each value). Both act as
+# KEDA's own service account with that RBAC (the keda-operator ClusterRole: read any object,
+# update any `*/scale`; the metrics API server's delegated authentication and authorization),
+# watch every namespace, and run without leader election, certificate rotation or webhooks.
+# One certificate from the test CA serves the gRPC service, authenticates the metrics API
+# server to it (mutual TLS), and serves the metrics API (its APIService names an ExternalName
+# Service for localhost, as prometheus-adapter's does). Ports go to ports.env
+# (KEDA_METRICS_PORT: the operator's /metrics; KEDA_HEALTH_PORT: its /healthz and /readyz;
+# KEDA_METRICS_API_PORT: the metrics API server).
 keda_start() {
   [ -s "$work/ports.env" ] || die "no cluster in $work (run: $0 up)"
   if [ -s "$work/pids/keda-operator" ] && kill -0 "$(cat "$work/pids/keda-operator")" 2> /dev/null; then
@@ -142,8 +145,9 @@ keda_start() {
   "$kubectl" apply --server-side -f "$bin/keda/crds/" > /dev/null
   "$kubectl" wait --for=condition=Established --timeout=60s -f "$bin/keda/crds/" > /dev/null
   local f
-  for f in namespace service_account role role_binding; do
-    "$kubectl" apply --server-side -f "$bin/keda/rbac/$f.yaml" > /dev/null
+  for f in rbac/namespace rbac/service_account rbac/role rbac/role_binding metrics-server/role \
+    metrics-server/role_binding; do
+    "$kubectl" apply --server-side -f "$bin/keda/$f.yaml" > /dev/null
   done
   local token server
   token=$("$kubectl" create token keda-operator -n keda --duration 48h) ||
@@ -173,14 +177,17 @@ EOF
   openssl req -newkey rsa:2048 -nodes -subj "/CN=keda-operator" -keyout "$certs/tls.key" \
     -out "$work/keda/tls.csr" 2> /dev/null
   printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=digitalSignature,keyEncipherment" \
-    "extendedKeyUsage=serverAuth,clientAuth" "subjectAltName=IP:127.0.0.1,DNS:localhost" \
+    "extendedKeyUsage=serverAuth,clientAuth" \
+    "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:keda-metrics-apiserver.keda.svc" \
     > "$work/keda/tls.ext"
   openssl x509 -req -in "$work/keda/tls.csr" -CA "$work/pki/ca.crt" -CAkey "$work/pki/ca.key" \
     -CAcreateserial -days 30 -extfile "$work/keda/tls.ext" -out "$certs/tls.crt" 2> /dev/null
-  local metrics_port health_port grpc_port
+  local metrics_port health_port grpc_port api_port api_metrics_port
   metrics_port=$(free_port)
   health_port=$(free_port)
   grpc_port=$(free_port)
+  api_port=$(free_port)
+  api_metrics_port=$(free_port)
   start keda-operator env KUBECONFIG="$work/keda-operator.kubeconfig" WATCH_NAMESPACE="" \
     KEDA_CLUSTER_OBJECT_NAMESPACE=keda POD_NAMESPACE=keda \
     "$bin/keda-operator" --leader-elect=false --enable-cert-rotation=false \
@@ -189,11 +196,42 @@ EOF
     --metrics-service-bind-address "127.0.0.1:$grpc_port" \
     --cert-dir "$certs" --ca-dir "$work/keda/ca"
   wait_for "KEDA's operator" 120 curl -sf "http://127.0.0.1:$health_port/readyz"
+  start keda-adapter env KUBECONFIG="$work/keda-operator.kubeconfig" WATCH_NAMESPACE="" \
+    KEDA_CLUSTER_OBJECT_NAMESPACE=keda POD_NAMESPACE=keda \
+    "$bin/keda-adapter" --bind-address 127.0.0.1 --secure-port "$api_port" \
+    --tls-cert-file "$certs/tls.crt" --tls-private-key-file "$certs/tls.key" --cert-dir "$certs" \
+    --lister-kubeconfig "$work/keda-operator.kubeconfig" \
+    --authentication-kubeconfig "$work/keda-operator.kubeconfig" \
+    --authorization-kubeconfig "$work/keda-operator.kubeconfig" \
+    --metrics-service-address "127.0.0.1:$grpc_port" --port "$api_metrics_port"
+  cat <<EOF | "$kubectl" apply -f - > /dev/null
+apiVersion: v1
+kind: Service
+metadata: {name: keda-metrics-apiserver, namespace: keda}
+spec:
+  type: ExternalName
+  externalName: localhost
+  ports: [{name: https, port: $api_port}]
+---
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata: {name: v1beta1.external.metrics.k8s.io}
+spec:
+  group: external.metrics.k8s.io
+  version: v1beta1
+  service: {name: keda-metrics-apiserver, namespace: keda, port: $api_port}
+  caBundle: $(base64 -w0 "$work/pki/ca.crt")
+  groupPriorityMinimum: 100
+  versionPriority: 100
+EOF
+  wait_for "KEDA's metrics API" 120 "$kubectl" wait --for=condition=Available \
+    apiservice/v1beta1.external.metrics.k8s.io --timeout=5s
   cat >> "$work/ports.env" <<EOF
 KEDA_METRICS_PORT=$metrics_port
 KEDA_HEALTH_PORT=$health_port
+KEDA_METRICS_API_PORT=$api_port
 EOF
-  log "KEDA's operator started (log: $work/logs/keda-operator.log)"
+  log "KEDA started (logs: $work/logs/keda-operator.log, $work/logs/keda-adapter.log)"
 }
 
 case "$cmd" in

@@ -2283,12 +2283,14 @@ spec:
 }
 
 /// KEDA for real: with the chart's KEDA option the operator gives a `minReplicas: 0` service a
-/// ScaledObject (and no HPA of its own) whose triggers query the cluster's Prometheus; KEDA's
-/// own operator (built from its module, running as its service account with its RBAC) creates
-/// its HPA for one engine and more, takes the idle service to zero engines itself, activates it
+/// ScaledObject (and no HPA of its own) whose triggers query the cluster's Prometheus; KEDA
+/// (built from its module, its operator and metrics API server running as its service account
+/// with its RBAC) creates its HPA for one engine and more, serves every trigger's value through
+/// `external.metrics.k8s.io`, takes the idle service to zero engines itself, activates it
 /// (0 → 1) when a request waits in the router (`sgl_router_pending_requests`, the
-/// `router-waiting` trigger), and takes it back to zero `cooldownPeriod` (the service's
-/// `scaleDownStabilizationSeconds`) after the last active trigger.
+/// `router-waiting` trigger), its HPA then reads every trigger, and it takes the service back
+/// to zero `cooldownPeriod` (the service's `scaleDownStabilizationSeconds`) after the last
+/// active trigger.
 #[tokio::test]
 async fn s3_keda_takes_an_idle_service_to_zero_and_a_waiting_request_brings_an_engine_back() {
     let (c, _turn) = cluster!();
@@ -2322,7 +2324,7 @@ spec:
   autoscaling:
     minReplicas: 0
     maxReplicas: 2
-    scaleDownStabilizationSeconds: 5
+    scaleDownStabilizationSeconds: 15
 "#
     ));
     let t_test = std::time::Instant::now();
@@ -2342,11 +2344,11 @@ spec:
         "{}",
         s.so_status
     );
-    let metric_names = s.so_status["externalMetricNames"]
+    let metric_count = s.so_status["externalMetricNames"]
         .as_array()
         .map_or(0, Vec::len);
     assert_eq!(
-        metric_names, 4,
+        metric_count, 4,
         "one external metric a trigger: {}",
         s.so_status
     );
@@ -2380,7 +2382,7 @@ spec:
         .as_ref()
         .and_then(|b| b.scale_down.as_ref())
         .and_then(|d| d.stabilization_window_seconds);
-    assert_eq!(window, Some(5));
+    assert_eq!(window, Some(15));
 
     // Idle: KEDA takes the service to zero engines (no trigger is active).
     let t = std::time::Instant::now();
@@ -2403,6 +2405,20 @@ spec:
     )
     .await;
     let router_ip = pod_ip(&router[0]);
+    // KEDA's metrics API serves each trigger's value (what KEDA's HPA reads): all 0 while idle.
+    let metric_names: Vec<String> = s.so_status["externalMetricNames"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.as_str().map(str::to_string))
+        .collect();
+    for m in &metric_names {
+        let v = wait_for(&format!("{m} through KEDA's metrics API"), WAIT, || async {
+            external_metric(c, ns, &so_name, m)
+        })
+        .await;
+        assert_eq!(v, 0.0, "{m} of the idle service");
+    }
     let http = reqwest::Client::builder()
         .no_proxy()
         .build()
@@ -2422,13 +2438,13 @@ spec:
         (n == 1.0).then_some(()).ok_or(format!("{n} pending"))
     })
     .await;
-    let s = watch
+    let active = watch
         .until("KEDA to activate the service", WAIT, |s| {
             s.dp_size == 1 && s.so_active.as_ref().is_some_and(|(st, _)| st == "True")
         })
         .await;
     let activated_after = t_sent.elapsed();
-    let router_waiting_active = s.so_status["triggersActivity"]
+    let router_waiting_active = active.so_status["triggersActivity"]
         .as_object()
         .and_then(|m| m.iter().find(|(k, _)| k.starts_with("s0-")))
         .map(|(_, v)| v["isActive"].clone());
@@ -2443,6 +2459,32 @@ spec:
             s.ready.as_ref().is_some_and(|(st, _)| st == "True") && s.replicas.1 == 1
         })
         .await;
+    // With an engine, KEDA's HPA reads every trigger through KEDA's metrics API.
+    watch
+        .until(
+            "KEDA's HPA to read its metrics",
+            Duration::from_secs(60),
+            |s| s.dp_size == 1 && s.hpa_active == Some(("True".into(), "ValidMetricFound".into())),
+        )
+        .await;
+    let hpa = hpas
+        .get(&keda_hpa)
+        .await
+        .unwrap_or_else(|e| panic!("KEDA's HPA: {e}"));
+    let current = hpa
+        .status
+        .as_ref()
+        .and_then(|st| st.current_metrics.as_ref())
+        .map_or(0, |m| {
+            m.iter()
+                .filter(|m| {
+                    m.external
+                        .as_ref()
+                        .is_some_and(|e| e.current.average_value.is_some())
+                })
+                .count()
+        });
+    assert_eq!(current, 4, "KEDA's HPA status: {:?}", hpa.status);
 
     // Idle again: back to zero after the cooldown.
     let t = std::time::Instant::now();

@@ -1,6 +1,7 @@
 //! KEDA as test s3 sees it: the operator release switched to its KEDA option, KEDA's
-//! ScaledObject read through the dynamic API, and a watch of the service, its ScaledObject and
-//! KEDA's HPA that keeps a history for the failure messages.
+//! ScaledObject read through the dynamic API, a trigger's value through KEDA's metrics API,
+//! and a watch of the service, its ScaledObject and KEDA's HPA that keeps a history for the
+//! failure messages.
 
 use std::time::Duration;
 
@@ -12,15 +13,16 @@ use sgl_crds::SGLangService;
 use sgl_e2e_tests::k8s::cluster::Cluster;
 
 use crate::common::{CHART_NS, RELEASE, chart_dir};
+use crate::metrics::quantity;
 
-/// Whether KEDA's operator is built (`tests/k8s/build.sh`); prints a skip otherwise, and
-/// fails with `SGL_K8S_REQUIRED=1`.
+/// Whether KEDA (its operator and metrics API server) is built (`tests/k8s/build.sh`); prints
+/// a skip otherwise, and fails with `SGL_K8S_REQUIRED=1`.
 pub(crate) fn keda_built(c: &Cluster) -> bool {
-    if c.bin.join("keda-operator").is_file() {
+    if c.bin.join("keda-operator").is_file() && c.bin.join("keda-adapter").is_file() {
         return true;
     }
     let why = format!(
-        "KEDA's operator is not built in {} (tests/k8s/build.sh builds it)",
+        "KEDA is not built in {} (tests/k8s/build.sh builds it)",
         c.bin.display()
     );
     assert!(
@@ -277,6 +279,31 @@ impl<'a> KedaWatch<'a> {
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
+    }
+}
+
+/// One of a ScaledObject's metrics through KEDA's metrics API (`external.metrics.k8s.io`, what
+/// KEDA's HPA reads), served by KEDA's metrics API server from the operator's trigger query.
+pub(crate) fn external_metric(
+    c: &Cluster,
+    ns: &str,
+    so: &str,
+    metric: &str,
+) -> Result<f64, String> {
+    let path = format!(
+        "/apis/external.metrics.k8s.io/v1beta1/namespaces/{ns}/{metric}?labelSelector=scaledobject.keda.sh%2Fname%3D{so}"
+    );
+    let out = c.kubectl_raw(&["get", "--raw", &path], None);
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let list: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    let items = list["items"]
+        .as_array()
+        .ok_or(format!("no items: {list}"))?;
+    match items.as_slice() {
+        [one] => quantity(one["value"].as_str().ok_or(format!("no value: {one}"))?),
+        _ => Err(format!("{} values: {list}", items.len())),
     }
 }
 
