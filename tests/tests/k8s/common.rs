@@ -1,5 +1,5 @@
-//! What the k8s end-to-end tests share: the chart, namespaces, pods, services, the operator
-//! and the cluster script, each wait with a deadline (`wait_for`).
+//! What the k8s end-to-end tests share: the chart, namespaces, pods, services, the operator,
+//! the router's queue and the cluster script, each wait with a deadline (`wait_for`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -456,4 +456,63 @@ pub(crate) async fn operator_restarts(client: &Client) -> BTreeMap<String, i32> 
             (p.name_any(), restarts)
         })
         .collect()
+}
+
+/// The router's `sgl_router_pending_requests` (requests waiting for an engine).
+pub(crate) async fn router_pending(http: &reqwest::Client, router_ip: &str) -> Result<f64, String> {
+    let text = http
+        .get(format!("http://{router_ip}:30000/metrics"))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .text()
+        .await
+        .map_err(|e| e.to_string())?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("sgl_router_pending_requests "))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| "no sgl_router_pending_requests".to_string())
+}
+
+/// A `/generate` request through the router with a prompt of its own (no two share a cached
+/// prefix, so the scale-down brake stays at 0); the body, or the status and body.
+pub(crate) async fn generate_via_router(
+    http: &reqwest::Client,
+    router_ip: &str,
+    k: usize,
+) -> Result<Value, String> {
+    let resp = http
+        .post(format!("http://{router_ip}:30000/generate"))
+        .json(&json!({
+            "text": format!("{k} is the number of the lighthouse. Tell its story."),
+            "sampling_params": {"max_new_tokens": 8, "temperature": 0},
+        }))
+        .timeout(Duration::from_secs(120))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let body: Value = resp.json().await.map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        return Err(format!("{status}: {body}"));
+    }
+    Ok(body)
+}
+
+/// Waits until no engine pod of `name` exists (deleted, not merely unready).
+pub(crate) async fn wait_no_engine_pods(client: &kube::Client, ns: &str, name: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let selector = format!("serving.sgl-rs.io/engine={name}");
+    wait_for("every engine pod to be gone", WAIT, || async {
+        let list = pods
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .is_empty()
+            .then_some(())
+            .ok_or(format!("{} engine pods", list.items.len()))
+    })
+    .await;
 }

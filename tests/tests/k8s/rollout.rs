@@ -14,6 +14,8 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use sgl_e2e_tests::k8s::cluster::{Cluster, WAIT, wait_for};
 
+use crate::common::pod_ready;
+
 /// How one stream ended.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Outcome {
@@ -220,7 +222,7 @@ pub(crate) async fn wait_rolled_out(
             && pods.len() == dp
             && pods
                 .iter()
-                .all(|p| p.metadata.deletion_timestamp.is_none() && super::pod_ready(p) && new(p));
+                .all(|p| p.metadata.deletion_timestamp.is_none() && pod_ready(p) && new(p));
         done.then_some(()).ok_or_else(|| {
             let states: Vec<String> = pods
                 .iter()
@@ -228,7 +230,7 @@ pub(crate) async fn wait_rolled_out(
                     format!(
                         "{} ready={} new={} deleting={}",
                         p.name_any(),
-                        super::pod_ready(p),
+                        pod_ready(p),
                         new(p),
                         p.metadata.deletion_timestamp.is_some()
                     )
