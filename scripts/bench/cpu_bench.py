@@ -38,7 +38,8 @@ def ids(rng, n):
 
 class Server:
     def __init__(self, model, threads, extra):
-        binary = os.path.join(ROOT, "target", "release", "sgl-engine")
+        # SGL_ENGINE_BINARY: another build to measure (say, an older commit's, for an A/B run)
+        binary = os.environ.get("SGL_ENGINE_BINARY") or os.path.join(ROOT, "target", "release", "sgl-engine")
         cmd = [binary, "serve", "--model-path", model, "--port", "0", "--num-threads", str(threads),
                "--log-level", "warning", "--max-running-requests", "128"] + extra
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
