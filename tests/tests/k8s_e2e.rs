@@ -45,6 +45,8 @@ mod autoscaling;
 mod install;
 #[path = "k8s/operator.rs"]
 mod operator;
+#[path = "k8s/pod_security.rs"]
+mod pod_security;
 #[path = "k8s/resilience.rs"]
 mod resilience;
 #[path = "k8s/rolling_updates.rs"]
