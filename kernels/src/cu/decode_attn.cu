@@ -141,8 +141,10 @@ __device__ __forceinline__ void decode_attn_impl(
     __shared__ float s_sl[MODE == DEC_PARTIALS ? 1 : G][DEC_MAX_SPLITS];
     __shared__ int s_last;
 
-    pdl_wait();
-    pdl_trigger_early();
+    if constexpr (MODE != DEC_ROPE) {
+        pdl_wait();
+        pdl_trigger_early();
+    }
     const int b = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, nsplit = gridDim.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int sub = tid % LPK, kk = tid / LPK;
@@ -157,6 +159,21 @@ __device__ __forceinline__ void decode_attn_impl(
     const int h0 = kvh * G;
     // rope form: the new token's position in the sequence (its last); -1 where none
     const int last = MODE == DEC_ROPE ? len - 1 : -1;
+    const size_t head_off = (size_t)kvh * D + sub * 8;
+    typename KV::Raw8 kr[KPT], vr[KPT];
+    if constexpr (MODE == DEC_ROPE) {
+        // Of the rope form's inputs only the qkv row comes from the kernel before it (the qkv
+        // GEMV); the indices, positions and the pool's cached keys and values were written
+        // before that kernel started (this pass writes only the new token's slot, here). So the
+        // first tile is fetched before the wait and its latency hides behind that kernel's
+        // tail; the new token's slot read with it is never used (s_knew / s_vnew below).
+        if (k0 < k1) {
+            dec_load_tile<KV, KPT, KPP>(k_cache, v_cache, kv_indices, beg, k0, k1, kk, head_off,
+                                        kv_stride, kr, vr);
+        }
+        pdl_wait();
+        pdl_trigger_early();
+    }
 
     if (k0 >= k1) {  // no keys: a split past the active ones, or an empty sequence
         if (MODE == DEC_PARTIALS) {
@@ -174,10 +191,10 @@ __device__ __forceinline__ void decode_attn_impl(
         return;
     }
 
-    const size_t head_off = (size_t)kvh * D + sub * 8;
-    typename KV::Raw8 kr[KPT], vr[KPT];
-    dec_load_tile<KV, KPT, KPP>(k_cache, v_cache, kv_indices, beg, k0, k1, kk, head_off, kv_stride,
-                            kr, vr);
+    if constexpr (MODE != DEC_ROPE) {
+        dec_load_tile<KV, KPT, KPP>(k_cache, v_cache, kv_indices, beg, k0, k1, kk, head_off,
+                                    kv_stride, kr, vr);
+    }
 
     // q dims of this thread, for every head of the group
     float qr[G][8];
