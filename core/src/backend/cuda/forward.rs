@@ -273,7 +273,7 @@ impl CudaBackend {
             0
         };
         self.grow_scratch(tokens.max(partials))?;
-        self.run_eager(batch, tokens)
+        self.run_eager(batch, tokens, decode)
     }
 
     /// Decode attention's split count for a batch of `batch` sequences: planned for the
@@ -302,11 +302,14 @@ impl CudaBackend {
         })
     }
 
-    fn run_eager(&mut self, batch: &[SeqInput<'_>], tokens: usize) -> Result<Vec<usize>> {
+    /// `decode`: every sequence of `batch` runs in the decode form (see `run`).
+    fn run_eager(
+        &mut self,
+        batch: &[SeqInput<'_>],
+        tokens: usize,
+        decode: bool,
+    ) -> Result<Vec<usize>> {
         let s = self.stream.clone();
-        let decode = batch
-            .iter()
-            .all(|q| decode_form(q, self.opts.deterministic));
         let mut ids = Vec::with_capacity(tokens);
         let mut pos = Vec::with_capacity(tokens);
         let mut slots = Vec::with_capacity(tokens);
