@@ -85,13 +85,16 @@ pub fn scaled_object(
             format!("sum(sglang:token_usage{{{engines}}}) or vector(0)"),
             KV_USAGE_TARGET,
         ),
-        // The scale-down brake, summed: at most the replicas that run (the adapter rules).
+        // The scale-down brake, summed: the service's value times its engines, at most the
+        // replicas that run (the adapter rules say why it is the service's, not each engine's).
         trigger(
             "scale-down-brake",
             format!(
-                "sum(clamp_max(sum by (pod) (rate(sglang:cached_tokens_total{{{engines}}}[2m])) \
-                 / (sum by (pod) (rate(sglang:prompt_tokens_total{{{engines}}}[2m])) > 0), 1) \
-                 * avg by (pod) (avg_over_time((sglang:num_running_reqs{{{engines}}} > bool 0)[2m:5s]))) \
+                "(clamp_max(sum(rate(sglang:cached_tokens_total{{{engines}}}[2m])) \
+                 / (sum(rate(sglang:prompt_tokens_total{{{engines}}}[2m])) > 0), 1) \
+                 * avg(avg_over_time(((sglang:num_running_reqs{{{engines}}} > bool 0) \
+                 and on (namespace, pod) (sglang:num_requests_total{{{engines}}} > 0))[2m:5s])) \
+                 * count(sglang:token_usage{{{engines}}})) \
                  or vector(0)"
             ),
             1.0,

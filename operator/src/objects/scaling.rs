@@ -27,9 +27,12 @@ pub const CACHE_MISS_METRIC: &str = "sglang_cache_miss_rate";
 pub const KV_USAGE_METRIC: &str = "sglang_token_usage";
 /// The KV utilisation each engine is scaled towards.
 pub const KV_USAGE_TARGET: f64 = 0.8;
-/// Custom metric (per pod): windowed hit rate times busy share, 0..1. With an average target
-/// of 1 the HPA's recommendation from it never exceeds the replicas that run: it can only hold
-/// replicas whose caches are warm and busy, never add one (the rule is in the chart's README).
+/// Custom metric (per pod, the same value for each): the service's windowed hit rate times
+/// its engines' busy share, 0..1. With an average target of 1 the HPA's recommendation from
+/// it never exceeds the replicas that run: it can only hold replicas while the traffic is
+/// cache-friendly and the engines busy, never add one. It is the service's value so that an
+/// engine just added, whose cache is still cold, does not let the others go (the rule and why
+/// are in the chart's adapter rules and README).
 pub const SCALE_DOWN_BRAKE_METRIC: &str = "sglang_scale_down_brake";
 
 /// Custom metric (on the router's Service): 1 while requests wait in the router for an engine,
