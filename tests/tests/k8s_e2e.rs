@@ -55,5 +55,7 @@ mod rolling_updates;
 mod scale_to_zero;
 #[path = "k8s/serving.rs"]
 mod serving;
+#[path = "k8s/shared_prefix.rs"]
+mod shared_prefix;
 #[path = "k8s/zero_with_keda.rs"]
 mod zero_with_keda;
