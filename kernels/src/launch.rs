@@ -40,8 +40,6 @@ const GEMV_WARPS: usize = 8;
 /// Steps (beyond the first) of weights each GEMV warp prefetches into L2 before it waits for
 /// the kernel before it, unless `SGL_GEMV_PREFETCH` says otherwise.
 pub const GEMV_PREFETCH_STEPS: u32 = 1;
-/// The same for a GEMV that gathers a tensor-parallel exchange ([`GemvExchange`]).
-pub const GEMV_EXCHANGE_PREFETCH_STEPS: u32 = 64;
 
 /// What a GEMV does with `x · wᵀ`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,108 +51,6 @@ pub enum GemvEpilogue {
     /// w is `[gate; up]` with n = 2 inter rows; `y = bf16(silu(gate)) * up`, y: tokens x inter,
     /// rounded as the unfused GEMM followed by `silu_mul` rounds.
     SwiGlu,
-}
-
-/// Most ranks of a [`GemvExchange`].
-pub const GEMV_EXCHANGE_MAX_RANKS: usize = 8;
-/// The bf16 bits an exchange buffer's empty element holds (-0.0); fill new buffers with it.
-pub const GEMV_EXCHANGE_EMPTY: u16 = 0x8000;
-
-/// Tensor parallelism's all-reduce carried by the GEMVs (see `cu/gemv.cu`, `GvXchg`): the
-/// row-parallel GEMV pushes its bf16 results into every rank's exchange buffer
-/// ([`Kernels::gemv_push`]), the next norm-fused GEMV sums them in rank order into the
-/// residual stream as it reads it ([`Kernels::gemv_rmsnorm_gather`]). Each rank's buffer holds
-/// `nbufs` x ranks x `slot` bf16, all [`GEMV_EXCHANGE_EMPTY`] at first, and 2 x `nbufs` u32
-/// of its own (a flag and a ticket per buffer, zero at first); call `c`'s push and gather use
-/// buffer `c % nbufs`, and its gather empties the buffer of call `c - 1`.
-#[derive(Debug, Clone, Copy)]
-pub struct GemvExchange {
-    raw: GvXchg,
-    nbufs: usize,
-}
-
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct GvXchg {
-    recv: [u64; GEMV_EXCHANGE_MAX_RANKS],
-    sync: u64,
-    mode: i32,
-    rank: i32,
-    ranks: i32,
-    slot: i32,
-    buf: i32,
-    clear: i32,
-    opts: i32,
-    pad: i32,
-}
-
-// SAFETY: plain integers laid out as the kernel's struct GvXchg.
-unsafe impl DeviceRepr for GvXchg {}
-
-impl GvXchg {
-    const NONE: GvXchg = GvXchg {
-        recv: [0; GEMV_EXCHANGE_MAX_RANKS],
-        sync: 0,
-        mode: 0,
-        rank: 0,
-        ranks: 0,
-        slot: 0,
-        buf: 0,
-        clear: 0,
-        opts: 0,
-        pad: 0,
-    };
-}
-
-impl GemvExchange {
-    /// `recv[r]`: rank r's exchange buffer (a device address valid on every rank's device);
-    /// `sync`: this rank's 2 × `nbufs` u32, zeroed at first (the gathers' flags and tickets);
-    /// `slot`: elements per source rank (at least tokens x width of every call); `nbufs` >= 3
-    /// (see the kernel's comment for why three).
-    pub fn new(
-        recv: &[u64],
-        sync: Dptr<u32>,
-        rank: usize,
-        slot: usize,
-        nbufs: usize,
-    ) -> Option<Self> {
-        let ranks = recv.len();
-        if ranks == 0
-            || ranks > GEMV_EXCHANGE_MAX_RANKS
-            || rank >= ranks
-            || nbufs < 3
-            || slot == 0
-            || !slot.is_multiple_of(8)
-            || nbufs * ranks * slot > i32::MAX as usize
-        {
-            return None;
-        }
-        let mut raw = GvXchg::NONE;
-        raw.recv[..ranks].copy_from_slice(recv);
-        raw.rank = rank as i32;
-        raw.ranks = ranks as i32;
-        raw.slot = slot as i32;
-        raw.sync = sync.addr();
-        // bit 0: the gather's main loop reads x from L2; bit 1: 16-byte pushes
-        raw.opts = std::env::var("SGL_GEMV_EXCHANGE_OPTS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2);
-        Some(GemvExchange { raw, nbufs })
-    }
-
-    /// Elements of one rank's exchange buffer.
-    pub fn buffer_elems(ranks: usize, slot: usize, nbufs: usize) -> usize {
-        nbufs * ranks * slot
-    }
-
-    fn for_call(&self, mode: i32, call: usize) -> GvXchg {
-        let mut x = self.raw;
-        x.mode = mode;
-        x.buf = (call % self.nbufs) as i32;
-        x.clear = ((call + self.nbufs - 1) % self.nbufs) as i32;
-        x
-    }
 }
 
 /// The weight of a GEMV or GEMM: bf16 rows, or FP8 (e4m3) rows with one f32 scale per row
@@ -305,10 +201,6 @@ pub struct Kernels {
     pdl_early_trigger: bool,
     /// See [`Kernels::set_gemv_prefetch`].
     gemv_prefetch: u32,
-    /// Weight steps the gathering GEMV of a [`GemvExchange`] prefetches into L2 before it
-    /// waits (`SGL_GEMV_EXCHANGE_PREFETCH`, default [`GEMV_EXCHANGE_PREFETCH_STEPS`]): its wait
-    /// lasts the other GPUs' latency, time the weight stream can use.
-    gemv_exchange_prefetch: u32,
 }
 
 /// Most ranks of a one-shot all-reduce group.
@@ -426,10 +318,6 @@ impl Kernels {
             .ok()
             .and_then(|v| v.trim().parse::<u32>().ok())
             .unwrap_or(GEMV_PREFETCH_STEPS);
-        let gemv_exchange_prefetch = std::env::var("SGL_GEMV_EXCHANGE_PREFETCH")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(GEMV_EXCHANGE_PREFETCH_STEPS);
         let mut k = Kernels {
             module: module.clone(),
             embedding: f("embedding_gather_bf16")?,
@@ -463,7 +351,6 @@ impl Kernels {
             pdl,
             pdl_early_trigger: false,
             gemv_prefetch,
-            gemv_exchange_prefetch,
         };
         if std::env::var("SGL_PDL_EARLY_TRIGGER").as_deref() == Ok("1") {
             k.set_pdl_early_trigger(true, &ctx.default_stream())?;
@@ -1282,21 +1169,7 @@ impl Kernels {
         ws: &GemvWorkspace,
     ) -> Result<()> {
         // SAFETY: the caller's guarantees, passed on.
-        unsafe {
-            self.gemv_inner(
-                s,
-                y,
-                x,
-                w.into(),
-                None,
-                tokens,
-                k,
-                n,
-                epilogue,
-                ws,
-                GvXchg::NONE,
-            )
-        }
+        unsafe { self.gemv_inner(s, y, x, w.into(), None, tokens, k, n, epilogue, ws) }
     }
 
     /// [`Kernels::gemv`] of `rmsnorm(x) · wᵀ`: x is the raw residual stream (tokens x k) and
@@ -1323,107 +1196,11 @@ impl Kernels {
     ) -> Result<()> {
         let w = w.into();
         // SAFETY: the caller's guarantees, passed on.
-        unsafe {
-            self.gemv_inner(
-                s,
-                y,
-                x,
-                w,
-                Some((norm_w, eps)),
-                tokens,
-                k,
-                n,
-                epilogue,
-                ws,
-                GvXchg::NONE,
-            )
-        }
-    }
-
-    /// [`Kernels::gemv`] whose results (Store, or Accumulate: `y + x · wᵀ`, y only read) go
-    /// to every rank's exchange buffer for call `call` instead of into y (see
-    /// [`GemvExchange`]).
-    ///
-    /// # Safety
-    /// As [`Kernels::gemv`]; every rank of `ex` makes the same sequence of exchange calls, and
-    /// the buffers of `ex` are as [`GemvExchange`] describes, reachable from this device.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gemv_push(
-        &self,
-        s: &CudaStream,
-        y: Dptr<bf16>,
-        x: Dptr<bf16>,
-        w: impl Into<WeightRef>,
-        tokens: usize,
-        k: usize,
-        n: usize,
-        epilogue: GemvEpilogue,
-        ws: &GemvWorkspace,
-        ex: &GemvExchange,
-        call: usize,
-    ) -> Result<()> {
-        if epilogue == GemvEpilogue::SwiGlu || tokens * n > ex.raw.slot as usize {
-            return Err(KernelError::Unsupported(format!(
-                "GEMV push of {tokens} x {n} ({epilogue:?}) into slots of {}",
-                ex.raw.slot
-            )));
-        }
-        let xc = ex.for_call(1, call);
-        // SAFETY: the caller's guarantees, passed on.
-        unsafe { self.gemv_inner(s, y, x, w.into(), None, tokens, k, n, epilogue, ws, xc) }
-    }
-
-    /// [`Kernels::gemv_rmsnorm`] whose input is the exchange of call `call`: the sum over the
-    /// ranks is written into x (tokens x k, the residual stream) and normalised from there
-    /// (see [`GemvExchange`]).
-    ///
-    /// # Safety
-    /// As [`Kernels::gemv_rmsnorm`] and [`Kernels::gemv_push`]; x is written.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gemv_rmsnorm_gather(
-        &self,
-        s: &CudaStream,
-        y: Dptr<bf16>,
-        x: Dptr<bf16>,
-        norm_w: Dptr<bf16>,
-        eps: f32,
-        w: impl Into<WeightRef>,
-        tokens: usize,
-        k: usize,
-        n: usize,
-        epilogue: GemvEpilogue,
-        ws: &GemvWorkspace,
-        ex: &GemvExchange,
-        call: usize,
-    ) -> Result<()> {
-        if tokens * k > ex.raw.slot as usize {
-            return Err(KernelError::Unsupported(format!(
-                "GEMV gather of {tokens} x {k} from slots of {}",
-                ex.raw.slot
-            )));
-        }
-        let xc = ex.for_call(2, call);
-        // SAFETY: the caller's guarantees, passed on.
-        unsafe {
-            self.gemv_inner(
-                s,
-                y,
-                x,
-                w.into(),
-                Some((norm_w, eps)),
-                tokens,
-                k,
-                n,
-                epilogue,
-                ws,
-                xc,
-            )
-        }
+        unsafe { self.gemv_inner(s, y, x, w, Some((norm_w, eps)), tokens, k, n, epilogue, ws) }
     }
 
     /// # Safety
-    /// As [`Kernels::gemv_rmsnorm`] with `norm`, else as [`Kernels::gemv`]; `xc` as
-    /// [`Kernels::gemv_push`] and [`Kernels::gemv_rmsnorm_gather`] make it.
+    /// As [`Kernels::gemv_rmsnorm`] with `norm`, else as [`Kernels::gemv`].
     unsafe fn gemv_inner(
         &self,
         s: &CudaStream,
@@ -1436,7 +1213,6 @@ impl Kernels {
         n: usize,
         epilogue: GemvEpilogue,
         ws: &GemvWorkspace,
-        xc: GvXchg,
     ) -> Result<()> {
         if tokens == 0 {
             return Ok(());
@@ -1482,12 +1258,7 @@ impl Kernels {
             GemvEpilogue::SwiGlu => 2,
         };
         let sp = plan.splits as i32;
-        let pf = if xc.mode == 2 {
-            self.gemv_exchange_prefetch
-        } else {
-            self.gemv_prefetch
-        };
-        let pf = pf.min(i32::MAX as u32) as i32;
+        let pf = self.gemv_prefetch.min(i32::MAX as u32) as i32;
         let grid = (plan.tiles, plan.splits, 1);
         let threads = (GEMV_WARPS * 32) as u32;
         let (sa, na, eps) = (
@@ -1497,7 +1268,7 @@ impl Kernels {
         );
         // The entries' parameters: y, x, w, [scale (FP8)], [norm_w, eps (RMSNorm)], then the
         // shape, epilogue, plan and workspace.
-        let mut a = [std::ptr::null_mut(); 15];
+        let mut a = [std::ptr::null_mut(); 14];
         let mut len = 0;
         let scale_arg = scale.map(|_| arg(&sa));
         let norm_args = norm.map(|_| [arg(&na), arg(&eps)]);
@@ -1514,7 +1285,6 @@ impl Kernels {
                 arg(&pa),
                 arg(&ca),
                 arg(&pf),
-                arg(&xc),
             ])
         {
             a[len] = p;

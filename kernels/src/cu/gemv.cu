@@ -36,66 +36,6 @@
 // block first computes every token row's 1 / rms itself (the rows are L2 hits), then normalises
 // x as it loads it, rounding as add_rmsnorm_bf16 does: bf16(norm_w * bf16(x * inv)).
 
-// Tensor parallelism (the `xc` argument, GvXchg): the all-reduce of a row-parallel layer's
-// output rides on the GEMVs themselves, as a "Lamport" exchange over peer memory. The
-// row-parallel GEMV (o_proj, down) *pushes*: instead of storing its rows into y it stores each
-// bf16 result into this call's exchange buffer on every rank (its own slot there; rank 0's
-// results include the residual it adds). The next norm-fused GEMV *gathers*: the first block
-// to start (a ticket taken with atomicAdd, so it is running when the others wait for it) reads
-// every rank's slot of its own exchange buffer, spinning on an element until it is no longer
-// the empty marker, sums the slots in rank order in f32 (as allreduce_oneshot_bf16 does, so
-// every rank gets the same bits), writes the sum into x (the residual stream) and raises the
-// call's flag; the other blocks wait for the flag, then read x from L2 (.cg: an L1 line of the
-// old x, read by the push kernel's epilogue on that multiprocessor, must not serve) and go on
-// as without the exchange. No flags between GPUs: each element says itself whether it has
-// arrived. (Every block gathering for itself was slower: the SwiGLU GEMV's ~1800 blocks run in
-// waves, each paying the gather.) The empty marker is bf16 -0.0 (0x8000); a pushed -0.0 is
-// sent as +0.0, which sums the same. The exchange has `nbufs` >= 3 buffers (and tickets and
-// flags) used in turn, and the gather of call c empties those of call c - 1 (read by the
-// previous gather kernel, complete by now): a rank's push of call c + nbufs can only come
-// after it gathered call c + 1, which needed this rank's push of call c + 1, made after this
-// rank emptied the buffer.
-#define GV_XCHG_MAX_RANKS 8
-#define GV_XCHG_EMPTY 0x8000u
-
-struct GvXchg {
-    unsigned long long recv[GV_XCHG_MAX_RANKS];  // each rank's exchange: bf16 [nbufs][ranks][slot]
-    unsigned int* sync;  // this rank's [nbufs][flag, ticket], zero at first
-    int mode;   // 0 none, 1 push (epilogue Store / Accumulate), 2 gather (norm-fused entries)
-    int rank, ranks;
-    int slot;   // elements per source rank (GEMV_MAX_TOKENS x the model width)
-    int buf;    // this call's buffer
-    int clear;  // the buffer the gather empties
-    int opts;   // bit 0: x from L2 in the gather's main loop; bit 1: 16-byte pushes
-    int pad;
-};
-
-__device__ __forceinline__ void gv_st_release(unsigned int* p, unsigned int v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ unsigned int gv_ld_acquire(const unsigned int* p) {
-    unsigned int v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ uint4 gv_ld_volatile(const void* p) {
-    uint4 v;
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ bool gv_has_empty(unsigned int w) {
-    return (w & 0xffffu) == GV_XCHG_EMPTY || (w >> 16) == GV_XCHG_EMPTY;
-}
-
-__device__ __forceinline__ bool gv_unit_empty(const uint4 v) {
-    return gv_has_empty(v.x) || gv_has_empty(v.y) || gv_has_empty(v.z) || gv_has_empty(v.w);
-}
-
 #define GV_WARPS 8
 #define GV_THREADS (GV_WARPS * 32)
 #define GV_MAX_M 8
@@ -118,22 +58,13 @@ __device__ __forceinline__ void gv_prefetch_l2(const void* p) {
 // volatile so that they stay after pdl_wait. Predicated in the instruction (zeros where `ok`
 // is false, p then never dereferenced) rather than branched around, so that a run of them
 // issues back to back before any result is used.
-// With `cg`, from L2 only (x written in this kernel by another block, see GvXchg).
-__device__ __forceinline__ uint4 gv_ld_act(const uint4* p, bool ok, bool cg = false) {
+__device__ __forceinline__ uint4 gv_ld_act(const uint4* p, bool ok) {
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (cg) {
-        asm volatile(
-            "{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %4, 0;\n\t"
-            "@q ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%5];\n\t}"
-            : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
-            : "r"((int)ok), "l"(p));
-    } else {
-        asm volatile(
-            "{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %4, 0;\n\t"
-            "@q ld.global.v4.u32 {%0, %1, %2, %3}, [%5];\n\t}"
-            : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
-            : "r"((int)ok), "l"(p));
-    }
+    asm volatile(
+        "{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %4, 0;\n\t"
+        "@q ld.global.v4.u32 {%0, %1, %2, %3}, [%5];\n\t}"
+        : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+        : "r"((int)ok), "l"(p));
     return v;
 }
 
@@ -175,7 +106,7 @@ __device__ __forceinline__ uint4 gv_rmsnorm8(const uint4 xv, const uint4 gv, flo
 // computes it (the order of the sum of squares differs). Every thread of the block calls it.
 __device__ __forceinline__ void gv_inv_rms(const bf16_t* __restrict__ x, int M, int K, float eps,
                                            float* s_part /* [GV_WARPS][GV_MAX_M] */,
-                                           float* s_inv /* [GV_MAX_M] */, bool cg = false) {
+                                           float* s_inv /* [GV_MAX_M] */) {
     const int k8 = K >> 3;
     const uint4* x4 = (const uint4*)x;
     float ss[GV_MAX_M];
@@ -184,7 +115,7 @@ __device__ __forceinline__ void gv_inv_rms(const bf16_t* __restrict__ x, int M, 
     for (int i = threadIdx.x; i < k8; i += GV_THREADS) {
         uint4 v[GV_MAX_M];  // every row's load in flight before the first is used
 #pragma unroll
-        for (int m = 0; m < GV_MAX_M; ++m) v[m] = gv_ld_act(x4 + (size_t)m * k8 + i, m < M, cg);
+        for (int m = 0; m < GV_MAX_M; ++m) v[m] = gv_ld_act(x4 + (size_t)m * k8 + i, m < M);
 #pragma unroll
         for (int m = 0; m < GV_MAX_M; ++m) {
             float f[8];
@@ -209,69 +140,6 @@ __device__ __forceinline__ void gv_inv_rms(const bf16_t* __restrict__ x, int M, 
         s_inv[threadIdx.x] = rsqrtf(total / (float)K + eps);
     }
     __syncthreads();
-}
-
-// The leader's gather of a tensor-parallel exchange (see GvXchg): the sum over the ranks of
-// the M rows, written into x. Every thread of the block calls it, after pdl_wait.
-__device__ __forceinline__ void gv_gather(const GvXchg& xc, bf16_t* x, int M, int K) {
-    const int units = (M * K) >> 3;
-    const bf16_t* mine = (const bf16_t*)xc.recv[xc.rank] + (size_t)xc.buf * xc.ranks * xc.slot;
-    for (int i = threadIdx.x; i < units; i += GV_THREADS) {
-        const size_t off = (size_t)i * 8;
-        uint4 v[GV_XCHG_MAX_RANKS];
-#pragma unroll
-        for (int r = 0; r < GV_XCHG_MAX_RANKS; ++r) {
-            if (r < xc.ranks) v[r] = gv_ld_volatile(mine + (size_t)r * xc.slot + off);
-        }
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int r = 0; r < GV_XCHG_MAX_RANKS; ++r) {
-            if (r < xc.ranks) {
-                const bf16_t* src = mine + (size_t)r * xc.slot + off;
-                while (gv_unit_empty(v[r])) v[r] = gv_ld_volatile(src);
-                float f[8];
-                unpack8(v[r], f);
-#pragma unroll
-                for (int k = 0; k < 8; ++k) acc[k] += f[k];
-            }
-        }
-        ((uint4*)x)[i] = pack8(acc);
-    }
-}
-
-// The exchange's gather for a norm-fused GEMV: the leader block gathers into x and raises
-// the call's flag, the others wait for it; every block then empties its share of the
-// previous call's buffer. On return x holds the sum (read it with .cg loads).
-__device__ __forceinline__ void gv_exchange_in(const GvXchg& xc, bf16_t* x, int M, int K) {
-    __shared__ int lead;
-    unsigned int* flag = xc.sync + 2 * xc.buf;
-    if (threadIdx.x == 0) lead = atomicAdd(flag + 1, 1u) == 0u;
-    __syncthreads();
-    if (lead) {
-        gv_gather(xc, x, M, K);
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            __threadfence();
-            gv_st_release(flag, 1u);
-            // the previous call's flag and ticket, for its next use nbufs calls on
-            xc.sync[2 * xc.clear] = 0u;
-            xc.sync[2 * xc.clear + 1] = 0u;
-        }
-    } else {
-        if (threadIdx.x == 0) {
-            while (gv_ld_acquire(flag) == 0u) {
-            }
-        }
-        __syncthreads();
-    }
-    uint4* c = (uint4*)((bf16_t*)xc.recv[xc.rank] + (size_t)xc.clear * xc.ranks * xc.slot);
-    const size_t units = ((size_t)xc.ranks * xc.slot) >> 3;
-    const size_t b = (size_t)blockIdx.y * gridDim.x + blockIdx.x;
-    const size_t stride = (size_t)gridDim.x * gridDim.y * GV_THREADS;
-    const unsigned int e2 = GV_XCHG_EMPTY | (GV_XCHG_EMPTY << 16);
-    for (size_t u = b * GV_THREADS + threadIdx.x; u < units; u += stride) {
-        c[u] = make_uint4(e2, e2, e2, e2);
-    }
 }
 
 // A lane's registers for one step: CH 16-byte weight units of its two rows per sub-tile, and
@@ -332,7 +200,7 @@ __device__ __forceinline__ void gv_prefetch_w(const uint4* const (&wr)[RT][2], i
 template <int RT, int CH, bool NORM, bool FP8>
 __device__ __forceinline__ void gv_load_x(GvFrag<RT, CH, FP8>& f, const uint4* xr,
                                           const uint4* nw, bool has_x, int c0, int k8,
-                                          float inv, bool cg) {
+                                          float inv) {
     constexpr int PER = FP8 ? 2 : 1;  // x chunks per weight unit
     constexpr int NX = PER * CH;
     uint4 g[NX];
@@ -342,7 +210,7 @@ __device__ __forceinline__ void gv_load_x(GvFrag<RT, CH, FP8>& f, const uint4* x
         const bool ok = has_x && ch < k8;
 #pragma unroll
         for (int e = 0; e < PER; ++e) {
-            f.x[PER * c + e] = gv_ld_act(xr + PER * ch + e, ok, cg);
+            f.x[PER * c + e] = gv_ld_act(xr + PER * ch + e, ok);
             if (NORM) g[PER * c + e] = gv_ld_const(nw + PER * ch + e, ok);
         }
     }
@@ -412,8 +280,7 @@ __device__ __forceinline__ void gemv_impl(bf16_t* __restrict__ y, const bf16_t* 
                                           const bf16_t* __restrict__ norm_w, float eps, int M,
                                           int K, int N, int mode, int splits,
                                           float* __restrict__ ws,
-                                          unsigned int* __restrict__ counters, int pf_steps,
-                                          const GvXchg& xc) {
+                                          unsigned int* __restrict__ counters, int pf_steps) {
     __shared__ float red[GV_WARPS][RT * 128];
     __shared__ float s_norm[GV_WARPS * GV_MAX_M + GV_MAX_M];
     __shared__ int is_last;
@@ -463,18 +330,12 @@ __device__ __forceinline__ void gemv_impl(bf16_t* __restrict__ y, const bf16_t* 
     pdl_wait();  // from here on: memory that earlier kernels write
 
     float inv = 1.0f;
-    const bool cg = NORM && xc.mode == 2 && (xc.opts & 1);
     if (NORM) {
-        if (xc.mode == 2) {
-            // x is written here (the exchange's sum); its later loads are volatile asm, so
-            // they stay after these stores
-            gv_exchange_in(xc, const_cast<bf16_t*>(x), M, K);
-        }
-        gv_inv_rms(x, M, K, eps, s_norm, s_norm + GV_WARPS * GV_MAX_M, xc.mode == 2);
+        gv_inv_rms(x, M, K, eps, s_norm, s_norm + GV_WARPS * GV_MAX_M);
         inv = s_norm[GV_WARPS * GV_MAX_M + min(g, M - 1)];
     }
     if (s0 < s1) {
-        gv_load_x<RT, CH, NORM, FP8>(cur, xr, nw, has_x, s0 * cps + t, k8, inv, cg);
+        gv_load_x<RT, CH, NORM, FP8>(cur, xr, nw, has_x, s0 * cps + t, k8, inv);
         for (int s = s0; s < s1; ++s) {
             const bool more = s + 1 < s1;
             const int c1 = (s + 1) * cps + t;
@@ -482,9 +343,9 @@ __device__ __forceinline__ void gemv_impl(bf16_t* __restrict__ y, const bf16_t* 
             // With NORM, x is loaded and normalised after the MMAs, once the current step's
             // registers are free: before them, the normalisation's registers would hold the
             // next step's weight loads back behind the x loads' latency.
-            if (more && !NORM) gv_load_x<RT, CH, NORM, FP8>(nxt, xr, nw, has_x, c1, k8, inv, cg);
+            if (more && !NORM) gv_load_x<RT, CH, NORM, FP8>(nxt, xr, nw, has_x, c1, k8, inv);
             gv_mma<RT, CH, FP8>(acc, cur);
-            if (more && NORM) gv_load_x<RT, CH, NORM, FP8>(nxt, xr, nw, has_x, c1, k8, inv, cg);
+            if (more && NORM) gv_load_x<RT, CH, NORM, FP8>(nxt, xr, nw, has_x, c1, k8, inv);
             if (more) cur = nxt;
         }
     }
@@ -566,46 +427,6 @@ __device__ __forceinline__ void gemv_impl(bf16_t* __restrict__ y, const bf16_t* 
         }
         return;
     }
-    if (xc.mode == 1 && (xc.opts & 2) && (N & 7) == 0) {
-        // push in 16-byte units: the block's rows of each token staged in shared memory
-        __syncthreads();  // every warp is done reading red
-        bf16_t* tile = (bf16_t*)&red[0][0];  // [M][16 RT]
-        if (tid < 128) {
-            const int q = tid >> 5, l = tid & 31;
-            const int r = (l >> 2) + 8 * (q >> 1);
-            const int m = 2 * (l & 3) + (q & 1);
-            if (m < M) {
-#pragma unroll
-                for (int j = 0; j < RT; ++j) {
-                    const int row = base + 16 * j + r;
-                    float o = v[j];
-                    if (row < N) {
-                        if (FP8) o *= FP8_F16_UNIT * wscale[row];
-                        if (mode == 1) o += bf2f(y[(size_t)m * N + row]);
-                    }
-                    bf16_t b = f2bf(o);
-                    if (b == GV_XCHG_EMPTY) b = 0;  // -0.0 would read as empty
-                    tile[m * 16 * RT + 16 * j + r] = b;
-                }
-            }
-        }
-        __syncthreads();
-        constexpr int UPR = 2 * RT;  // 16-byte units per token row of the tile
-        if (tid < M * UPR) {
-            const int m = tid / UPR, u = tid % UPR;
-            const int row0 = base + 8 * u;
-            if (row0 < N) {  // N % 8 == 0: the unit is whole
-                const uint4 val = ((const uint4*)tile)[tid];
-                const size_t off = ((size_t)xc.buf * xc.ranks + xc.rank) * xc.slot +
-                                   (size_t)m * N + row0;
-#pragma unroll
-                for (int rr = 0; rr < GV_XCHG_MAX_RANKS; ++rr) {
-                    if (rr < xc.ranks) *(uint4*)((bf16_t*)xc.recv[rr] + off) = val;
-                }
-            }
-        }
-        return;
-    }
     if (tid >= 128) return;
     const int q = tid >> 5, l = tid & 31;
     const int r = (l >> 2) + 8 * (q >> 1);
@@ -619,18 +440,7 @@ __device__ __forceinline__ void gemv_impl(bf16_t* __restrict__ y, const bf16_t* 
             float o = v[j];
             if (FP8) o *= FP8_F16_UNIT * wscale[row];
             if (mode == 1) o += bf2f(*dst);
-            if (xc.mode == 1) {
-                bf16_t b = f2bf(o);
-                if (b == GV_XCHG_EMPTY) b = 0;  // -0.0 would read as empty
-                const size_t off = ((size_t)xc.buf * xc.ranks + xc.rank) * xc.slot +
-                                   (size_t)m * N + row;
-#pragma unroll
-                for (int rr = 0; rr < GV_XCHG_MAX_RANKS; ++rr) {
-                    if (rr < xc.ranks) ((bf16_t*)xc.recv[rr])[off] = b;
-                }
-            } else {
-                *dst = f2bf(o);
-            }
+            *dst = f2bf(o);
         }
     }
 }
@@ -639,20 +449,18 @@ __device__ __forceinline__ void gemv_impl(bf16_t* __restrict__ y, const bf16_t* 
 extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
     gemv_bf16_r16(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
                   const bf16_t* __restrict__ w, int M, int K, int N, int mode, int splits,
-                  float* __restrict__ ws, unsigned int* __restrict__ counters, int pf_steps,
-                  GvXchg xc) {
+                  float* __restrict__ ws, unsigned int* __restrict__ counters, int pf_steps) {
     gemv_impl<1, 4, false, false>(y, x, w, nullptr, nullptr, 0.0f, M, K, N, mode, splits, ws,
-                                  counters, pf_steps, xc);
+                                  counters, pf_steps);
 }
 
 // 32 rows per block (x fetched half as often per weight byte), 2 chunks per lane and step.
 extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
     gemv_bf16_r32(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
                   const bf16_t* __restrict__ w, int M, int K, int N, int mode, int splits,
-                  float* __restrict__ ws, unsigned int* __restrict__ counters, int pf_steps,
-                  GvXchg xc) {
+                  float* __restrict__ ws, unsigned int* __restrict__ counters, int pf_steps) {
     gemv_impl<2, 2, false, false>(y, x, w, nullptr, nullptr, 0.0f, M, K, N, mode, splits, ws,
-                                  counters, pf_steps, xc);
+                                  counters, pf_steps);
 }
 
 // The same with y = rmsnorm(x) · wᵀ: x is the raw residual stream, norm_w the norm's weight.
@@ -660,18 +468,18 @@ extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
     gemv_rms_bf16_r16(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
                       const bf16_t* __restrict__ w, const bf16_t* __restrict__ norm_w, float eps,
                       int M, int K, int N, int mode, int splits, float* __restrict__ ws,
-                      unsigned int* __restrict__ counters, int pf_steps, GvXchg xc) {
+                      unsigned int* __restrict__ counters, int pf_steps) {
     gemv_impl<1, 4, true, false>(y, x, w, nullptr, norm_w, eps, M, K, N, mode, splits, ws,
-                                 counters, pf_steps, xc);
+                                 counters, pf_steps);
 }
 
 extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
     gemv_rms_bf16_r32(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
                       const bf16_t* __restrict__ w, const bf16_t* __restrict__ norm_w, float eps,
                       int M, int K, int N, int mode, int splits, float* __restrict__ ws,
-                      unsigned int* __restrict__ counters, int pf_steps, GvXchg xc) {
+                      unsigned int* __restrict__ counters, int pf_steps) {
     gemv_impl<2, 2, true, false>(y, x, w, nullptr, norm_w, eps, M, K, N, mode, splits, ws,
-                                 counters, pf_steps, xc);
+                                 counters, pf_steps);
 }
 
 // FP8 weights (e4m3 rows with scale[row]); the same row tiles and steps as the bf16 entries
@@ -680,18 +488,18 @@ extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
     gemv_fp8_r16(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
                  const unsigned char* __restrict__ w, const float* __restrict__ scale, int M,
                  int K, int N, int mode, int splits, float* __restrict__ ws,
-                 unsigned int* __restrict__ counters, int pf_steps, GvXchg xc) {
+                 unsigned int* __restrict__ counters, int pf_steps) {
     gemv_impl<1, 2, false, true>(y, x, w, scale, nullptr, 0.0f, M, K, N, mode, splits, ws,
-                                 counters, pf_steps, xc);
+                                 counters, pf_steps);
 }
 
 extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
     gemv_fp8_r32(bf16_t* __restrict__ y, const bf16_t* __restrict__ x,
                  const unsigned char* __restrict__ w, const float* __restrict__ scale, int M,
                  int K, int N, int mode, int splits, float* __restrict__ ws,
-                 unsigned int* __restrict__ counters, int pf_steps, GvXchg xc) {
+                 unsigned int* __restrict__ counters, int pf_steps) {
     gemv_impl<2, 1, false, true>(y, x, w, scale, nullptr, 0.0f, M, K, N, mode, splits, ws,
-                                 counters, pf_steps, xc);
+                                 counters, pf_steps);
 }
 
 extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
@@ -699,9 +507,9 @@ extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
                      const unsigned char* __restrict__ w, const float* __restrict__ scale,
                      const bf16_t* __restrict__ norm_w, float eps, int M, int K, int N, int mode,
                      int splits, float* __restrict__ ws, unsigned int* __restrict__ counters,
-                     int pf_steps, GvXchg xc) {
+                     int pf_steps) {
     gemv_impl<1, 2, true, true>(y, x, w, scale, norm_w, eps, M, K, N, mode, splits, ws,
-                                counters, pf_steps, xc);
+                                counters, pf_steps);
 }
 
 extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
@@ -709,7 +517,7 @@ extern "C" __global__ void __launch_bounds__(GV_THREADS, 2)
                      const unsigned char* __restrict__ w, const float* __restrict__ scale,
                      const bf16_t* __restrict__ norm_w, float eps, int M, int K, int N, int mode,
                      int splits, float* __restrict__ ws, unsigned int* __restrict__ counters,
-                     int pf_steps, GvXchg xc) {
+                     int pf_steps) {
     gemv_impl<2, 1, true, true>(y, x, w, scale, norm_w, eps, M, K, N, mode, splits, ws,
-                                counters, pf_steps, xc);
+                                counters, pf_steps);
 }

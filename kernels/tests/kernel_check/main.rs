@@ -18,7 +18,6 @@ mod attention;
 mod bench;
 mod common;
 mod decode_step;
-mod exchange;
 mod fp8;
 mod gemm;
 mod layers;
@@ -28,21 +27,13 @@ use attention::*;
 use bench::*;
 use common::*;
 use decode_step::*;
-use exchange::*;
 use fp8::*;
 use gemm::*;
 use layers::*;
 use sampling::*;
 
 /// The modes an argument selects (none: every check).
-const MODES: &[&str] = &[
-    "fp8",
-    "kv",
-    "exchange",
-    "bench-gemv",
-    "bench-gemv-fp8",
-    "bench-decode",
-];
+const MODES: &[&str] = &["fp8", "kv", "bench-gemv", "bench-gemv-fp8", "bench-decode"];
 
 /// libtest options that `cargo test -- ...` may hand on with a value of their own.
 const TEST_OPTIONS_WITH_VALUE: &[&str] = &[
@@ -145,10 +136,6 @@ fn run(mode: Option<&str>) -> R<()> {
     if mode == Some("bench-decode") {
         return bench_decode(&mut c);
     }
-    if mode == Some("exchange") {
-        check_gemv_exchange(&mut c)?;
-        return report(&c);
-    }
     let only_fp8 = mode == Some("fp8");
     let only_kv = mode == Some("kv");
     // FP8 KV pools: the store, the decode forms and prefill attention on e4m3 and e5m2 bytes
@@ -195,7 +182,6 @@ fn run(mode: Option<&str>) -> R<()> {
         check_gemm(&mut c)?;
         check_gemv(&mut c)?;
         check_gemv_rmsnorm(&mut c)?;
-        check_gemv_exchange(&mut c)?;
     }
     if !only_kv {
         check_fp8(&mut c)?;
@@ -206,11 +192,6 @@ fn run(mode: Option<&str>) -> R<()> {
         check_pdl_decode(&mut c)?;
         check_sampling(&mut c)?;
     }
-    report(&c)
-}
-
-/// Prints the table of every check run; exits with status 1 when one failed.
-fn report(c: &Ctx) -> R<()> {
     println!("\n| kernel check | rel err | tol | result |\n|---|---|---|---|");
     for (n, e, t, ok) in &c.results {
         println!(

@@ -207,7 +207,7 @@ fn rank_main(
     // The one-shot kernel: against the host sum, and the same bits on every rank (checked
     // through a second all-reduce of the differences to rank 0's result).
     let kernels = sgl_kernels::Kernels::load(&ctx).map_err(cuda_err)?;
-    let custom = super::tp::custom_all_reduce(&ctx, &s, join, rank, false, None)?;
+    let custom = super::tp::custom_all_reduce(&ctx, &s, join, rank, false)?;
     if let Some(ar) = &custom {
         let m = ar.half_elems;
         let floats: Vec<bf16> = (0..m)

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, result as dres, sys};
 use half::bf16;
 use sgl_kernels::{
-    AttnShape, DecodeAttnPlan, Dptr, GEMV_MAX_TOKENS, GemvEpilogue, GemvExchange, KernelError,
-    WeightRef, dptr, prefill_tiles,
+    AttnShape, DecodeAttnPlan, Dptr, GEMV_MAX_TOKENS, GemvEpilogue, KernelError, WeightRef, dptr,
+    prefill_tiles,
 };
 
 use super::{CudaBackend, DECODE_SPLITS, DETERMINISTIC_DECODE_SPLITS, cuda_err, decode_form};
@@ -575,92 +575,6 @@ impl CudaBackend {
         self.all_reduce(x, tokens * n)
     }
 
-    /// The GEMV exchange, when this tensor-parallel group has one and all-reduces run.
-    fn gemv_exchange(&self) -> Option<&GemvExchange> {
-        if self.skip_all_reduce {
-            return None;
-        }
-        self.custom_ar.as_ref().and_then(|ar| ar.exchange.as_ref())
-    }
-
-    /// [`Self::row_parallel_add`] through the GEMV exchange: rank 0 pushes `x + inp · wᵀ`, the
-    /// other ranks `inp · wᵀ`; the gather of the same `call` sums them into `x`. No fallback:
-    /// the other ranks would wait for this push.
-    #[allow(clippy::too_many_arguments)]
-    fn row_parallel_push(
-        &self,
-        inp: Dptr<bf16>,
-        w: WeightRef,
-        x: Dptr<bf16>,
-        tokens: usize,
-        k: usize,
-        n: usize,
-        ex: &GemvExchange,
-        call: usize,
-    ) -> Result<()> {
-        let epilogue = if self.rank() == 0 {
-            GemvEpilogue::Accumulate
-        } else {
-            GemvEpilogue::Store
-        };
-        // SAFETY: inp: tokens x k, w: n x k, x: tokens x n (read by rank 0's epilogue only);
-        // every rank runs the same layer loop, so the exchange calls match.
-        unsafe {
-            self.kernels.gemv_push(
-                &self.stream,
-                x,
-                inp,
-                w,
-                tokens,
-                k,
-                n,
-                epilogue,
-                &self.gemv_ws,
-                ex,
-                call,
-            )
-        }
-        .map_err(|e| EngineError::Internal(format!("tensor-parallel GEMV push: {e}")))
-    }
-
-    /// [`Self::norm_linear`] whose input is the exchange of `call`: its sum is written into
-    /// `x` and normalised as it is read. No fallback, as for [`Self::row_parallel_push`].
-    #[allow(clippy::too_many_arguments)]
-    fn gather_linear(
-        &self,
-        x: Dptr<bf16>,
-        norm_w: Dptr<bf16>,
-        w: WeightRef,
-        y: Dptr<bf16>,
-        tokens: usize,
-        k: usize,
-        n: usize,
-        epilogue: GemvEpilogue,
-        ex: &GemvExchange,
-        call: usize,
-    ) -> Result<()> {
-        // SAFETY: x: tokens x k (written with the sum), w: n x k, y sized for the epilogue
-        // (Scratch sizes); the exchange calls match on every rank.
-        unsafe {
-            self.kernels.gemv_rmsnorm_gather(
-                &self.stream,
-                y,
-                x,
-                norm_w,
-                self.cfg.rms_norm_eps,
-                w,
-                tokens,
-                k,
-                n,
-                epilogue,
-                &self.gemv_ws,
-                ex,
-                call,
-            )
-        }
-        .map_err(|e| EngineError::Internal(format!("tensor-parallel GEMV gather: {e}")))
-    }
-
     /// Whether a GEMM of `tokens` rows takes the GEMV kernel.
     fn gemv_for(&self, tokens: usize) -> bool {
         self.use_gemv && tokens <= GEMV_MAX_TOKENS
@@ -911,30 +825,11 @@ impl CudaBackend {
             unsafe { comm.broadcast(inp.ids, t, 0, s) }
                 .map_err(|e| EngineError::from(crate::backend::BackendError::Nccl(e)))?;
         }
-        // Tensor parallelism in the decode form: the all-reduces ride on the GEMVs (each
-        // row-parallel GEMV pushes, the next norm-fused GEMV gathers; exchange call 2l is
-        // layer l's o_proj, 2l + 1 its down_proj), but for the last layer's down_proj, whose
-        // sum the LM head's rows read, which takes the one-shot all-reduce.
-        let ex = if fused { self.gemv_exchange() } else { None };
-        let n_layers = self.w.layers.len();
         unsafe {
             k.embedding(s, x, dptr(&self.w.embed, s), inp.ids, t, h, c.vocab_size)
                 .map_err(cuda_err)?;
             for (l, lw) in self.w.layers.iter().enumerate() {
-                if let (Some(ex), true) = (ex, l > 0) {
-                    self.gather_linear(
-                        x,
-                        dptr(&lw.input_norm, s),
-                        lw.qkv.weight(s),
-                        qkv,
-                        t,
-                        h,
-                        qkv_w,
-                        GemvEpilogue::Store,
-                        ex,
-                        2 * l - 1,
-                    )?;
-                } else if fused {
+                if fused {
                     self.norm_linear(
                         x,
                         dptr(&lw.input_norm, s),
@@ -1048,35 +943,7 @@ impl CudaBackend {
                             .map_err(cuda_err)?,
                     }
                 }
-                if let Some(ex) = ex {
-                    self.row_parallel_push(attn, lw.o.weight(s), x, t, q_w, h, ex, 2 * l)?;
-                    self.gather_linear(
-                        x,
-                        dptr(&lw.post_norm, s),
-                        lw.gate_up.weight(s),
-                        act,
-                        t,
-                        h,
-                        2 * inter,
-                        GemvEpilogue::SwiGlu,
-                        ex,
-                        2 * l,
-                    )?;
-                    if l + 1 < n_layers {
-                        self.row_parallel_push(
-                            act,
-                            lw.down.weight(s),
-                            x,
-                            t,
-                            inter,
-                            h,
-                            ex,
-                            2 * l + 1,
-                        )?;
-                    } else {
-                        self.row_parallel_add(act, lw.down.weight(s), x, t, inter, h)?;
-                    }
-                } else if fused {
+                if fused {
                     self.row_parallel_add(attn, lw.o.weight(s), x, t, q_w, h)?;
                     self.norm_linear(
                         x,

@@ -165,19 +165,6 @@ struct Prepared {
     capacity: usize,
 }
 
-/// The GEMV exchange for a tensor-parallel group (see `tp::exchange_buffers`): its buffer
-/// count and slot size, when decode passes take the norm-fused GEMVs and
-/// `SGL_DISABLE_GEMV_ALLREDUCE=1` does not turn it off.
-fn gemv_exchange(cfg: &ModelConfig, use_gemv: bool) -> Option<(usize, usize)> {
-    let off = std::env::var("SGL_DISABLE_GEMV_ALLREDUCE").as_deref() == Ok("1")
-        || std::env::var("SGL_DISABLE_GEMV_NORM").as_deref() == Ok("1");
-    if off || !use_gemv || cfg.num_layers == 0 {
-        return None;
-    }
-    let nbufs = tp::exchange_buffers(2 * cfg.num_layers - 1)?;
-    Some((nbufs, sgl_kernels::GEMV_MAX_TOKENS * cfg.hidden_size))
-}
-
 impl CudaBackend {
     /// Loads `model` onto GPU 0 and sizes the KV pool; with `--tp-size N`, onto GPUs 0..N
     /// with rank 0 returned (see `tp`).
@@ -253,7 +240,6 @@ impl CudaBackend {
                     rank,
                     opts.disable_custom_all_reduce
                         || std::env::var("SGL_DISABLE_CUSTOM_ALL_REDUCE").as_deref() == Ok("1"),
-                    gemv_exchange(&cfg, p.use_gemv),
                 )?;
                 // Two ranks' sums are the same bits in either order; more need the one-shot
                 // kernel's fixed rank order for every message.

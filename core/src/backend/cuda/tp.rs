@@ -23,16 +23,6 @@
 //! with the whole head. Splitting cuts the weights rank 0 reads per decode step by
 //! (tp - 1) / tp of the head (a 1 GB head at tp 2 is 0.5 GB less per token).
 //!
-//! **The all-reduces.** Where every GPU reaches every other (peer access), decode passes (at
-//! most 8 tokens, the GEMV path) carry all but the last of a pass's all-reduces in the GEMVs
-//! themselves: o_proj and down_proj push their results into every rank's exchange buffer and
-//! the next norm-fused GEMV (gate/up, the next layer's qkv) sums them in rank order as it
-//! reads its input (`sgl_kernels::GemvExchange`), so an all-reduce costs no launch of its own;
-//! the last layer's down_proj, whose sum the LM head's rows read, and the LM head's logits take
-//! the one-shot kernel over peer memory; messages beyond its staging (prefill) take NCCL.
-//! `SGL_DISABLE_GEMV_ALLREDUCE=1` puts the one-shot kernel after every row-parallel GEMV
-//! instead; both sum the same values in the same order, so they give the same bits.
-//!
 //! **Capacity.** Each rank sizes its KV pool from its own free memory; the ranks agree on the
 //! smallest before allocating, since a KV slot index names the same token on every rank.
 //!
@@ -49,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, sys};
 use sgl_kernels::nccl::{self, UniqueId};
-use sgl_kernels::{AR_BLOCKS, AR_MAX_RANKS, ArPeers, GEMV_EXCHANGE_EMPTY, GemvExchange, dptr};
+use sgl_kernels::{AR_BLOCKS, AR_MAX_RANKS, ArPeers};
 
 use super::{CudaBackend, CudaOptions, cuda_err};
 use crate::backend::{BackendError, SeqInput};
@@ -63,7 +53,7 @@ pub(super) struct Join {
     pub size: usize,
     barrier: Barrier,
     slots: Mutex<Vec<Option<std::result::Result<usize, String>>>>,
-    table: Mutex<Vec<[u64; 4]>>,
+    table: Mutex<Vec<[u64; 3]>>,
 }
 
 impl Join {
@@ -73,7 +63,7 @@ impl Join {
             size,
             barrier: Barrier::new(size),
             slots: Mutex::new(vec![None; size]),
-            table: Mutex::new(vec![[0; 4]; size]),
+            table: Mutex::new(vec![[0; 3]; size]),
         }
     }
 
@@ -111,8 +101,8 @@ impl Join {
 }
 
 impl Join {
-    /// Every rank publishes four words (buffer addresses, its context) and gets every rank's.
-    pub fn exchange(&self, rank: usize, mine: [u64; 4]) -> Vec<[u64; 4]> {
+    /// Every rank publishes three words (buffer addresses, its context) and gets every rank's.
+    pub fn exchange(&self, rank: usize, mine: [u64; 3]) -> Vec<[u64; 3]> {
         if let Ok(mut t) = self.table.lock() {
             t[rank] = mine;
         }
@@ -130,21 +120,8 @@ pub(super) struct CustomAllReduce {
     pub peers: ArPeers,
     pub half_elems: usize,
     pub epochs: CudaSlice<u32>,
-    /// The all-reduce carried by the decode GEMVs (see [`GemvExchange`]), when the layer
-    /// loop's exchange calls allow one.
-    pub exchange: Option<GemvExchange>,
     _staging: PeerMemory,
     _flags: PeerMemory,
-    _exchange: Option<(PeerMemory, CudaSlice<u32>)>,
-}
-
-/// The GEMV exchange's shape for a pass of `calls` exchange calls (every row-parallel output
-/// but the last layer's down_proj) of rows `width` wide: its buffer count, the smallest
-/// divisor of `calls` of at least 3, so that call `c` of every pass takes buffer `c % nbufs`
-/// and consecutive calls, across passes too, take consecutive buffers; `None` when there is
-/// none (fewer than 3 calls).
-pub(super) fn exchange_buffers(calls: usize) -> Option<usize> {
-    (3..=calls).find(|d| calls.is_multiple_of(*d))
 }
 
 /// Device memory other GPUs of the process read and write (peer access). Allocated with
@@ -202,7 +179,6 @@ pub(super) fn custom_all_reduce(
     join: &Join,
     rank: usize,
     disabled: bool,
-    exchange: Option<(usize, usize)>,
 ) -> Result<Option<CustomAllReduce>> {
     let size = join.size;
     // Whether this rank reaches every other GPU directly.
@@ -224,36 +200,18 @@ pub(super) fn custom_all_reduce(
         let staging = PeerMemory::zeroed(ctx, 2 * size * half_elems * 2)?;
         let flags = PeerMemory::zeroed(ctx, AR_BLOCKS * AR_MAX_RANKS * 4)?;
         let epochs = stream.alloc_zeros::<u32>(AR_BLOCKS).map_err(cuda_err)?;
-        let xchg = match exchange {
-            Some((nbufs, slot)) => {
-                let elems = GemvExchange::buffer_elems(size, slot, nbufs);
-                let mem = PeerMemory::zeroed(ctx, elems * 2)?;
-                // SAFETY: the allocation holds `elems` bf16 values.
-                unsafe { sys::cuMemsetD16_v2(mem.addr(), GEMV_EXCHANGE_EMPTY, elems) }
-                    .result()
-                    .map_err(cuda_err)?;
-                let sync = stream.alloc_zeros::<u32>(2 * nbufs).map_err(cuda_err)?;
-                Some((mem, sync))
-            }
-            None => None,
-        };
         stream.synchronize().map_err(cuda_err)?;
-        Ok((staging, flags, epochs, xchg))
+        Ok((staging, flags, epochs))
     };
     let bufs = if ok { alloc().ok() } else { None };
     let all = join.exchange(
         rank,
         match &bufs {
-            Some((st, fl, _, xg)) => [
-                st.addr(),
-                fl.addr(),
-                ctx.cu_ctx() as u64,
-                xg.as_ref().map_or(0, |(m, _)| m.addr()),
-            ],
-            None => [0; 4],
+            Some((st, fl, _)) => [st.addr(), fl.addr(), ctx.cu_ctx() as u64],
+            None => [0; 3],
         },
     );
-    let mut ok = bufs.is_some() && all.iter().all(|w| w[..3].iter().all(|&x| x != 0));
+    let mut ok = bufs.is_some() && all.iter().all(|w| w.iter().all(|&x| x != 0));
     ok = ok && ctx.bind_to_thread().is_ok();
     if ok {
         for (peer, words) in all.iter().enumerate() {
@@ -273,7 +231,7 @@ pub(super) fn custom_all_reduce(
     }
     // Every rank must take the same path, or one would wait on flags nobody writes.
     let agreed = join.agree(rank, Ok(usize::from(ok)));
-    let (Ok(1), Some((staging, flags, epochs, xchg))) = (agreed, bufs) else {
+    let (Ok(1), Some((staging, flags, epochs))) = (agreed, bufs) else {
         if rank == 0 {
             tracing::info!(
                 "tensor parallel: all-reduce through NCCL only ({})",
@@ -297,26 +255,12 @@ pub(super) fn custom_all_reduce(
             CUSTOM_AR_MAX_BYTES >> 10
         );
     }
-    // Every rank allocated the exchange or none did (same arguments); all must have it.
-    let exchange = match exchange {
-        Some((nbufs, slot)) if all.iter().all(|w| w[3] != 0) => {
-            let addrs: Vec<u64> = all.iter().map(|w| w[3]).collect();
-            let sync = xchg.as_ref().map(|(_, sync)| dptr(sync, stream));
-            sync.and_then(|sync| GemvExchange::new(&addrs, sync, rank, slot, nbufs))
-        }
-        _ => None,
-    };
-    if rank == 0 && exchange.is_some() {
-        tracing::info!("tensor parallel: decode all-reduces carried by the GEMVs");
-    }
     Ok(Some(CustomAllReduce {
         peers,
         half_elems,
         epochs,
-        exchange,
         _staging: staging,
         _flags: flags,
-        _exchange: xchg,
     }))
 }
 
