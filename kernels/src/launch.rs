@@ -205,8 +205,12 @@ pub struct Kernels {
 
 /// Most ranks of a one-shot all-reduce group.
 pub const AR_MAX_RANKS: usize = 8;
-/// Blocks of every one-shot all-reduce launch (each owns a fixed share of the elements).
+/// Blocks of a one-shot all-reduce launch for decode-sized messages (each owns a fixed share
+/// of the elements).
 pub const AR_BLOCKS: usize = 16;
+/// Blocks of a one-shot all-reduce launch for prefill-sized messages (megabytes: enough
+/// multiprocessors to fill the link).
+pub const AR_LARGE_BLOCKS: usize = 128;
 
 /// The device addresses of every rank's all-reduce receive buffer and flags (the kernel's
 /// `ArPeers` argument), and how many ranks there are.
@@ -1058,9 +1062,9 @@ impl Kernels {
     /// # Safety
     /// Every rank of the group launches the same sequence of these calls with the same `n`;
     /// `peers` holds every rank's receive buffer (2 × ranks × `half_elems` bf16) and flags
-    /// ([`AR_BLOCKS`] × [`AR_MAX_RANKS`] u32, zeroed at first), all reachable from this device
-    /// (peer access on); `epochs` is this rank's [`AR_BLOCKS`] counters (zeroed at first);
-    /// `x` holds `n` elements.
+    /// (`blocks` × [`AR_MAX_RANKS`] u32, zeroed at first), all reachable from this device
+    /// (peer access on); `epochs` is this rank's `blocks` counters (zeroed at first); the
+    /// same `peers` always take the same `blocks`; `x` holds `n` elements.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn allreduce_oneshot(
         &self,
@@ -1071,9 +1075,16 @@ impl Kernels {
         n: usize,
         rank: usize,
         half_elems: usize,
+        blocks: usize,
     ) -> Result<()> {
         let ranks = peers.ranks;
-        if !n.is_multiple_of(8) || n > half_elems || rank >= ranks || ranks > AR_MAX_RANKS {
+        if !n.is_multiple_of(8)
+            || n > half_elems
+            || rank >= ranks
+            || ranks > AR_MAX_RANKS
+            || blocks == 0
+            || blocks > 1024
+        {
             return Err(KernelError::Unsupported(format!(
                 "one-shot all-reduce of {n} elements (slots of {half_elems}, rank {rank} of {ranks})"
             )));
@@ -1091,7 +1102,7 @@ impl Kernels {
             arg(&hi),
         ];
         // SAFETY: argument types match the kernel; the caller guarantees the rest.
-        unsafe { self.launch(s, &self.allreduce, (AR_BLOCKS as u32, 1, 1), 512, &mut a) }
+        unsafe { self.launch(s, &self.allreduce, (blocks as u32, 1, 1), 512, &mut a) }
     }
 
     /// Partial-sum buffers for every [`Kernels::gemv_plan`] on this device.

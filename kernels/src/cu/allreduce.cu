@@ -6,19 +6,20 @@
 // slots of its receive buffer, all local reads, in rank order in f32 into its input, so every
 // rank gets the same bits.
 //
-// Every launch uses AR_BLOCKS blocks whatever the size, and block b always handles the same
-// 16-byte units, so block b of each rank only ever meets block b of the others. The flags
+// Every launch on the same buffers uses the same number of blocks whatever the size (the
+// engine keeps one set of buffers with 16 blocks for decode messages, and at tp 2 another with
+// 128 for prefill's megabytes), and block b always handles the same 16-byte units, so block b
+// of each rank only ever meets block b of the others. The flags
 // carry an epoch (each block's own counter, kept on the device so the kernel can be replayed
 // from a CUDA graph). Receive buffers are double-buffered by the epoch's parity: a rank can
 // write call N + 2's data only after every peer flagged call N + 1, which each does after it
 // finished reading call N, so one barrier per call is enough.
 
 #define AR_MAX_RANKS 8
-#define AR_BLOCKS 16
 
 struct ArPeers {
     unsigned long long recv[AR_MAX_RANKS];   // bf16 [2 parities][ranks][half_elems]
-    unsigned long long flags[AR_MAX_RANKS];  // u32 [AR_BLOCKS][AR_MAX_RANKS]
+    unsigned long long flags[AR_MAX_RANKS];  // u32 [blocks][AR_MAX_RANKS]
 };
 
 __device__ __forceinline__ void st_release_sys(unsigned int* p, unsigned int v) {
@@ -40,7 +41,7 @@ __device__ __forceinline__ uint4 ld_cg_v4(const void* p) {
     return v;
 }
 
-// x: n bf16 (n % 8 == 0, n <= half_elems); epochs: this rank's AR_BLOCKS counters.
+// x: n bf16 (n % 8 == 0, n <= half_elems); epochs: this rank's counters, one per block.
 extern "C" __global__ void __launch_bounds__(512)
     allreduce_oneshot_bf16(ArPeers peers, bf16_t* __restrict__ x, unsigned int* __restrict__ epochs,
                            int n, int rank, int ranks, int half_elems) {

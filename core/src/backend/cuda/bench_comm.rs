@@ -208,7 +208,15 @@ fn rank_main(
     // through a second all-reduce of the differences to rank 0's result).
     let kernels = sgl_kernels::Kernels::load(&ctx).map_err(cuda_err)?;
     let custom = super::tp::custom_all_reduce(&ctx, &s, join, rank, false)?;
-    if let Some(ar) = &custom {
+    let sets = custom
+        .as_ref()
+        .map(|c| {
+            std::iter::once(&c.small)
+                .chain(&c.large)
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    for ar in sets {
         let m = ar.half_elems;
         let floats: Vec<bf16> = (0..m)
             .map(|i| bf16::from_f32(float_value(rank, i)))
@@ -224,6 +232,7 @@ fn rank_main(
                 m,
                 rank,
                 ar.half_elems,
+                ar.blocks,
             )
         }
         .map_err(cuda_err)?;
@@ -248,7 +257,8 @@ fn rank_main(
         }
         if rank == 0 {
             println!(
-                "one-shot all-reduce check: {m} bf16 sums within {worst:.2} of one rounding, the same bits on every rank"
+                "one-shot all-reduce check ({} blocks): {m} bf16 sums within {worst:.2} of one rounding, the same bits on every rank",
+                ar.blocks
             );
         }
     }
@@ -270,7 +280,7 @@ fn rank_main(
         } else {
             None
         };
-        let custom_us = match &custom {
+        let custom_us = match custom.as_ref().and_then(|c| c.pick(count, false)) {
             Some(ar) if count <= ar.half_elems => {
                 Some(time_custom(&kernels, ar, &s, p, count, rank, iters)?)
             }
@@ -393,7 +403,7 @@ fn time_in_graph(s: &Arc<CudaStream>, iters: usize, call: impl Fn() -> Result<()
 
 fn time_custom(
     kernels: &sgl_kernels::Kernels,
-    ar: &super::tp::CustomAllReduce,
+    ar: &super::tp::OneShot,
     s: &Arc<CudaStream>,
     p: Dptr<bf16>,
     count: usize,
@@ -411,6 +421,7 @@ fn time_custom(
                 count,
                 rank,
                 ar.half_elems,
+                ar.blocks,
             )
         }
         .map_err(cuda_err)

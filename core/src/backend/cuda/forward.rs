@@ -521,18 +521,18 @@ impl CudaBackend {
         if self.skip_all_reduce {
             return Ok(());
         }
-        if let Some(ar) = &self.custom_ar
-            && (n <= ar.half_elems || self.opts.deterministic)
-            && n.is_multiple_of(8)
+        if let Some(ar) = self
+            .custom_ar
+            .as_ref()
+            .and_then(|ar| ar.pick(n, self.opts.deterministic))
         {
-            // Deterministic: messages beyond one call go in pieces, so every element is a
-            // rank-ordered sum whatever the message's size (NCCL's order follows the size).
+            // Messages beyond one launch go in pieces.
             let mut done = 0;
             while done < n {
                 let len = (n - done).min(ar.half_elems);
                 // SAFETY: every rank runs the same layer loop, so the calls match; the buffers
                 // were set up for this group (tp::custom_all_reduce); len % 8 == 0 since n and
-                // half_elems are multiples of 8.
+                // half_elems are multiples of 8 (pick).
                 unsafe {
                     self.kernels.allreduce_oneshot(
                         &self.stream,
@@ -542,6 +542,7 @@ impl CudaBackend {
                         len,
                         c.rank(),
                         ar.half_elems,
+                        ar.blocks,
                     )
                 }
                 .map_err(cuda_err)?;

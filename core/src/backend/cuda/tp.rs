@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, sys};
 use sgl_kernels::nccl::{self, UniqueId};
-use sgl_kernels::{AR_BLOCKS, AR_MAX_RANKS, ArPeers};
+use sgl_kernels::{AR_BLOCKS, AR_LARGE_BLOCKS, AR_MAX_RANKS, ArPeers};
 
 use super::{CudaBackend, CudaOptions, cuda_err};
 use crate::backend::{BackendError, SeqInput};
@@ -53,7 +53,7 @@ pub(super) struct Join {
     pub size: usize,
     barrier: Barrier,
     slots: Mutex<Vec<Option<std::result::Result<usize, String>>>>,
-    table: Mutex<Vec<[u64; 3]>>,
+    table: Mutex<Vec<[u64; 5]>>,
 }
 
 impl Join {
@@ -63,7 +63,7 @@ impl Join {
             size,
             barrier: Barrier::new(size),
             slots: Mutex::new(vec![None; size]),
-            table: Mutex::new(vec![[0; 3]; size]),
+            table: Mutex::new(vec![[0; 5]; size]),
         }
     }
 
@@ -101,8 +101,8 @@ impl Join {
 }
 
 impl Join {
-    /// Every rank publishes three words (buffer addresses, its context) and gets every rank's.
-    pub fn exchange(&self, rank: usize, mine: [u64; 3]) -> Vec<[u64; 3]> {
+    /// Every rank publishes five words (buffer addresses, its context) and gets every rank's.
+    pub fn exchange(&self, rank: usize, mine: [u64; 5]) -> Vec<[u64; 5]> {
         if let Ok(mut t) = self.table.lock() {
             t[rank] = mine;
         }
@@ -113,12 +113,36 @@ impl Join {
     }
 }
 
-/// The one-shot all-reduce's buffers on one rank and every rank's addresses (see
-/// `cu/allreduce.cu`): used for messages up to `half_elems` (the decode steps); NCCL takes
-/// larger ones.
+/// The one-shot all-reduce over peer memory (see `cu/allreduce.cu`): a set of buffers for
+/// decode messages and, at tp 2, one for prefill's.
 pub(super) struct CustomAllReduce {
+    pub small: OneShot,
+    pub large: Option<OneShot>,
+}
+
+impl CustomAllReduce {
+    /// The buffers a message of `n` elements goes through (in pieces of `half_elems` when
+    /// larger): the decode set up to its size, then the prefill set where there is one;
+    /// `None` for NCCL.
+    pub fn pick(&self, n: usize, deterministic: bool) -> Option<&OneShot> {
+        if !n.is_multiple_of(8) {
+            return None;
+        }
+        if n <= self.small.half_elems {
+            return Some(&self.small);
+        }
+        // Deterministic: one-shot pieces, so every element is a rank-ordered sum whatever the
+        // message's size (NCCL's order follows the size).
+        self.large.as_ref().or(deterministic.then_some(&self.small))
+    }
+}
+
+/// One set of one-shot buffers on one rank and every rank's addresses: messages up to
+/// `half_elems` per launch of `blocks` blocks.
+pub(super) struct OneShot {
     pub peers: ArPeers,
     pub half_elems: usize,
+    pub blocks: usize,
     pub epochs: CudaSlice<u32>,
     _staging: PeerMemory,
     _flags: PeerMemory,
@@ -167,9 +191,14 @@ impl Drop for PeerMemory {
     }
 }
 
-/// Bytes of the largest message the one-shot all-reduce takes (a decode batch of 256 rows of
-/// a 4096-wide model); its staging holds two of them.
+/// Bytes of the largest message the decode set of one-shot buffers takes in one launch (a
+/// decode batch of 256 rows of a 4096-wide model); its staging holds two of them per rank.
 const CUSTOM_AR_MAX_BYTES: usize = 2 << 20;
+/// The same for the prefill set (1024 tokens of a 4096-wide model), used at tp 2 only: there
+/// each rank sends its whole message to the other once, as a ring or two-shot all-reduce
+/// would; with more ranks the one-shot kernel sends (ranks - 1) times the message and NCCL
+/// takes large messages. `SGL_DISABLE_ONESHOT_PREFILL=1` leaves them to NCCL at tp 2 too.
+const CUSTOM_AR_LARGE_BYTES: usize = 8 << 20;
 
 /// Sets up the one-shot all-reduce on this rank when every pair of the group's GPUs has peer
 /// access; `None` (NCCL for everything) otherwise or when disabled. Every rank calls it.
@@ -195,23 +224,40 @@ pub(super) fn custom_all_reduce(
         ok = r == sys::CUresult::CUDA_SUCCESS && can == 1;
     }
     let half_elems = CUSTOM_AR_MAX_BYTES / 2;
-    let alloc = || -> Result<_> {
+    let large_elems = CUSTOM_AR_LARGE_BYTES / 2;
+    let alloc = |half_elems: usize, blocks: usize| -> Result<_> {
         // [2 parities][size source ranks][half_elems] bf16
         let staging = PeerMemory::zeroed(ctx, 2 * size * half_elems * 2)?;
-        let flags = PeerMemory::zeroed(ctx, AR_BLOCKS * AR_MAX_RANKS * 4)?;
-        let epochs = stream.alloc_zeros::<u32>(AR_BLOCKS).map_err(cuda_err)?;
+        let flags = PeerMemory::zeroed(ctx, blocks * AR_MAX_RANKS * 4)?;
+        let epochs = stream.alloc_zeros::<u32>(blocks).map_err(cuda_err)?;
         stream.synchronize().map_err(cuda_err)?;
         Ok((staging, flags, epochs))
     };
-    let bufs = if ok { alloc().ok() } else { None };
+    let bufs = if ok {
+        alloc(half_elems, AR_BLOCKS).ok()
+    } else {
+        None
+    };
+    let prefill_off = std::env::var("SGL_DISABLE_ONESHOT_PREFILL").as_deref() == Ok("1");
+    let large = if bufs.is_some() && size == 2 && !prefill_off {
+        alloc(large_elems, AR_LARGE_BLOCKS).ok()
+    } else {
+        None
+    };
     let all = join.exchange(
         rank,
         match &bufs {
-            Some((st, fl, _)) => [st.addr(), fl.addr(), ctx.cu_ctx() as u64],
-            None => [0; 3],
+            Some((st, fl, _)) => [
+                st.addr(),
+                fl.addr(),
+                ctx.cu_ctx() as u64,
+                large.as_ref().map_or(0, |l| l.0.addr()),
+                large.as_ref().map_or(0, |l| l.1.addr()),
+            ],
+            None => [0; 5],
         },
     );
-    let mut ok = bufs.is_some() && all.iter().all(|w| w.iter().all(|&x| x != 0));
+    let mut ok = bufs.is_some() && all.iter().all(|w| w[..3].iter().all(|&x| x != 0));
     ok = ok && ctx.bind_to_thread().is_ok();
     if ok {
         for (peer, words) in all.iter().enumerate() {
@@ -249,19 +295,44 @@ pub(super) fn custom_all_reduce(
     let Some(peers) = ArPeers::new(&staging_addrs, &flag_addrs) else {
         return Ok(None);
     };
-    if rank == 0 {
-        tracing::info!(
-            "tensor parallel: one-shot all-reduce over peer memory up to {} KB, NCCL above",
-            CUSTOM_AR_MAX_BYTES >> 10
-        );
-    }
-    Ok(Some(CustomAllReduce {
+    let small = OneShot {
         peers,
         half_elems,
+        blocks: AR_BLOCKS,
         epochs,
         _staging: staging,
         _flags: flags,
-    }))
+    };
+    // The prefill set where every rank made one (each rank sees the same table).
+    let large = match large {
+        Some((staging, flags, epochs)) if all.iter().all(|w| w[3] != 0 && w[4] != 0) => {
+            let st: Vec<u64> = all.iter().map(|w| w[3]).collect();
+            let fl: Vec<u64> = all.iter().map(|w| w[4]).collect();
+            ArPeers::new(&st, &fl).map(|peers| OneShot {
+                peers,
+                half_elems: large_elems,
+                blocks: AR_LARGE_BLOCKS,
+                epochs,
+                _staging: staging,
+                _flags: flags,
+            })
+        }
+        _ => None,
+    };
+    if rank == 0 {
+        match &large {
+            Some(_) => tracing::info!(
+                "tensor parallel: one-shot all-reduce over peer memory ({} KB pieces for decode, {} KB for prefill)",
+                CUSTOM_AR_MAX_BYTES >> 10,
+                CUSTOM_AR_LARGE_BYTES >> 10
+            ),
+            None => tracing::info!(
+                "tensor parallel: one-shot all-reduce over peer memory up to {} KB, NCCL above",
+                CUSTOM_AR_MAX_BYTES >> 10
+            ),
+        }
+    }
+    Ok(Some(CustomAllReduce { small, large }))
 }
 
 /// One sequence of a pass, owned (sent to the worker threads).
