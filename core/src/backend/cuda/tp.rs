@@ -6,7 +6,9 @@
 //! processes because everything the ranks share is host-side and small (each pass's batch
 //! plan), so a channel replaces SGLang's ZMQ broadcast, one loaded checkpoint mapping serves
 //! every rank's reads, and a rank's failure is an error value in the same process instead of
-//! a lost child. The GPUs talk only through NCCL.
+//! a lost child. The GPUs talk through NCCL and, where every pair has peer access, through
+//! the one-shot all-reduce over peer memory (`cu/allreduce.cu`): every decode message, and at
+//! tp 2 prefill's too (in 8 MB pieces); NCCL takes the rest.
 //!
 //! **Each pass.** Rank 0 sends the batch to every worker, then runs it; every rank runs the
 //! same code on the same batch ([`CudaBackend::run`]), so each makes the same choice of CUDA
