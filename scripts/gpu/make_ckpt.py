@@ -4,6 +4,8 @@ streamed: tensors are drawn on the GPUs and written shard by shard by parallel w
 70B shape (141 GB) needs neither a whole model in one GPU's memory nor minutes of serial writes.
 
 Usage: make_ckpt.py OUT_DIR [NUM_LAYERS] [SHAPE]     SHAPE: 8b (default) or 70b
+           the weights depend only on CKPT_SEED (default 1), so two device calls write the same
+           checkpoint and their results compare
        make_ckpt.py --truncate SRC_DIR OUT_DIR LAYERS
            a checkpoint of SRC_DIR's first LAYERS layers (config, index and links to SRC_DIR's
            shards; the 70B shape has two layers per shard, so LAYERS should be even)"""
@@ -103,7 +105,7 @@ def make(out, layers, shape):
     cfg = config(shape, layers)
     plan = shard_plan(cfg)
     workers = min(len(plan), int(os.environ.get("CKPT_WORKERS", "8")))
-    seed = int(time.time())
+    seed = int(os.environ.get("CKPT_SEED", "1"))
     ctx = mp.get_context("spawn")
     with ctx.Pool(workers) as pool:
         nbytes = sum(pool.map(write_shards, [(w, workers, out, plan, seed) for w in range(workers)]))
