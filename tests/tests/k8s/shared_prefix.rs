@@ -1,9 +1,9 @@
 //! A shared-prefix workload through the operator's HPA does not oscillate (p2).
 //!
 //! Every request shares one long prefix and differs only in its last sentence, so the
-//! engines' radix caches serve most prompt tokens and the scale-down brake (windowed hit
-//! rate times busy share) reads high. The service goes through three phases, sampled once a
-//! second (the service's `dpSize`, the engine Deployment's replicas, the HPA's status and
+//! engines' radix caches serve most prompt tokens and the scale-down brake (the windowed hit
+//! rate times the busy share) reads high. The service goes through three phases, sampled once
+//! a second (the service's `dpSize`, the engine Deployment's replicas, the HPA's status and
 //! each metric's average as the HPA read it, and every fifth second each engine's brake as
 //! the custom metrics API serves it):
 //!
@@ -15,8 +15,8 @@
 //!    only the brake keeps the count still);
 //! 3. no clients: back to one engine, never up again.
 //!
-//! Over the whole run the count changes direction at most once (up, then down), and never
-//! exceeds what the load metrics asked for.
+//! Over the whole run the count changes direction once (up, then down), and the HPA's events
+//! name a load metric, never a cache one, for every scale-up.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -38,7 +38,8 @@ use crate::common::{
 };
 use crate::metrics::{QUEUE_METRIC, custom_metrics_served, engine_metrics, engine_value, quantity};
 
-/// The scale-down brake the operator's HPA reads (hit rate x busy share, per engine).
+/// The scale-down brake the operator's HPA reads (the service's hit rate x its engines' busy
+/// share, served for each engine).
 const BRAKE_METRIC: &str = "sglang_scale_down_brake";
 /// KV cache utilisation per engine.
 const KV_METRIC: &str = "sglang_token_usage";
@@ -220,8 +221,8 @@ impl Sampler {
         let mut lines = Vec::new();
         for s in self.samples() {
             let line = s.line();
-            // The time is the line's first 9 characters; print a sample when anything else changed.
-            let key = line.get(9..).unwrap_or_default().to_string();
+            // The time is the line's first 10 characters; keep a sample when anything else changed.
+            let key = line.get(10..).unwrap_or_default().to_string();
             if key != last || s.brakes.is_some() {
                 lines.push(line);
                 last = key;
