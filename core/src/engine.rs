@@ -2,16 +2,18 @@
 //! the scheduler thread and reads their token streams back, and [`launch`], which builds one
 //! (model, tokenizer, backend, scheduler).
 
+mod admission;
 mod launch;
 
 pub use launch::{check, launch};
 
+use admission::{Admission, Shed};
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use parking_lot::Mutex;
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::config::ServerArgs;
@@ -91,240 +93,15 @@ impl Inner {
     }
 }
 
-/// What the engine lets wait: requests submitted whose first event has not come yet, counted
-/// here at submission (the scheduler's own queue counter lags behind a burst, so a bound on
-/// it alone is soft).
-///
-/// Two hard bounds answer 429 (count and prompt tokens). Beyond them, a request that would
-/// not start before the queue deadline is answered 503 at once instead of after waiting the
-/// whole deadline: by Little's law its wait is about (requests waiting ahead of it) / (the
-/// rate at which waiting requests start). That rate is measured by [`StartRate`].
-struct Admission {
-    /// Most waiting requests.
-    max_requests: usize,
-    /// Most prompt tokens of all waiting requests (one request alone always fits).
-    max_tokens: usize,
-    /// How long a request may wait for its first event; `None`: as long as it takes.
-    timeout: Option<Duration>,
-    /// `--max-running-requests` as the model settled it.
-    max_running: usize,
-    queue: Mutex<WaitingQueue>,
-    metrics: Arc<Metrics>,
-}
-
-/// The waiting requests and how fast they leave, under one lock so that the rate's clock
-/// sees every change of the count.
-struct WaitingQueue {
-    requests: usize,
-    tokens: usize,
-    rate: StartRate,
-}
-
-/// Requests that a full engine starts per second: an exponentially weighted average over the
-/// last [`RATE_WINDOW`] of time when requests waited and the scheduler was full (a request it
-/// could not start, or every running slot taken).
-///
-/// The clock runs only then. Idle time says nothing about how fast the engine starts
-/// requests (a quiet minute would otherwise read as a slow engine and refuse the next burst),
-/// and neither does time with free slots, when a request starts right after its prefill (a
-/// batch filling up would read as a fast engine and admit far too many behind it). A full
-/// engine starts a request each time the batch frees a slot, which is what a waiting request
-/// waits for, and only a full engine has the estimate applied (see [`Admission::enter`]).
-struct StartRate {
-    /// Starts and seconds of waiting time, each weighted by exp(-age / RATE_WINDOW).
-    starts: f64,
-    waited: f64,
-    /// Starts seen since the process started (fewer than [`MIN_STARTS`]: no estimate).
-    seen: u64,
-    /// When `starts` and `waited` were last brought up to date.
-    updated: Instant,
-}
-
-/// Time constant of [`StartRate`]'s average (waiting time, not wall time).
-const RATE_WINDOW: f64 = 20.0;
-/// Starts of a full engine measured before the rate is trusted; until then only the hard
-/// bounds apply.
-const MIN_STARTS: u64 = 4;
-/// A request whose estimated wait is past this fraction of the deadline is refused at once:
-/// the estimate is a mean, and the margin keeps most accepted requests clear of the deadline
-/// despite its spread (Poisson arrivals, the batch freeing slots in bunches).
-const SHED_AT: f64 = 0.75;
-
-impl StartRate {
-    fn new(now: Instant) -> StartRate {
-        StartRate {
-            starts: 0.0,
-            waited: 0.0,
-            seen: 0,
-            updated: now,
-        }
-    }
-
-    /// Brings the average up to `now`; `counts` says whether the time since the last update
-    /// was full and had requests waiting (the count changes only under the queue's lock,
-    /// which calls this first; fullness is the scheduler's last report).
-    fn advance(&mut self, now: Instant, counts: bool) {
-        let dt = now.saturating_duration_since(self.updated).as_secs_f64();
-        self.updated = now;
-        if counts && dt > 0.0 {
-            let keep = (-dt / RATE_WINDOW).exp();
-            self.starts *= keep;
-            // The weighted integral of the waiting time over the last dt seconds.
-            self.waited = self.waited * keep + RATE_WINDOW * (1.0 - keep);
-        }
-    }
-
-    fn started(&mut self) {
-        self.starts += 1.0;
-        self.seen += 1;
-    }
-
-    /// Starts per second, `None` until enough were measured.
-    fn per_sec(&self) -> Option<f64> {
-        (self.seen >= MIN_STARTS && self.waited > 0.0).then(|| self.starts / self.waited)
-    }
-}
-
-impl WaitingQueue {
-    /// Expected wait of a request that arrives now behind `self.requests` others: `None` when
-    /// nothing is measured yet, zero when none wait.
-    fn expected_wait(&self) -> Option<f64> {
-        if self.requests == 0 {
-            return Some(0.0);
-        }
-        let rate = self.rate.per_sec()?;
-        Some(if rate > 0.0 {
-            self.requests as f64 / rate
-        } else {
-            f64::INFINITY
-        })
-    }
-
-    /// `Retry-After` for a request refused now: the wait of one arriving now (by then the
-    /// requests ahead have started), or `default` before the rate is measured.
-    fn retry_after(&self, default: RetryAfter) -> RetryAfter {
-        self.expected_wait().map_or(default, RetryAfter::from_wait)
-    }
-}
-
-impl Admission {
-    /// `--max-queued-requests N` bounds the count alone. Without it the bound follows the KV
-    /// cache: waiting prompts may hold up to twice the cache's tokens (more would wait through
-    /// several turnovers of the cache), and at most 4 × `--max-running-requests` of them (64
-    /// at least, for a client's burst).
-    fn new(args: &ServerArgs, info: &ModelInfo, metrics: Arc<Metrics>) -> Admission {
-        let (max_requests, max_tokens) = match args.max_queued_requests {
-            Some(n) => (n, usize::MAX),
-            None => (
-                (4 * info.max_running_requests).max(MIN_QUEUE),
-                2 * info.max_total_tokens.max(1),
-            ),
-        };
-        Admission {
-            max_requests,
-            max_tokens,
-            timeout: (args.queue_timeout_secs > 0)
-                .then(|| Duration::from_secs(args.queue_timeout_secs)),
-            max_running: info.max_running_requests.max(1),
-            queue: Mutex::new(WaitingQueue {
-                requests: 0,
-                tokens: 0,
-                rate: StartRate::new(Instant::now()),
-            }),
-            metrics,
-        }
-    }
-
-    /// Takes a place for a request of `tokens` prompt tokens, or says why there is none.
-    ///
-    /// The estimate refuses nothing while the engine has room for what arrives. It applies
-    /// once the scheduler last reported a request it could not start or every running slot
-    /// taken (`scheduler_full`), or once more requests wait than can run at once (a burst
-    /// gets there before the scheduler reports). Before that, whatever arrives starts in the
-    /// next steps, however slow the measured rate (it may come from long requests of an
-    /// earlier burst).
-    fn enter(&self, tokens: usize, scheduler_full: bool) -> Result<()> {
-        let mut q = self.queue.lock();
-        let counts = q.requests > 0 && scheduler_full;
-        q.rate.advance(Instant::now(), counts);
-        if q.requests >= self.max_requests {
-            return Err(EngineError::Overloaded {
-                message: format!(
-                    "too many waiting requests ({}, --max-queued-requests); retry later",
-                    self.max_requests
-                ),
-                retry_after: q.retry_after(RetryAfter::OVERLOADED),
-            });
-        }
-        if q.requests > 0 && q.tokens.saturating_add(tokens) > self.max_tokens {
-            return Err(EngineError::Overloaded {
-                message: format!(
-                    "the waiting requests already hold {} prompt tokens (bound: {}, twice the \
-                     KV cache); retry later",
-                    q.tokens, self.max_tokens
-                ),
-                retry_after: q.retry_after(RetryAfter::OVERLOADED),
-            });
-        }
-        if let Some(timeout) = self.timeout
-            && (scheduler_full || q.requests >= self.max_running)
-            && let Some(wait) = q.expected_wait()
-            && wait > SHED_AT * timeout.as_secs_f64()
-        {
-            self.publish(&q);
-            return Err(EngineError::Unavailable {
-                message: format!(
-                    "the request would wait about {wait:.0} s before it starts ({} requests \
-                     ahead, starting at {:.2}/s), past --queue-timeout-secs {}; retry later",
-                    q.requests,
-                    q.rate.per_sec().unwrap_or(0.0),
-                    timeout.as_secs()
-                ),
-                retry_after: RetryAfter::from_wait(wait),
-            });
-        }
-        q.requests += 1;
-        q.tokens += tokens;
-        self.publish(&q);
-        Ok(())
-    }
-
-    /// Gives a place back; `started`: the request left because it started running;
-    /// `scheduler_full` as for [`Admission::enter`].
-    fn leave(&self, tokens: usize, started: bool, scheduler_full: bool) {
-        let mut q = self.queue.lock();
-        let counts = q.requests > 0 && scheduler_full;
-        q.rate.advance(Instant::now(), counts);
-        if started && scheduler_full {
-            q.rate.started();
-        }
-        q.requests = q.requests.saturating_sub(1);
-        q.tokens = q.tokens.saturating_sub(tokens);
-        self.publish(&q);
-    }
-
-    /// `Retry-After` for a request refused now (see [`WaitingQueue::retry_after`]).
-    fn retry_after(&self, default: RetryAfter) -> RetryAfter {
-        self.queue.lock().retry_after(default)
-    }
-
-    /// The estimated wait of a request arriving now, as a metric (0 while none is measured).
-    fn publish(&self, q: &WaitingQueue) {
-        self.metrics
-            .estimated_queue_time
-            .with_label_values(&self.metrics.label())
-            .set(q.expected_wait().unwrap_or(0.0));
-    }
-}
-
-/// Fewest requests the default bound lets wait.
-const MIN_QUEUE: usize = 64;
-
 /// A request's place among the waiting ones, given back when its first event comes or it ends.
 struct Waiting {
     inner: Arc<Inner>,
-    tokens: usize,
+    /// Its rank among the waiting requests ([`admission::Ticket::seq`]).
+    seq: u64,
     since: Instant,
+    /// Set if the admission refuses it while it waits (its predicted start is past the
+    /// deadline).
+    shed: Arc<Shed>,
     /// Set when it leaves because its first event came (it started running).
     started: bool,
 }
@@ -338,7 +115,9 @@ impl Drop for Waiting {
                 .observe(self.since.elapsed().as_secs_f64());
         }
         let full = self.inner.scheduler_full();
-        self.inner.admission.leave(self.tokens, self.started, full);
+        self.inner
+            .admission
+            .leave(Instant::now(), self.seq, self.started, full);
     }
 }
 
@@ -437,14 +216,16 @@ impl EngineHandle {
                 "the engine's scheduler is not running",
             ));
         }
-        let tokens = req.input_ids.len();
-        self.inner
-            .admission
-            .enter(tokens, self.inner.scheduler_full())?;
+        let now = Instant::now();
+        let ticket =
+            self.inner
+                .admission
+                .enter(now, req.input_ids.len(), self.inner.scheduler_full())?;
         let waiting = Waiting {
             inner: self.inner.clone(),
-            tokens,
-            since: Instant::now(),
+            seq: ticket.seq,
+            since: now,
+            shed: ticket.shed,
             started: false,
         };
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
@@ -488,36 +269,61 @@ pub struct RequestStream {
     done: bool,
     /// Its place among the waiting requests until the first event.
     waiting: Option<Waiting>,
-    /// How long it had waited when the queue deadline ended it, and when to come back.
-    expired: Option<(Duration, RetryAfter)>,
+    /// The 503's message and `Retry-After` if it was refused while it waited: at the queue
+    /// deadline, or before it when its predicted start was past it.
+    expired: Option<(String, RetryAfter)>,
 }
 
 impl RequestStream {
     /// The next event; `None` at the end, also when the request waited past the queue
-    /// deadline (`--queue-timeout-secs`, see [`RequestStream::expired`]), which aborts it.
+    /// deadline (`--queue-timeout-secs`) or the admission refused it while it waited because
+    /// it would not start before the deadline (see [`RequestStream::expired`]); either aborts
+    /// it.
     pub async fn next(&mut self) -> Option<StreamEvent> {
         if self.done {
             return None;
         }
-        let deadline = self.waiting.as_ref().and_then(|w| {
-            let t = w.inner.admission.timeout?;
-            Some(w.since + t)
-        });
-        let ev = match deadline {
-            Some(at) => match tokio::time::timeout_at(at.into(), self.rx.recv()).await {
-                Ok(ev) => ev,
-                Err(_) => {
-                    self.expired = self.waiting.take().map(|w| {
-                        let retry = w.inner.admission.retry_after(RetryAfter::UNAVAILABLE);
-                        (w.since.elapsed(), retry)
-                    });
-                    // Not done: dropping the stream aborts the request in the scheduler.
-                    let _ = self.tx.send(SchedulerMsg::Abort(self.id));
-                    self.done = true;
-                    return None;
+        let ev = match &self.waiting {
+            Some(w) => {
+                let deadline = w.inner.admission.timeout.map(|t| w.since + t);
+                let expiry = async {
+                    match deadline {
+                        Some(at) => tokio::time::sleep_until(at.into()).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    // An event that is there wins: the request started after all.
+                    biased;
+                    ev = self.rx.recv() => Ok(ev),
+                    refusal = w.shed.refused() => Err(Some(refusal)),
+                    () = expiry => Err(None),
                 }
-            },
-            None => self.rx.recv().await,
+            }
+            None => Ok(self.rx.recv().await),
+        };
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(refusal) => {
+                let refusal = refusal.or_else(|| {
+                    let w = self.waiting.as_ref()?;
+                    let message = format!(
+                        "the request waited {:.1} s in the queue without starting \
+                         (--queue-timeout-secs); retry later",
+                        w.since.elapsed().as_secs_f64()
+                    );
+                    Some((
+                        message,
+                        w.inner.admission.retry_after(RetryAfter::UNAVAILABLE),
+                    ))
+                });
+                self.expired = refusal;
+                self.waiting = None;
+                // Not done: dropping the stream aborts the request in the scheduler.
+                let _ = self.tx.send(SchedulerMsg::Abort(self.id));
+                self.done = true;
+                return None;
+            }
         };
         if let Some(mut w) = self.waiting.take() {
             w.started = matches!(
@@ -540,16 +346,14 @@ impl RequestStream {
         self.id
     }
 
-    /// The 503 for a request that waited past the queue deadline, if this one did.
+    /// The 503 for a request that waited past the queue deadline, or that the admission
+    /// refused while it waited, if this one was.
     pub fn expired(&self) -> Option<EngineError> {
         self.expired
-            .map(|(waited, retry_after)| EngineError::Unavailable {
-                message: format!(
-                    "the request waited {:.1} s in the queue without starting \
-                     (--queue-timeout-secs); retry later",
-                    waited.as_secs_f64()
-                ),
-                retry_after,
+            .as_ref()
+            .map(|(message, retry_after)| EngineError::Unavailable {
+                message: message.clone(),
+                retry_after: *retry_after,
             })
     }
 }
