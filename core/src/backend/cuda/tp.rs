@@ -241,8 +241,14 @@ pub(super) fn custom_all_reduce(
         None
     };
     let prefill_off = std::env::var("SGL_DISABLE_ONESHOT_PREFILL").as_deref() == Ok("1");
+    // Blocks of the prefill set's launches (`SGL_ONESHOT_PREFILL_BLOCKS`, 1..=1024).
+    let large_blocks = std::env::var("SGL_ONESHOT_PREFILL_BLOCKS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|b| (1..=1024).contains(b))
+        .unwrap_or(AR_LARGE_BLOCKS);
     let large = if bufs.is_some() && size == 2 && !prefill_off {
-        alloc(large_elems, AR_LARGE_BLOCKS).ok()
+        alloc(large_elems, large_blocks).ok()
     } else {
         None
     };
@@ -313,7 +319,7 @@ pub(super) fn custom_all_reduce(
             ArPeers::new(&st, &fl).map(|peers| OneShot {
                 peers,
                 half_elems: large_elems,
-                blocks: AR_LARGE_BLOCKS,
+                blocks: large_blocks,
                 epochs,
                 _staging: staging,
                 _flags: flags,
