@@ -21,7 +21,14 @@ same machine.
         [--rate R --binary OTHER_BUILD] [--levels 5 --duration 600 --rss-every 60]
 
 --rss-every N adds the server's RSS over time (peak and last sample of each N-second window),
-for the long run that shows memory stays bounded (10 minutes at 5x).
+for the long run that shows memory stays bounded (10 minutes at 5x), with the machine's load
+average at the end of each window.
+
+--hog-procs N --hog-at S --hog-for D slows the engine down in the middle of each level: N
+busy-looping processes run from S to S + D seconds into it, taking CPU from the engine as
+other work on a shared machine does. What the admission should show then: the requests it
+accepted before the slowdown that can no longer start in time are answered 503 before the
+queue deadline, not at it ("503 at the deadline" stays near zero).
 """
 import argparse
 import asyncio
@@ -90,17 +97,49 @@ class RssSampler(threading.Thread):
         while self.running:
             kib = rss_kib(self.pid, "VmRSS")
             self.peak = max(self.peak, kib)
-            self.samples.append((time.perf_counter() - self.start_time, kib))
+            self.samples.append((time.perf_counter() - self.start_time, kib, os.getloadavg()[0]))
             time.sleep(0.25)
 
     def windows(self, every):
-        """(end second, peak KiB, last KiB) per window of `every` seconds."""
+        """(end second, peak KiB, last KiB, last 1-min load average) per window of `every`
+        seconds."""
         out = {}
-        for t, kib in self.samples:
+        for t, kib, load in self.samples:
             w = int(t // every)
-            peak, _ = out.get(w, (0, 0))
-            out[w] = (max(peak, kib), kib)
-        return [((w + 1) * every, peak, last) for w, (peak, last) in sorted(out.items())]
+            peak, _, _ = out.get(w, (0, 0, 0.0))
+            out[w] = (max(peak, kib), kib, load)
+        return [((w + 1) * every, *v) for w, v in sorted(out.items())]
+
+
+class Hog(threading.Thread):
+    """`procs` busy-looping processes from `at` to `at + seconds` after start()."""
+
+    def __init__(self, procs, at, seconds):
+        super().__init__(daemon=True)
+        self.procs, self.at, self.seconds = procs, at, seconds
+        self.stopped = threading.Event()
+        self.children = []
+
+    def run(self):
+        if self.procs <= 0 or self.stopped.wait(self.at):
+            return
+        self.children = [
+            subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.procs)
+        ]
+        self.stopped.wait(self.seconds)
+        self.stop_children()
+
+    def stop_children(self):
+        for c in self.children:
+            c.terminate()
+        for c in self.children:
+            c.wait(10)
+        self.children = []
+
+    def stop(self):
+        self.stopped.set()
+        self.join(15)
+        self.stop_children()
 
 
 def body(rng, max_new):
@@ -180,6 +219,12 @@ def main():
         help="take this as the sustainable rate (req/s) instead of measuring it, so that "
         "two builds get the same offered load",
     )
+    ap.add_argument("--hog-procs", type=int, default=0,
+                    help="busy-looping processes that slow the engine down during each level")
+    ap.add_argument("--hog-at", type=float, default=0,
+                    help="seconds into each level when the hog processes start")
+    ap.add_argument("--hog-for", type=float, default=0,
+                    help="seconds the hog processes run")
     ap.add_argument(
         "--binary",
         default=os.path.join(ROOT, "target/release/sgl-engine"),
@@ -206,18 +251,27 @@ def main():
         rate = args.rate or measured
         if args.rate:
             print(f"levels are multiples of --rate {rate:.2f} req/s")
+        if args.hog_procs > 0:
+            print(f"slowdown: {args.hog_procs} busy-looping processes from {args.hog_at:.0f} s "
+                  f"to {args.hog_at + args.hog_for:.0f} s into each level")
+        deadline = float(info["queue_timeout_secs"] or "inf")
         print(
-            "| load | sent | accepted | 429 | 429 answer p50 / p99 s | 503 (of them after 1 s) "
-            "| 503 answer p50 / p99 s | other | accepted latency p50 / p90 / p99 s "
+            "| load | sent | accepted | 429 | 429 answer p50 / p99 s | 503 (after 1 s / at the "
+            "deadline) | 503 answer p50 / p99 s | other | accepted latency p50 / p90 / p99 s "
             "| peak RSS MiB (level) | VmHWM MiB |"
         )
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for i, level in enumerate(float(x) for x in args.levels.split(",")):
             sampler = RssSampler(server.proc.pid)
             sampler.start()
-            results = asyncio.run(
-                open_loop(server.url, rate * level, args.duration, args.max_new_tokens, 10 + i)
-            )
+            hog = Hog(args.hog_procs, args.hog_at, args.hog_for)
+            hog.start()
+            try:
+                results = asyncio.run(
+                    open_loop(server.url, rate * level, args.duration, args.max_new_tokens, 10 + i)
+                )
+            finally:
+                hog.stop()
             sampler.running = False
             ok = [t for s, t in results if s == 200]
             full = [t for s, t in results if s == 429]
@@ -226,21 +280,28 @@ def main():
             print(
                 f"| {level:g}x ({rate * level:.1f} req/s) | {len(results)} | {len(ok)} "
                 f"| {len(full)} | {pct(full, 50):.3f} / {pct(full, 99):.3f} "
-                f"| {len(late)} ({sum(1 for t in late if t >= 1.0)}) "
+                f"| {len(late)} ({sum(1 for t in late if t >= 1.0)} / "
+                f"{sum(1 for t in late if t >= deadline)}) "
                 f"| {pct(late, 50):.3f} / {pct(late, 99):.3f} | {other} "
                 f"| {pct(ok, 50):.1f} / {pct(ok, 90):.1f} / {pct(ok, 99):.1f} "
                 f"| {sampler.peak / 1024:.0f} | {rss_kib(server.proc.pid, 'VmHWM') / 1024:.0f} |",
                 flush=True,
             )
+            early = [t for t in late if 1.0 <= t < deadline]
+            if early:
+                print(f"  503 after 1 s and before the deadline (refused while waiting): "
+                      f"{len(early)}, answered after p50 {pct(early, 50):.1f} s, "
+                      f"p90 {pct(early, 90):.1f} s, max {max(early):.1f} s")
             if other:
                 print("  other answers:", sorted({str(s) for s, _ in results if s != 200 and s not in (429, 503)}))
             if args.rss_every > 0:
                 print(f"  RSS over time at {level:g}x (the load ends at {args.duration:.0f} s; "
                       "later windows are the drain):")
-                print("  | until s | peak RSS MiB | last RSS MiB |")
-                print("  | --- | --- | --- |")
-                for end, peak, last in sampler.windows(args.rss_every):
-                    print(f"  | {end:.0f} | {peak / 1024:.0f} | {last / 1024:.0f} |", flush=True)
+                print("  | until s | peak RSS MiB | last RSS MiB | load average (1 min) |")
+                print("  | --- | --- | --- | --- |")
+                for end, peak, last, load in sampler.windows(args.rss_every):
+                    print(f"  | {end:.0f} | {peak / 1024:.0f} | {last / 1024:.0f} | {load:.2f} |",
+                          flush=True)
             print("  load average (1, 5, 15 min) after the level: "
                   + ", ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
     finally:
