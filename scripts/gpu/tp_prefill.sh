@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prefill's all-reduces at tp 2 through the one-shot kernel over peer memory (8 MB pieces, 128
+# Prefill's all-reduces at tp 2 through the one-shot kernel over peer memory (up to 8 MB, 128
 # blocks) instead of NCCL, in one device call on 2 GPUs: the all-reduce alone (checked against
 # host sums, timed against NCCL by size); greedy runs at tp 2 both ways
 # (`SGL_DISABLE_ONESHOT_PREFILL=1`: NCCL, the previous behaviour), compared; the TTFT of a

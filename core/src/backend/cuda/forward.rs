@@ -526,7 +526,7 @@ impl CudaBackend {
             .as_ref()
             .and_then(|ar| ar.pick(n, self.opts.deterministic))
         {
-            // Messages beyond one launch go in pieces.
+            // Messages beyond one launch (deterministic mode only) go in pieces.
             let mut done = 0;
             while done < n {
                 let len = (n - done).min(ar.half_elems);
