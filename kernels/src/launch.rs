@@ -189,6 +189,8 @@ pub struct Kernels {
     quantize_fp8: CudaFunction,
     dequantize_fp8: CudaFunction,
     fp8_rescale: CudaFunction,
+    add_rmsnorm_quant_fp8: CudaFunction,
+    silu_mul_quant_fp8: CudaFunction,
     logit_edits: CudaFunction,
     copy_tokens: CudaFunction,
     allreduce: CudaFunction,
@@ -347,6 +349,8 @@ impl Kernels {
             quantize_fp8: f("quantize_rows_fp8")?,
             dequantize_fp8: f("dequantize_rows_fp8")?,
             fp8_rescale: f("fp8_rescale_bf16")?,
+            add_rmsnorm_quant_fp8: f("add_rmsnorm_quant_fp8")?,
+            silu_mul_quant_fp8: f("silu_mul_quant_fp8")?,
             logit_edits: f("logit_edits_bf16")?,
             copy_tokens: f("copy_tokens_i32")?,
             allreduce: f("allreduce_oneshot_bf16")?,
@@ -1382,6 +1386,118 @@ impl Kernels {
         let grid = (n.div_ceil(2048) as u32, tokens as u32, 1);
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
         unsafe { self.launch(s, &self.fp8_rescale, grid, 256, &mut a) }
+    }
+
+    /// [`Kernels::add_rmsnorm`] then [`Kernels::quantize_rows_fp8`] of its output in one
+    /// kernel, with the same values: `residual += delta` (bf16), then the normalised rows go to
+    /// `q` (e4m3) and `qscale` (one per row) instead of a bf16 buffer. With `delta_scales =
+    /// Some((xs, ws))`, `delta` is an FP8 GEMM's unscaled product and
+    /// [`Kernels::fp8_rescale`]'s arithmetic is applied to it first; `xs` may be `qscale`.
+    ///
+    /// # Safety
+    /// q: n_tokens x hidden bytes; qscale, xs: n_tokens; residual, delta: n_tokens x hidden;
+    /// ws, weight: hidden.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn add_rmsnorm_quant_fp8(
+        &self,
+        s: &CudaStream,
+        q: Dptr<u8>,
+        qscale: Dptr<f32>,
+        residual: Dptr<bf16>,
+        delta: Option<Dptr<bf16>>,
+        delta_scales: Option<(Dptr<f32>, Dptr<f32>)>,
+        weight: Dptr<bf16>,
+        n_tokens: usize,
+        hidden: usize,
+        eps: f32,
+    ) -> Result<()> {
+        if n_tokens == 0 {
+            return Ok(());
+        }
+        let (xs, ws) = delta_scales.unwrap_or((Dptr::null(), Dptr::null()));
+        if !hidden.is_multiple_of(8)
+            || n_tokens > u32::MAX as usize
+            || hidden > i32::MAX as usize
+            || !ws.addr().is_multiple_of(16)
+            || (delta_scales.is_some() && delta.is_none())
+        {
+            return Err(KernelError::Unsupported(format!(
+                "fused RMSNorm and FP8 quantization of {n_tokens} x {hidden} (scales at {ws:?})"
+            )));
+        }
+        let (qa, sa, r, d, xa, wa, g) = (
+            q.addr(),
+            qscale.addr(),
+            residual.addr(),
+            delta.unwrap_or(Dptr::null()).addr(),
+            xs.addr(),
+            ws.addr(),
+            weight.addr(),
+        );
+        let h = hidden as i32;
+        let mut a = [
+            arg(&qa),
+            arg(&sa),
+            arg(&r),
+            arg(&d),
+            arg(&xa),
+            arg(&wa),
+            arg(&g),
+            arg(&h),
+            arg(&eps),
+        ];
+        // the block size of add_rmsnorm, so the sum of squares adds in the same order
+        let threads = (hidden / 8).clamp(32, 1024).next_multiple_of(32) as u32;
+        let grid = (n_tokens as u32, 1, 1);
+        // SAFETY: argument types match the kernel; the caller guarantees the extents.
+        unsafe { self.launch(s, &self.add_rmsnorm_quant_fp8, grid, threads, &mut a) }
+    }
+
+    /// [`Kernels::silu_mul`] then [`Kernels::quantize_rows_fp8`] of its output in one kernel,
+    /// with the same values: rows `[gate | up]` of `gate_up` become `inter` e4m3 bytes in `q`
+    /// and one scale in `qscale`. With `gate_up_scales = Some((xs, ws))`, `gate_up` is an FP8
+    /// GEMM's unscaled product (ws: 2 inter) and [`Kernels::fp8_rescale`]'s arithmetic is
+    /// applied to it first; `xs` may be `qscale`.
+    ///
+    /// # Safety
+    /// q: n_tokens x inter bytes; qscale, xs: n_tokens; gate_up: n_tokens x 2 inter; ws: 2 inter.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn silu_mul_quant_fp8(
+        &self,
+        s: &CudaStream,
+        q: Dptr<u8>,
+        qscale: Dptr<f32>,
+        gate_up: Dptr<bf16>,
+        gate_up_scales: Option<(Dptr<f32>, Dptr<f32>)>,
+        n_tokens: usize,
+        inter: usize,
+    ) -> Result<()> {
+        if n_tokens == 0 {
+            return Ok(());
+        }
+        let (xs, ws) = gate_up_scales.unwrap_or((Dptr::null(), Dptr::null()));
+        if !inter.is_multiple_of(8)
+            || n_tokens > u32::MAX as usize
+            || inter > (i32::MAX / 2) as usize
+            || !ws.addr().is_multiple_of(16)
+        {
+            return Err(KernelError::Unsupported(format!(
+                "fused SiLU-mul and FP8 quantization of {n_tokens} x {inter} (scales at {ws:?})"
+            )));
+        }
+        let (qa, sa, g, xa, wa, i) = (
+            q.addr(),
+            qscale.addr(),
+            gate_up.addr(),
+            xs.addr(),
+            ws.addr(),
+            inter as i32,
+        );
+        let mut a = [arg(&qa), arg(&sa), arg(&g), arg(&xa), arg(&wa), arg(&i)];
+        let threads = (inter / 8).clamp(32, 1024).next_multiple_of(32) as u32;
+        let grid = (n_tokens as u32, 1, 1);
+        // SAFETY: argument types match the kernel; the caller guarantees the extents.
+        unsafe { self.launch(s, &self.silu_mul_quant_fp8, grid, threads, &mut a) }
     }
 
     /// The inverse of [`Kernels::quantize_rows_fp8`]: `y[r, i] = bf16(scale[r] * q[r, i])`.

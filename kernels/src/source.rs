@@ -120,6 +120,8 @@ pub const KERNEL_NAMES: &[&str] = &[
     "quantize_rows_fp8",
     "dequantize_rows_fp8",
     "fp8_rescale_bf16",
+    "add_rmsnorm_quant_fp8",
+    "silu_mul_quant_fp8",
     "allreduce_oneshot_bf16",
 ];
 

@@ -110,6 +110,18 @@ __device__ __forceinline__ float block_sum(float v, float* scratch /* [32] */) {
     return warp_sum(t);
 }
 
+// Maximum over a block of at most 1024 threads; every thread gets the result.
+__device__ __forceinline__ float block_max(float v, float* scratch /* [32] */) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = lane < nwarps ? scratch[lane] : 0.0f;
+    return warp_max(t);
+}
+
 __device__ __forceinline__ unsigned int smem_addr(const void* p) {
     unsigned int a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));

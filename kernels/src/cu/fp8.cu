@@ -119,3 +119,130 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     pdl_trigger_end();
 }
+
+// Eight e4m3 bytes of v[] / s (packed little-endian), rounded as quantize_rows_fp8 rounds.
+__device__ __forceinline__ uint2 quant8_e4m3(const float* v, float s) {
+    unsigned int w[2] = {0u, 0u};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j >> 2] |= f2e4m3(v[j] / s) << (8 * (j & 3));
+    return make_uint2(w[0], w[1]);
+}
+
+// The scales of an FP8 GEMM's unscaled product applied to 8 of its values, rounded to bf16 as
+// fp8_rescale_bf16 rounds them: v[j] = bf16(v[j] * sx * ws[j]) (ws 16-byte aligned).
+__device__ __forceinline__ void rescale8(float* v, float sx, const float* ws) {
+    const float4 w0 = *(const float4*)ws, w1 = *(const float4*)(ws + 4);
+    const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = rbf(v[j] * sx * w[j]);
+}
+
+// add_rmsnorm_bf16 followed by quantize_rows_fp8 of its output, in one kernel and with the same
+// values: the normalised row goes out as e4m3 bytes `q` and its scale `qscale[row]` instead of
+// bf16. With `dxs`, `delta` is the unscaled product of an FP8 GEMM and its scales are applied
+// first, as fp8_rescale_bf16 would: delta = bf16(d * dxs[row] * dws[col]). `dxs` may be `qscale`
+// (a block reads its row's scale before anything writes it). The block size is
+// add_rmsnorm_bf16's, so the sum of squares adds in the same order. hidden % 8 == 0.
+extern "C" __global__ void add_rmsnorm_quant_fp8(unsigned char* __restrict__ q, float* qscale,
+                                                 bf16_t* __restrict__ residual,
+                                                 const bf16_t* __restrict__ delta,
+                                                 const float* dxs, const float* __restrict__ dws,
+                                                 const bf16_t* __restrict__ weight, int hidden,
+                                                 float eps) {
+    pdl_wait();
+    pdl_trigger_early();
+    __shared__ float scratch[32];
+    const size_t row = (size_t)blockIdx.x * hidden;
+    uint4* res = (uint4*)(residual + row);
+    const int nvec = hidden / 8;
+    const float sx = dxs != nullptr ? dxs[blockIdx.x] : 0.0f;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
+        float x[8];
+        unpack8(res[i], x);
+        if (delta != nullptr) {
+            float d[8];
+            unpack8(((const uint4*)(delta + row))[i], d);
+            if (dxs != nullptr) rescale8(d, sx, dws + (size_t)i * 8);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) x[j] = rbf(x[j] + d[j]);
+            res[i] = pack8(x);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) ss += x[j] * x[j];
+    }
+    const float inv = rsqrtf(block_sum(ss, scratch) / (float)hidden + eps);
+    const uint4* w = (const uint4*)weight;
+    // The bf16 output of add_rmsnorm_bf16, computed twice: once for its largest magnitude,
+    // once to quantize (the row is in L1 by then).
+    float amax = 0.0f;
+    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
+        float x[8], g[8];
+        unpack8(res[i], x);
+        unpack8(w[i], g);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(rbf(g[j] * rbf(x[j] * inv))));
+    }
+    amax = block_max(amax, scratch);
+    const float s = amax > 0.0f ? amax / FP8_MAX : 1.0f;
+    uint2* qr = (uint2*)(q + row);
+    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
+        float x[8], g[8];
+        unpack8(res[i], x);
+        unpack8(w[i], g);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) x[j] = rbf(g[j] * rbf(x[j] * inv));
+        qr[i] = quant8_e4m3(x, s);
+    }
+    if (threadIdx.x == 0) qscale[blockIdx.x] = s;
+    pdl_trigger_end();
+}
+
+// silu_mul_bf16 followed by quantize_rows_fp8 of its output, in one kernel and with the same
+// values: each row of gate_up = [gate | up] (2 inter) becomes `inter` e4m3 bytes of
+// bf16(bf16(silu(gate)) * up) and their scale `qscale[row]`. With `dxs`, gate_up is the
+// unscaled product of an FP8 GEMM and its scales are applied first, as fp8_rescale_bf16 would
+// (dws: 2 inter scales; `dxs` may be `qscale`). One block per row; inter % 8 == 0.
+__device__ __forceinline__ void silu_mul8(const uint4* gu, int i, int nvec, float sx,
+                                          const float* dws, int inter, float* a) {
+    float g[8], u[8];
+    unpack8(gu[i], g);
+    unpack8(gu[nvec + i], u);
+    if (dws != nullptr) {
+        rescale8(g, sx, dws + (size_t)i * 8);
+        rescale8(u, sx, dws + inter + (size_t)i * 8);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a[j] = rbf(rbf(g[j] / (1.0f + expf(-g[j]))) * u[j]);
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+    silu_mul_quant_fp8(unsigned char* __restrict__ q, float* qscale,
+                       const bf16_t* __restrict__ gate_up, const float* dxs,
+                       const float* __restrict__ dws, int inter) {
+    pdl_wait();
+    pdl_trigger_early();
+    __shared__ float scratch[32];
+    const size_t row = blockIdx.x;
+    const uint4* gu = (const uint4*)(gate_up + row * 2 * (size_t)inter);
+    const int nvec = inter / 8;
+    const float sx = dxs != nullptr ? dxs[row] : 0.0f;
+    const float* ws = dxs != nullptr ? dws : nullptr;
+    float amax = 0.0f;
+    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
+        float a[8];
+        silu_mul8(gu, i, nvec, sx, ws, inter, a);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(a[j]));
+    }
+    amax = block_max(amax, scratch);
+    const float s = amax > 0.0f ? amax / FP8_MAX : 1.0f;
+    uint2* qr = (uint2*)(q + row * (size_t)inter);
+    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
+        float a[8];
+        silu_mul8(gu, i, nvec, sx, ws, inter, a);
+        qr[i] = quant8_e4m3(a, s);
+    }
+    if (threadIdx.x == 0) qscale[row] = s;
+    pdl_trigger_end();
+}
