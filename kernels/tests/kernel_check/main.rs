@@ -19,6 +19,7 @@ mod bench;
 mod common;
 mod decode_step;
 mod fp8;
+mod fp8_fused;
 mod gemm;
 mod layers;
 mod sampling;
@@ -28,6 +29,7 @@ use bench::*;
 use common::*;
 use decode_step::*;
 use fp8::*;
+use fp8_fused::*;
 use gemm::*;
 use layers::*;
 use sampling::*;
@@ -185,6 +187,7 @@ fn run(mode: Option<&str>) -> R<()> {
     }
     if !only_kv {
         check_fp8(&mut c)?;
+        check_fp8_fused(&mut c)?;
     }
     if !only_fp8 {
         check_logit_edits(&mut c)?;

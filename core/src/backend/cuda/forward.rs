@@ -54,6 +54,13 @@ pub(super) struct Scratch {
     fp8_d: CudaSlice<bf16>,
 }
 
+/// An FP8 weight (n x k e4m3) and its per-row scales.
+#[derive(Clone, Copy)]
+struct Fp8W {
+    w: Dptr<u8>,
+    scale: Dptr<f32>,
+}
+
 fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     s: &Arc<CudaStream>,
     n: usize,
@@ -796,6 +803,126 @@ impl CudaBackend {
         unsafe { self.kernels.silu_mul(s, act, gate_up, tokens, inter) }.map_err(cuda_err)
     }
 
+    /// A layer's four FP8 weights (qkv, o, gate/up, down) when the fused FP8 path takes a pass
+    /// of `tokens` rows: every weight in FP8, the pass too large for the GEMV, fusion on, and
+    /// no layer dump (which reads `delta` scaled).
+    fn fp8_layer(&self, lw: &super::weights::Layer, tokens: usize) -> Option<[Fp8W; 4]> {
+        if !self.fuse_fp8 || self.gemv_for(tokens) || self.dump.is_some() {
+            return None;
+        }
+        let s = &self.stream;
+        let f = |l: &super::weights::Linear| match l.weight(s) {
+            WeightRef::Fp8 { w, scale } => Some(Fp8W { w, scale }),
+            WeightRef::Bf16(_) => None,
+        };
+        Some([f(&lw.qkv)?, f(&lw.o)?, f(&lw.gate_up)?, f(&lw.down)?])
+    }
+
+    /// The FP8 scratch's quantized rows and their scales, checked to hold `tokens` x `k`.
+    fn fp8_rows(&self, tokens: usize, k: usize) -> Result<(Dptr<u8>, Dptr<f32>)> {
+        let (sc, s) = (&self.scratch, &self.stream);
+        if sc.xq.len() < tokens * k || sc.xs.len() < tokens {
+            return Err(EngineError::Internal(format!(
+                "FP8 activation scratch holds {} bytes, {tokens} x {k} needed",
+                sc.xq.len()
+            )));
+        }
+        Ok((dptr(&sc.xq, s), dptr(&sc.xs, s)))
+    }
+
+    /// `x += delta` (its FP8 scales `pending` applied first: the weight scales of the GEMM that
+    /// left it unscaled, with the scratch's row scales), then RMSNorm of `x` quantized per token
+    /// into the FP8 scratch: the input of the next FP8 GEMM.
+    #[allow(clippy::too_many_arguments)]
+    fn add_norm_quant(
+        &self,
+        x: Dptr<bf16>,
+        delta: Option<Dptr<bf16>>,
+        pending: Option<Dptr<f32>>,
+        norm_w: Dptr<bf16>,
+        tokens: usize,
+        k: usize,
+    ) -> Result<()> {
+        let (xq, xs) = self.fp8_rows(tokens, k)?;
+        // SAFETY: x, delta: tokens x k; xq, xs sized (fp8_rows); pending holds k scales.
+        unsafe {
+            self.kernels.add_rmsnorm_quant_fp8(
+                &self.stream,
+                xq,
+                xs,
+                x,
+                delta,
+                pending.map(|ws| (xs, ws)),
+                norm_w,
+                tokens,
+                k,
+                self.cfg.rms_norm_eps,
+            )
+        }
+        .map_err(cuda_err)
+    }
+
+    /// `y = xq · wᵀ` from the FP8 scratch's rows (tokens x k), unscaled; scaled in place after
+    /// when `rescale`.
+    fn gemm_fp8_rows(
+        &self,
+        w: Fp8W,
+        y: Dptr<bf16>,
+        tokens: usize,
+        k: usize,
+        n: usize,
+        rescale: bool,
+    ) -> Result<()> {
+        let (xq, xs) = self.fp8_rows(tokens, k)?;
+        // SAFETY: xq: tokens x k (fp8_rows), w: n x k, y: tokens x n (the callers' shapes).
+        unsafe {
+            self.gemm
+                .linear_fp8(xq, w.w, y, tokens, k, n)
+                .map_err(cuda_err)?;
+            if rescale {
+                self.kernels
+                    .fp8_rescale(&self.stream, y, y, xs, w.scale, tokens, n, false)
+                    .map_err(cuda_err)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After a row-parallel FP8 GEMM left its product in `delta` unscaled: with tensor
+    /// parallelism scale it and all-reduce it (ranks' row scales differ) and return `None`;
+    /// on one GPU return its weight scales, for the next norm to apply.
+    fn fp8_row_parallel_done(
+        &self,
+        w: Fp8W,
+        delta: Dptr<bf16>,
+        tokens: usize,
+        n: usize,
+    ) -> Result<Option<Dptr<f32>>> {
+        if self.comm.is_none() {
+            return Ok(Some(w.scale));
+        }
+        self.rescale_delta(delta, w.scale, tokens, n)?;
+        self.all_reduce(delta, tokens * n)?;
+        Ok(None)
+    }
+
+    /// `delta` scaled in place with the scratch's row scales and `ws`.
+    fn rescale_delta(
+        &self,
+        delta: Dptr<bf16>,
+        ws: Dptr<f32>,
+        tokens: usize,
+        n: usize,
+    ) -> Result<()> {
+        let (_, xs) = self.fp8_rows(tokens, 0)?;
+        // SAFETY: delta: tokens x n; xs: tokens; ws: n.
+        unsafe {
+            self.kernels
+                .fp8_rescale(&self.stream, delta, delta, xs, ws, tokens, n, false)
+        }
+        .map_err(cuda_err)
+    }
+
     /// Every layer; on return `scratch.x` + `scratch.delta` is the last hidden state.
     fn layers(&self, inp: &Inputs) -> Result<()> {
         let s = &self.stream;
@@ -826,10 +953,13 @@ impl CudaBackend {
             unsafe { comm.broadcast(inp.ids, t, 0, s) }
                 .map_err(|e| EngineError::from(crate::backend::BackendError::Nccl(e)))?;
         }
+        // Weight scales of the FP8 GEMM whose product sits in `delta` unscaled (fused FP8 path).
+        let mut pending: Option<Dptr<f32>> = None;
         unsafe {
             k.embedding(s, x, dptr(&self.w.embed, s), inp.ids, t, h, c.vocab_size)
                 .map_err(cuda_err)?;
             for (l, lw) in self.w.layers.iter().enumerate() {
+                let f8 = self.fp8_layer(lw, t);
                 if fused {
                     self.norm_linear(
                         x,
@@ -842,7 +972,14 @@ impl CudaBackend {
                         qkv_w,
                         GemvEpilogue::Store,
                     )?;
+                } else if let Some(f) = &f8 {
+                    let first = if l == 0 { None } else { Some(delta) };
+                    self.add_norm_quant(x, first, pending.take(), dptr(&lw.input_norm, s), t, h)?;
+                    self.gemm_fp8_rows(f[0], qkv, t, h, qkv_w, true)?;
                 } else {
+                    if let Some(ws) = pending.take() {
+                        self.rescale_delta(delta, ws, t, h)?;
+                    }
                     let first = if l == 0 { None } else { Some(delta) };
                     k.add_rmsnorm(s, normed, x, first, dptr(&lw.input_norm, s), t, h, e)
                         .map_err(cuda_err)?;
@@ -958,6 +1095,21 @@ impl CudaBackend {
                         GemvEpilogue::SwiGlu,
                     )?;
                     self.row_parallel_add(act, lw.down.weight(s), x, t, inter, h)?;
+                } else if let Some(f) = &f8 {
+                    // o_proj: attention's rows quantized, the product left unscaled in delta
+                    // for the post-attention norm to scale (on one GPU)
+                    let (xq, xs) = self.fp8_rows(t, q_w)?;
+                    k.quantize_rows_fp8(s, xq, xs, attn, t, q_w)
+                        .map_err(cuda_err)?;
+                    self.gemm_fp8_rows(f[1], delta, t, q_w, h, false)?;
+                    let o_scales = self.fp8_row_parallel_done(f[1], delta, t, h)?;
+                    self.add_norm_quant(x, Some(delta), o_scales, dptr(&lw.post_norm, s), t, h)?;
+                    self.gemm_fp8_rows(f[2], gate_up, t, h, 2 * inter, false)?;
+                    let (xq, xs) = self.fp8_rows(t, inter)?;
+                    k.silu_mul_quant_fp8(s, xq, xs, gate_up, Some((xs, f[2].scale)), t, inter)
+                        .map_err(cuda_err)?;
+                    self.gemm_fp8_rows(f[3], delta, t, inter, h, false)?;
+                    pending = self.fp8_row_parallel_done(f[3], delta, t, h)?;
                 } else {
                     self.linear(attn, lw.o.weight(s), delta, t, q_w, h)?;
                     self.all_reduce(delta, t * h)?;
@@ -971,6 +1123,9 @@ impl CudaBackend {
                     self.dump_layer(d, l, x, delta, t)?;
                 }
             }
+        }
+        if let Some(ws) = pending {
+            self.rescale_delta(delta, ws, t, h)?;
         }
         if let (Some(d), AttnInputs::Prefill { .. }) = (&self.dump, inp.attn) {
             d.pass.fetch_add(1, Ordering::Relaxed);

@@ -115,6 +115,10 @@ pub struct CudaBackend {
     /// Decode passes run RoPE, the K/V store, attention and the split merge as one kernel
     /// (`SGL_DECODE_ATTN_FUSION=0`: three launches, rope_kv_store, attention and merge).
     fuse_attn: bool,
+    /// Passes through the FP8 GEMMs (prefill, batches above the GEMV's) quantize activations
+    /// inside RMSNorm and SiLU-mul and fold each GEMM's rescale into the kernel after it
+    /// (`SGL_DISABLE_FP8_FUSION=1`: a quantization and a rescale pass around every GEMM).
+    fuse_fp8: bool,
     cfg: ModelConfig,
     pub(crate) w: weights::Weights,
     /// [layer][k | v][slot][kv_heads * head_dim] elements of `opts.kv`, as bytes; slot
@@ -262,6 +266,7 @@ impl CudaBackend {
             use_gemv: p.use_gemv,
             fuse_norm: std::env::var("SGL_DISABLE_GEMV_NORM").as_deref() != Ok("1"),
             fuse_attn: std::env::var("SGL_DECODE_ATTN_FUSION").as_deref() != Ok("0"),
+            fuse_fp8: std::env::var("SGL_DISABLE_FP8_FUSION").as_deref() != Ok("1"),
             cfg,
             w: p.w,
             kv,
