@@ -15,6 +15,12 @@ fn fp8_value_diffs(q: &[u8], s: &[f32], q2: &[u8], s2: &[f32], k: usize) -> usiz
             .count()
 }
 
+/// Host values (already bf16) through the host's per-row e4m3 quantization and back.
+fn quantized_ref(v: &[f32], k: usize) -> Vec<f32> {
+    let (q, s) = quantize_ref(&bf(v), k);
+    dequantize_ref(&q, &s, k)
+}
+
 /// Counts bf16 values that differ (+0 and -0 equal).
 fn value_diffs(a: &[f32], b: &[f32]) -> usize {
     a.iter().zip(b).filter(|(x, y)| x != y).count()
@@ -22,8 +28,9 @@ fn value_diffs(a: &[f32], b: &[f32]) -> usize {
 
 /// Each fused kernel against the unfused kernels it replaces, run on the same device (the
 /// values must be identical: the FP8 path gives the same tokens fused or not), and against
-/// the host's arithmetic (rel err <= 1e-2, the tolerance of the other FP8 checks; the host
-/// sums squares in another order, so a few values may round the other way).
+/// the host's arithmetic quantized by the host (rel err <= 1e-2, the tolerance of the other
+/// FP8 checks; the host sums squares in another order and has its own exp, so a few values
+/// may round to the neighbouring e4m3 value).
 pub(crate) fn check_fp8_fused(c: &mut Ctx) -> R<()> {
     let eps = 1e-5f32;
     // (tokens, hidden, delta: 0 none, 1 bf16, 2 an FP8 GEMM's unscaled product)
@@ -103,7 +110,7 @@ pub(crate) fn check_fp8_fused(c: &mut Ctx) -> R<()> {
                 *r = rbf(*r + dv);
             }
         }
-        let want = rmsnorm_ref(&bf(&res_h), &g, t, h, eps);
+        let want = quantized_ref(&rmsnorm_ref(&bf(&res_h), &g, t, h, eps), h);
         let got = dequantize_ref(&qf, &sf, h);
         c.record(
             &format!("add_rmsnorm_quant_fp8 {t}x{h} form {form} vs host"),
@@ -189,6 +196,7 @@ pub(crate) fn check_fp8_fused(c: &mut Ctx) -> R<()> {
                 want.push(rbf(rbf(gv / (1.0 + (-gv).exp())) * uv));
             }
         }
+        let want = quantized_ref(&want, inter);
         let got = dequantize_ref(&qf, &sf, inter);
         c.record(
             &format!("silu_mul_quant_fp8 {t}x{inter} vs host"),
