@@ -66,6 +66,9 @@ pub struct Gemm {
     plans: Mutex<HashMap<(usize, usize, usize, bool), Plan>>,
     /// Batch invariance: the one algorithm of each (in, out, FP8), for every token count.
     invariant: Option<AlgoCache>,
+    /// FP8 GEMMs accumulate in the tensor cores only (cuBLASLt's fast accumulation) instead of
+    /// moving partial sums to f32 registers at intervals.
+    fast_accum: bool,
 }
 
 // SAFETY: the cuBLASLt handle and descriptors are only used through &self methods that take
@@ -96,7 +99,173 @@ impl Gemm {
             stream,
             plans: Mutex::new(HashMap::new()),
             invariant: None,
+            fast_accum: false,
         })
+    }
+
+    /// FP8 GEMMs with cuBLASLt's fast accumulation (sums kept in the tensor cores' own
+    /// precision). Plans made before are dropped.
+    pub fn set_fp8_fast_accum(&mut self, on: bool) {
+        if let Ok(p) = self.plans.get_mut() {
+            p.clear();
+        }
+        if let Some(Ok(c)) = self.invariant.as_mut().map(|c| c.get_mut()) {
+            c.clear();
+        }
+        self.fast_accum = on;
+    }
+
+    pub fn fp8_fast_accum(&self) -> bool {
+        self.fast_accum
+    }
+
+    /// The operation's descriptor: f32 compute, `W` transposed, fast accumulation for FP8
+    /// when set.
+    fn matmul_desc(&self, fp8: bool) -> Result<sys::cublasLtMatmulDesc_t> {
+        let desc = result::create_matmul_desc(
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cudaDataType_t::CUDA_R_32F,
+        )?;
+        let trans: i32 = 1;
+        let fast: i8 = 1;
+        // SAFETY: attribute buffers are live locals of the documented types and sizes.
+        let r = unsafe {
+            result::set_matmul_desc_attribute(
+                desc,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                (&trans) as *const i32 as *const c_void,
+                std::mem::size_of::<i32>(),
+            )
+            .and_then(|()| {
+                if fp8 && self.fast_accum {
+                    result::set_matmul_desc_attribute(
+                        desc,
+                        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                        (&fast) as *const i8 as *const c_void,
+                        std::mem::size_of::<i8>(),
+                    )
+                } else {
+                    Ok(())
+                }
+            })
+        };
+        if let Err(e) = r {
+            // SAFETY: made above, destroyed once.
+            let _ = unsafe { result::destroy_matmul_desc(desc) };
+            return Err(e.into());
+        }
+        Ok(desc)
+    }
+
+    /// Timing only: the heuristic's first `n` algorithms for an FP8 GEMM of this shape, each
+    /// run `iters` times after a warm-up on the given buffers (`d` is overwritten): the
+    /// algorithm's description and µs per call, in the heuristic's order.
+    ///
+    /// # Safety
+    /// As [`Gemm::linear_fp8`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn time_fp8_algos(
+        &self,
+        xq: Dptr<u8>,
+        wq: Dptr<u8>,
+        d: Dptr<bf16>,
+        tokens: usize,
+        in_f: usize,
+        out_f: usize,
+        n: usize,
+        iters: usize,
+    ) -> Result<Vec<(AlgoInfo, f64)>> {
+        use cudarc::driver::sys::CUevent_flags;
+        let desc = self.matmul_desc(true)?;
+        let (a, b, c) = layouts(tokens, in_f, out_f, true)?;
+        let plan = Plan {
+            desc,
+            a,
+            b,
+            c,
+            algo: NO_ALGO,
+        };
+        let pref = result::create_matmul_pref()?;
+        let ws = WORKSPACE_BYTES;
+        let mut found = vec![heuristic_result(NO_ALGO); n.max(1)];
+        let mut count: i32 = 0;
+        // SAFETY: live handles and locals of the documented types; `found` holds n entries.
+        let status = unsafe {
+            let r = result::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&ws) as *const usize as *const c_void,
+                std::mem::size_of::<usize>(),
+            )
+            .map(|()| {
+                sys::cublasLtMatmulAlgoGetHeuristic(
+                    self.handle,
+                    plan.desc,
+                    plan.a,
+                    plan.b,
+                    plan.c,
+                    plan.c,
+                    pref,
+                    found.len() as i32,
+                    found.as_mut_ptr(),
+                    &mut count,
+                )
+            });
+            let _ = result::destroy_matmul_pref(pref);
+            r?
+        };
+        if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(KernelError::Unsupported(format!(
+                "no FP8 algorithm for {tokens}x{in_f} -> {out_f}: {status:?}"
+            )));
+        }
+        let ctx = self.stream.context();
+        let alpha: f32 = 1.0;
+        let beta: f32 = 0.0;
+        let (wsp, _sync) = self.workspace.device_ptr(&self.stream);
+        let mut out = Vec::new();
+        for h in found.iter().take(count.max(0) as usize) {
+            if h.state != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                continue;
+            }
+            let run = || {
+                // SAFETY: the plan matches these extents and types; the caller guarantees the
+                // buffers.
+                unsafe {
+                    result::matmul(
+                        self.handle,
+                        plan.desc,
+                        (&alpha) as *const f32 as *const c_void,
+                        (&beta) as *const f32 as *const c_void,
+                        wq.addr() as *const c_void,
+                        plan.a,
+                        xq.addr() as *const c_void,
+                        plan.b,
+                        d.addr() as *const c_void,
+                        plan.c,
+                        d.addr() as *mut c_void,
+                        plan.c,
+                        (&h.algo) as *const _,
+                        wsp as *mut c_void,
+                        WORKSPACE_BYTES,
+                        self.stream.cu_stream() as *mut _,
+                    )
+                }
+            };
+            for _ in 0..3 {
+                run()?;
+            }
+            let e0 = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            let e1 = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            e0.record(&self.stream)?;
+            for _ in 0..iters.max(1) {
+                run()?;
+            }
+            e1.record(&self.stream)?;
+            let us = e0.elapsed_ms(&e1)? as f64 * 1e3 / iters.max(1) as f64;
+            out.push((AlgoInfo::of(h), us));
+        }
+        Ok(out)
     }
 
     /// Batch-invariant GEMMs (see the module's note): on, every later plan takes its shape's
@@ -198,21 +367,11 @@ impl Gemm {
 
     fn plan(&self, tokens: usize, in_f: usize, out_f: usize, fp8: bool) -> Result<Plan> {
         let (a, b, c) = layouts(tokens, in_f, out_f, fp8)?;
-        let desc = result::create_matmul_desc(
-            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            sys::cudaDataType_t::CUDA_R_32F,
-        )?;
-        let trans: i32 = 1;
+        let desc = self.matmul_desc(fp8)?;
         let pref = result::create_matmul_pref()?;
         let ws = WORKSPACE_BYTES;
         // SAFETY: attribute buffers are live locals of the documented types and sizes.
         let heur = unsafe {
-            result::set_matmul_desc_attribute(
-                desc,
-                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-                (&trans) as *const i32 as *const c_void,
-                std::mem::size_of::<i32>(),
-            )?;
             if let Some(cache) = &self.invariant {
                 let _ = result::destroy_matmul_pref(pref);
                 let algo = self.invariant_algo(desc, in_f, out_f, fp8, cache);
@@ -456,13 +615,49 @@ fn layouts(
 
 /// The split-k factor an algorithm's configuration holds (1: none; `u32::MAX` where unreadable).
 fn splitk(algo: &sys::cublasLtMatmulAlgo_t) -> u32 {
+    algo_attr(
+        algo,
+        sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+    )
+}
+
+/// An algorithm's configuration, as cuBLASLt describes it (for benchmarks).
+#[derive(Clone, Copy, Debug)]
+pub struct AlgoInfo {
+    pub id: u32,
+    pub tile: u32,
+    pub stages: u32,
+    pub splitk: u32,
+    pub cluster: u32,
+    pub waves: f32,
+}
+
+impl AlgoInfo {
+    fn of(h: &sys::cublasLtMatmulHeuristicResult_t) -> Self {
+        use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
+        AlgoInfo {
+            id: algo_attr(&h.algo, A::CUBLASLT_ALGO_CONFIG_ID),
+            tile: algo_attr(&h.algo, A::CUBLASLT_ALGO_CONFIG_TILE_ID),
+            stages: algo_attr(&h.algo, A::CUBLASLT_ALGO_CONFIG_STAGES_ID),
+            splitk: splitk(&h.algo),
+            cluster: algo_attr(&h.algo, A::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+            waves: h.wavesCount,
+        }
+    }
+}
+
+/// A 32-bit configuration attribute of an algorithm (`u32::MAX` where unreadable).
+fn algo_attr(
+    algo: &sys::cublasLtMatmulAlgo_t,
+    attr: sys::cublasLtMatmulAlgoConfigAttributes_t,
+) -> u32 {
     let mut v: u32 = 0;
     let mut written = 0usize;
-    // SAFETY: `v` is a live u32, the attribute's documented type.
+    // SAFETY: `v` is a live 32-bit local, the size of these attributes.
     let status = unsafe {
         sys::cublasLtMatmulAlgoConfigGetAttribute(
             algo,
-            sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+            attr,
             (&mut v) as *mut u32 as *mut c_void,
             std::mem::size_of::<u32>(),
             &mut written,

@@ -376,3 +376,84 @@ pub(crate) fn bench_decode(c: &mut Ctx) -> R<()> {
     c.k.set_gemv_prefetch(pf_default);
     Ok(())
 }
+
+/// The FP8 GEMMs of a Llama-3.1-8B layer at prefill sizes: for each shape, every algorithm
+/// cuBLASLt's heuristic offers (up to 16), with and without fast accumulation: µs and TFLOP/s
+/// of the heuristic's first choice (what the engine runs) and of the fastest; and the sum over
+/// one layer's four GEMMs, against the 8192³ rate the prefill floor takes.
+pub(crate) fn bench_gemm_fp8(c: &mut Ctx) -> R<()> {
+    let s = c.s.clone();
+    let shapes = [
+        ("qkv", 4096usize, 6144usize),
+        ("o", 4096, 4096),
+        ("gate_up", 4096, 28672),
+        ("down", 14336, 4096),
+    ];
+    let max_in = 14336;
+    let max_out = 28672;
+    let max_t = 8192;
+    let bytes: Vec<u8> = (0..max_t * max_in)
+        .map(|i| (c.rng.next() as u8 & 0x7e) | ((i & 1) << 7) as u8)
+        .collect();
+    let x = c.up(&bytes)?;
+    let w = c.up(&bytes[..max_out * 4096])?;
+    let w_down = c.up(&bytes[..4096 * max_in])?;
+    let d = s.alloc_zeros::<bf16>(max_t * max_out)?;
+    println!(
+        "| tokens | GEMM | accumulation | first choice µs | TFLOP/s | fastest µs | TFLOP/s | fastest is (heuristic rank, tile, stages, split-k, cluster) | candidates |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for fast in [false, true] {
+        c.gemm.set_fp8_fast_accum(fast);
+        for (t, n_iter) in [(8192usize, 5usize), (1024, 20), (256, 50)] {
+            let (mut sum_first, mut sum_best, mut flops) = (0.0, 0.0, 0.0);
+            for (name, i, o) in shapes {
+                let wq = if i == max_in { &w_down } else { &w };
+                // SAFETY: x holds t x i bytes, wq o x i, d t x o values.
+                let r = unsafe {
+                    c.gemm
+                        .time_fp8_algos(c.p(&x), c.p(wq), c.p(&d), t, i, o, 16, n_iter)?
+                };
+                let Some(first) = r.first() else {
+                    println!("| {t} | {name} | - | no algorithm | | | | | 0 |");
+                    continue;
+                };
+                let (rank, best) = r
+                    .iter()
+                    .enumerate()
+                    .min_by(|a, b| a.1.1.total_cmp(&b.1.1))
+                    .map(|(k, v)| (k, *v))
+                    .unwrap_or((0, *first));
+                let f = 2.0 * (t * i * o) as f64;
+                let tf = |us: f64| f / (us * 1e-6) / 1e12;
+                sum_first += first.1;
+                sum_best += best.1;
+                flops += f;
+                let a = best.0;
+                println!(
+                    "| {t} | {name} {i}->{o} | {} | {:.1} | {:.0} | {:.1} | {:.0} | #{rank}: tile {}, stages {}, split-k {}, cluster {} | {} |",
+                    if fast { "fast" } else { "f32 promotion" },
+                    first.1,
+                    tf(first.1),
+                    best.1,
+                    tf(best.1),
+                    a.tile,
+                    a.stages,
+                    a.splitk,
+                    a.cluster,
+                    r.len()
+                );
+            }
+            println!(
+                "| {t} | one layer | {} | {:.1} | {:.0} | {:.1} | {:.0} | | |",
+                if fast { "fast" } else { "f32 promotion" },
+                sum_first,
+                flops / (sum_first * 1e-6) / 1e12,
+                sum_best,
+                flops / (sum_best * 1e-6) / 1e12,
+            );
+        }
+    }
+    c.gemm.set_fp8_fast_accum(false);
+    Ok(())
+}

@@ -35,7 +35,14 @@ use layers::*;
 use sampling::*;
 
 /// The modes an argument selects (none: every check).
-const MODES: &[&str] = &["fp8", "kv", "bench-gemv", "bench-gemv-fp8", "bench-decode"];
+const MODES: &[&str] = &[
+    "fp8",
+    "kv",
+    "bench-gemv",
+    "bench-gemv-fp8",
+    "bench-gemm-fp8",
+    "bench-decode",
+];
 
 /// libtest options that `cargo test -- ...` may hand on with a value of their own.
 const TEST_OPTIONS_WITH_VALUE: &[&str] = &[
@@ -134,6 +141,9 @@ fn run(mode: Option<&str>) -> R<()> {
     };
     if mode == Some("bench-gemv-fp8") {
         return bench_gemv_fp8(&mut c);
+    }
+    if mode == Some("bench-gemm-fp8") {
+        return bench_gemm_fp8(&mut c);
     }
     if mode == Some("bench-decode") {
         return bench_decode(&mut c);

@@ -344,6 +344,8 @@ impl CudaBackend {
         }
         let mut gemm = Gemm::new(stream.clone()).map_err(cuda_err)?;
         gemm.set_batch_invariant(opts.deterministic);
+        // FP8 GEMMs with the tensor cores' own accumulation (timing comparisons).
+        gemm.set_fp8_fast_accum(std::env::var("SGL_FP8_FAST_ACCUM").as_deref() == Ok("1"));
         let gemv_ws = kernels.gemv_workspace(&stream).map_err(cuda_err)?;
         // Deterministic: the GEMV's sums differ from the GEMM's, so every pass takes the GEMM.
         let use_gemv =
