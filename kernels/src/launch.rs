@@ -110,7 +110,8 @@ unsafe impl DeviceRepr for LogitEdit {}
 const _: () = assert!(std::mem::size_of::<LogitEdit>() == 16);
 
 /// Element type of the KV cache (`--kv-cache-dtype`): bf16 as computed, or one FP8 byte per
-/// element with no scale (e4m3 saturating at +-448, e5m2 at +-57344; `kv.cuh`).
+/// element (e4m3 saturating at +-448, e5m2 at +-57344; `kv.cuh`) holding the value divided by
+/// its layer's scale ([`KvScales`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KvDtype {
     #[default]
@@ -157,6 +158,76 @@ pub struct AttnShape {
     pub n_kv_heads: usize,
     pub head_dim: usize,
     pub kv: KvDtype,
+}
+
+impl AttnShape {
+    /// This geometry with one layer's KV-cache scales.
+    pub fn with_scales(self, scales: KvScales) -> LayerAttn {
+        LayerAttn {
+            shape: self,
+            scales,
+        }
+    }
+}
+
+/// One layer's scales of an FP8 KV cache, as SGLang and vLLM apply them: the pool holds
+/// `fp8(key * (1 / k))` and `fp8(value * (1 / v))`, and attention reads `stored * k` and
+/// `stored * v` (the K scale folded into the softmax scale, the V scale applied to the output:
+/// no work per key). Unused with a bf16 pool. [`KvScales::ONE`] where the checkpoint brings
+/// none.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvScales {
+    pub k: f32,
+    pub v: f32,
+}
+
+impl KvScales {
+    pub const ONE: KvScales = KvScales { k: 1.0, v: 1.0 };
+
+    /// The scales a launch on a `kv` pool applies: none (1) on a bf16 pool.
+    fn for_pool(self, kv: KvDtype) -> Result<KvScales> {
+        if kv == KvDtype::Bf16 {
+            return Ok(KvScales::ONE);
+        }
+        for (name, x) in [("k", self.k), ("v", self.v)] {
+            if !(x.is_finite() && x > 0.0) {
+                return Err(KernelError::Unsupported(format!(
+                    "KV-cache {name} scale {x} (scales must be positive and finite)"
+                )));
+            }
+        }
+        Ok(self)
+    }
+}
+
+impl Default for KvScales {
+    fn default() -> Self {
+        KvScales::ONE
+    }
+}
+
+/// An attention or K/V store launch's geometry with its layer's KV-cache scales. A bare
+/// [`AttnShape`] converts with [`KvScales::ONE`].
+#[derive(Debug, Clone, Copy)]
+pub struct LayerAttn {
+    pub shape: AttnShape,
+    pub scales: KvScales,
+}
+
+impl From<AttnShape> for LayerAttn {
+    fn from(shape: AttnShape) -> Self {
+        shape.with_scales(KvScales::ONE)
+    }
+}
+
+impl LayerAttn {
+    /// The geometry, the scales applied on its pool, and `log2(e) / sqrt(head_dim)` times the K
+    /// scale: the softmax scale in the log2 domain over the keys as stored.
+    fn resolve(self) -> Result<(AttnShape, KvScales, f32)> {
+        let scales = self.scales.for_pool(self.shape.kv)?;
+        let scale_log2 = std::f32::consts::LOG2_E / (self.shape.head_dim as f32).sqrt() * scales.k;
+        Ok((self.shape, scales, scale_log2))
+    }
 }
 
 type DecodeSet = [[[CudaFunction; 4]; 2]; 3];
@@ -539,7 +610,8 @@ impl Kernels {
         unsafe { self.launch(s, &self.add_rmsnorm, grid, threads, &mut a) }
     }
 
-    /// Rotate q (in place) and k of each fused qkv row; store k and v at the token's pool slot.
+    /// Rotate q (in place) and k of each fused qkv row; store k and v at the token's pool slot
+    /// (an FP8 pool: divided by the layer's K and V scales).
     ///
     /// # Safety
     /// qkv: n_tokens x (n_heads + 2 n_kv_heads) x head_dim; caches: slots x n_kv_heads x
@@ -554,11 +626,12 @@ impl Kernels {
         slots: Dptr<i32>,
         inv_freq: Dptr<f32>,
         n_tokens: usize,
-        shape: AttnShape,
+        shape: impl Into<LayerAttn>,
     ) -> Result<()> {
         if n_tokens == 0 {
             return Ok(());
         }
+        let (shape, scales, _) = shape.into().resolve()?;
         if !shape.head_dim.is_multiple_of(8) || shape.head_dim > 512 {
             return Err(KernelError::Unsupported(format!(
                 "rope_kv_store: head_dim {} (must be a multiple of 8, at most 512)",
@@ -578,6 +651,7 @@ impl Kernels {
             shape.n_kv_heads as i32,
             shape.head_dim as i32,
         );
+        let (k_inv, v_inv) = (1.0 / scales.k, 1.0 / scales.v);
         let mut a = [
             arg(&q),
             arg(&k),
@@ -588,6 +662,8 @@ impl Kernels {
             arg(&nh),
             arg(&nkv),
             arg(&hd),
+            arg(&k_inv),
+            arg(&v_inv),
         ];
         let grid = (n_tokens as u32, 1, 1);
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
@@ -672,11 +748,12 @@ impl Kernels {
         partial_o: Dptr<f32>,
         partial_ml: Dptr<f32>,
         batch: usize,
-        shape: AttnShape,
+        shape: impl Into<LayerAttn>,
     ) -> Result<()> {
         if batch == 0 {
             return Ok(());
         }
+        let (shape, scales, scale_log2) = shape.into().resolve()?;
         let group = shape.n_heads / shape.n_kv_heads;
         let f = &self.decode[shape.kv.index()][dim_index(shape.head_dim)?][group_index(group)?];
         let (po, pml, qa, kc, vc, ip, ix) = (
@@ -691,7 +768,6 @@ impl Kernels {
         let qs = q_stride as i32;
         let kvs = (shape.n_kv_heads * shape.head_dim) as i32;
         let nh = shape.n_heads as i32;
-        let scale_log2 = std::f32::consts::LOG2_E / (shape.head_dim as f32).sqrt();
         let mut a = [
             arg(&po),
             arg(&pml),
@@ -704,6 +780,7 @@ impl Kernels {
             arg(&ix),
             arg(&nh),
             arg(&scale_log2),
+            arg(&scales.v),
         ];
         let grid = (batch as u32, shape.n_kv_heads as u32, plan.splits);
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
@@ -750,13 +827,27 @@ impl Kernels {
         partial_ml: Dptr<f32>,
         counters: Dptr<u32>,
         batch: usize,
-        shape: AttnShape,
+        shape: impl Into<LayerAttn>,
     ) -> Result<()> {
         // SAFETY: the caller's guarantees, passed on.
         unsafe {
             self.decode_attn_one_launch(
-                s, plan, out, out_stride, q, q_stride, k_cache, v_cache, kv_indptr, kv_indices,
-                None, partial_o, partial_ml, counters, batch, shape,
+                s,
+                plan,
+                out,
+                out_stride,
+                q,
+                q_stride,
+                k_cache,
+                v_cache,
+                kv_indptr,
+                kv_indices,
+                None,
+                partial_o,
+                partial_ml,
+                counters,
+                batch,
+                shape.into(),
             )
         }
     }
@@ -790,9 +881,11 @@ impl Kernels {
         partial_ml: Dptr<f32>,
         counters: Dptr<u32>,
         batch: usize,
-        shape: AttnShape,
+        shape: impl Into<LayerAttn>,
     ) -> Result<()> {
-        let q_stride = (shape.n_heads + 2 * shape.n_kv_heads) * shape.head_dim;
+        let shape = shape.into();
+        let g = shape.shape;
+        let q_stride = (g.n_heads + 2 * g.n_kv_heads) * g.head_dim;
         // SAFETY: the caller's guarantees, passed on.
         unsafe {
             self.decode_attn_one_launch(
@@ -835,11 +928,12 @@ impl Kernels {
         partial_ml: Dptr<f32>,
         counters: Dptr<u32>,
         batch: usize,
-        shape: AttnShape,
+        shape: LayerAttn,
     ) -> Result<()> {
         if batch == 0 {
             return Ok(());
         }
+        let (shape, scales, scale_log2) = shape.resolve()?;
         if !(1..=MAX_DECODE_SPLITS).contains(&plan.splits) {
             return Err(KernelError::Unsupported(format!(
                 "one-launch decode attention: {} splits (1 to {MAX_DECODE_SPLITS})",
@@ -862,7 +956,6 @@ impl Kernels {
         let (os, qs) = (out_stride as i32, q_stride as i32);
         let kvs = (shape.n_kv_heads * shape.head_dim) as i32;
         let nh = shape.n_heads as i32;
-        let scale_log2 = std::f32::consts::LOG2_E / (shape.head_dim as f32).sqrt();
         let grid = (batch as u32, shape.n_kv_heads as u32, plan.splits);
         match rope {
             None => {
@@ -881,6 +974,7 @@ impl Kernels {
                     arg(&ix),
                     arg(&nh),
                     arg(&scale_log2),
+                    arg(&scales.v),
                 ];
                 let f = &self.decode_merged[shape.kv.index()][di][gi];
                 // SAFETY: argument types match the kernel; the caller guarantees the extents.
@@ -888,6 +982,7 @@ impl Kernels {
             }
             Some((positions, inv_freq)) => {
                 let (pa, fa) = (positions.addr(), inv_freq.addr());
+                let (k_inv, v_inv) = (1.0 / scales.k, 1.0 / scales.v);
                 let mut a = [
                     arg(&o),
                     arg(&os),
@@ -905,6 +1000,9 @@ impl Kernels {
                     arg(&fa),
                     arg(&nh),
                     arg(&scale_log2),
+                    arg(&scales.v),
+                    arg(&k_inv),
+                    arg(&v_inv),
                 ];
                 let f = &self.decode_rope[shape.kv.index()][di][gi];
                 // SAFETY: as above.
@@ -935,11 +1033,12 @@ impl Kernels {
         kv_indptr: Dptr<i32>,
         kv_indices: Dptr<i32>,
         prefix_lens: Dptr<i32>,
-        shape: AttnShape,
+        shape: impl Into<LayerAttn>,
     ) -> Result<()> {
         if n_tiles == 0 {
             return Ok(());
         }
+        let (shape, scales, scale_log2) = shape.into().resolve()?;
         let f = &self.prefill[shape.kv.index()][dim_index(shape.head_dim)?];
         let (o, qa, kc, vc, t, qi, ki, kx, pl) = (
             out.addr(),
@@ -955,7 +1054,6 @@ impl Kernels {
         let (os, qs) = (out_stride as i32, q_stride as i32);
         let kvs = (shape.n_kv_heads * shape.head_dim) as i32;
         let group = (shape.n_heads / shape.n_kv_heads) as i32;
-        let scale_log2 = std::f32::consts::LOG2_E / (shape.head_dim as f32).sqrt();
         let mut a = [
             arg(&o),
             arg(&os),
@@ -971,6 +1069,7 @@ impl Kernels {
             arg(&pl),
             arg(&group),
             arg(&scale_log2),
+            arg(&scales.v),
         ];
         let grid = (n_tiles as u32, shape.n_heads as u32, 1);
         // SAFETY: argument types match the kernel; the caller guarantees the extents.

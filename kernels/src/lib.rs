@@ -24,7 +24,7 @@ pub use gemm::Gemm;
 pub use launch::{
     AR_BLOCKS, AR_LARGE_BLOCKS, AR_MAX_RANKS, ArPeers, AttnShape, DecodeAttnPlan, GEMV_MAX_SPLITS,
     GEMV_MAX_TOKENS, GEMV_PREFETCH_STEPS, GemvEpilogue, GemvPlan, GemvWorkspace, Kernels, KvDtype,
-    LogitEdit, MAX_DECODE_SPLITS, WeightRef, prefill_tiles,
+    KvScales, LayerAttn, LogitEdit, MAX_DECODE_SPLITS, WeightRef, prefill_tiles,
 };
 #[cfg(feature = "cuda")]
 pub use source::{KERNEL_NAMES, SOURCE, compile_ptx, nvrtc_available};

@@ -22,6 +22,12 @@
 //   last entry of the sequence) and uses them directly. RoPE and rounding as
 //   rope_kv_store_bf16, so the result (and the pool) equal rope_kv_store + decode_attn.
 //
+// KV scales (an FP8 pool: kv.cuh): keys and values are used as stored; the layer's K scale is
+// folded into scale_log2 by the host and its V scale multiplies the unnormalised output o as a
+// block writes it (its partial, or its output o * v_scale / l when it is the only split), so
+// the merges (which only weight and sum partials) need none. The rope form stores the new
+// token's k * k_inv and v * v_inv. A bf16 pool gets v_scale = k_inv = v_inv = 1.
+//
 // Layouts: q row of sequence b at q + b * q_stride, head h at + h * D (for the rope form the
 // qkv row [q heads | k heads | v heads]); K/V pool rows of kv_stride elements (kv_heads * D)
 // per slot; partial_o [B, H, S, D], partial_ml [B, H, S, 2]; counters [B, kv_heads].
@@ -125,7 +131,8 @@ __device__ __forceinline__ void decode_attn_impl(
     const bf16_t* __restrict__ q, int q_stride, const typename KV::T* k_cache,
     const typename KV::T* v_cache, typename KV::T* k_store, typename KV::T* v_store, int kv_stride, const int* __restrict__ kv_indptr,
     const int* __restrict__ kv_indices, const int* __restrict__ positions,
-    const float* __restrict__ inv_freq, int n_heads, float scale_log2) {
+    const float* __restrict__ inv_freq, int n_heads, float scale_log2, float v_scale,
+    float k_inv, float v_inv) {
     constexpr int LPK = D / 8;              // lanes per key (8 dims each)
     constexpr int KPP = DEC_THREADS / LPK;  // keys per pass of the block
     constexpr int KPT = DecTile<G>::KPT;    // keys per thread and tile
@@ -219,7 +226,7 @@ __device__ __forceinline__ void decode_attn_impl(
                 s_q[g][i + HALF] = bf2f(o2);
             } else {
                 // the pool's rounding, and attention uses the value as stored
-                const typename KV::T e1 = KV::enc(o1), e2 = KV::enc(o2);
+                const typename KV::T e1 = KV::enc(o1, k_inv), e2 = KV::enc(o2, k_inv);
                 k_store[kv_row + i] = e1;
                 k_store[kv_row + i + HALF] = e2;
                 s_knew[i] = KV::dec(e1);
@@ -229,7 +236,7 @@ __device__ __forceinline__ void decode_attn_impl(
         if (has_new) {
             const bf16_t* v = row + (size_t)(n_heads + gridDim.y + kvh) * D;
             for (int i = tid; i < D; i += DEC_THREADS) {
-                const typename KV::T e = KV::enc(v[i]);
+                const typename KV::T e = KV::enc(v[i], v_inv);
                 v_store[kv_row + i] = e;
                 s_vnew[i] = KV::dec(e);
             }
@@ -363,11 +370,12 @@ __device__ __forceinline__ void decode_attn_impl(
         }
         if (MODE != DEC_PARTIALS && active == 1) {
             // the only split: what the merge would compute (weight exp2(0) = 1), directly
-            out[(size_t)b * out_stride + (h0 + g) * D + d] = f2bf(l > 0.0f ? o / l : 0.0f);
+            out[(size_t)b * out_stride + (h0 + g) * D + d] =
+                f2bf(l > 0.0f ? (o * v_scale) / l : 0.0f);
             continue;
         }
         const size_t part = (size_t)(b * n_heads + h0 + g) * nsplit + split;
-        partial_o[part * D + d] = o;
+        partial_o[part * D + d] = o * v_scale;
         if (d == 0) {
             partial_ml[part * 2] = m;
             partial_ml[part * 2 + 1] = l;
@@ -426,32 +434,34 @@ __device__ __forceinline__ void decode_attn_impl(
         decode_attn_d##D##_g##G##SUF(float* po, float* pml, const bf16_t* q, int q_stride,     \
                                      const KV::T* kc, const KV::T* vc, int kv_stride,          \
                                      const int* kv_indptr, const int* kv_indices, int n_heads, \
-                                     float scale_log2) {                                       \
+                                     float scale_log2, float v_scale) {                        \
         decode_attn_impl<D, G, DEC_PARTIALS, KV>(nullptr, 0, po, pml, nullptr, q, q_stride,    \
                                                  kc, vc, nullptr, nullptr, kv_stride,          \
                                                  kv_indptr, kv_indices, nullptr, nullptr,      \
-                                                 n_heads, scale_log2);                         \
+                                                 n_heads, scale_log2, v_scale, 1.0f, 1.0f);    \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(DEC_THREADS)                                  \
         decode_attn_merged_d##D##_g##G##SUF(                                                   \
             bf16_t* out, int out_stride, float* po, float* pml, unsigned int* counters,        \
             const bf16_t* q, int q_stride, const KV::T* kc, const KV::T* vc, int kv_stride,    \
-            const int* kv_indptr, const int* kv_indices, int n_heads, float scale_log2) {      \
+            const int* kv_indptr, const int* kv_indices, int n_heads, float scale_log2,        \
+            float v_scale) {                                                                   \
         decode_attn_impl<D, G, DEC_MERGED, KV>(out, out_stride, po, pml, counters, q,          \
                                                q_stride, kc, vc, nullptr, nullptr, kv_stride,  \
                                                kv_indptr, kv_indices, nullptr, nullptr,        \
-                                               n_heads, scale_log2);                           \
+                                               n_heads, scale_log2, v_scale, 1.0f, 1.0f);      \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(DEC_THREADS)                                  \
         decode_attn_rope_d##D##_g##G##SUF(                                                     \
             bf16_t* out, int out_stride, float* po, float* pml, unsigned int* counters,        \
             const bf16_t* qkv, int q_stride, KV::T* kc, KV::T* vc, int kv_stride,              \
             const int* kv_indptr, const int* kv_indices, const int* positions,                 \
-            const float* inv_freq, int n_heads, float scale_log2) {                            \
+            const float* inv_freq, int n_heads, float scale_log2, float v_scale, float k_inv,  \
+            float v_inv) {                                                                     \
         decode_attn_impl<D, G, DEC_ROPE, KV>(out, out_stride, po, pml, counters, qkv,          \
                                              q_stride, kc, vc, kc, vc, kv_stride, kv_indptr,   \
                                              kv_indices, positions, inv_freq, n_heads,         \
-                                             scale_log2);                                      \
+                                             scale_log2, v_scale, k_inv, v_inv);               \
     }
 
 #define DECODE_ATTN_ALL(SUF, KV)  \

@@ -70,7 +70,9 @@ extern "C" __global__ void add_rmsnorm_bf16(bf16_t* __restrict__ out, bf16_t* __
 // cos/sin are rounded to bf16 and each product rounded, as transformers' apply_rotary_pos_emb.
 // One block per token: the token's cos/sin (head_dim / 2 <= 256 of each) are computed once
 // into shared memory, then every head is rotated four pairs at a time. head_dim % 8 == 0.
-// The pool's element type is KV's (kv.cuh): rope_kv_store_bf16, _e4m3 and _e5m2.
+// The pool's element type is KV's (kv.cuh): rope_kv_store_bf16, _e4m3 and _e5m2; an FP8 pool
+// stores k * k_inv and v * v_inv (the inverses of the layer's K and V scales; a bf16 pool
+// ignores them).
 template <typename KV>
 __device__ __forceinline__ void rope_kv_store_impl(bf16_t* __restrict__ qkv,
                                                    typename KV::T* __restrict__ k_cache,
@@ -78,7 +80,8 @@ __device__ __forceinline__ void rope_kv_store_impl(bf16_t* __restrict__ qkv,
                                                    const int* __restrict__ positions,
                                                    const int* __restrict__ slots,
                                                    const float* __restrict__ inv_freq,
-                                                   int n_heads, int n_kv_heads, int head_dim) {
+                                                   int n_heads, int n_kv_heads, int head_dim,
+                                                   float k_inv, float v_inv) {
     __shared__ float s_cos[256], s_sin[256];
     pdl_wait();
     pdl_trigger_early();
@@ -123,14 +126,14 @@ __device__ __forceinline__ void rope_kv_store_impl(bf16_t* __restrict__ qkv,
             *(uint2*)(dst + i + half) = make_uint2(ow2[0], ow2[1]);
         } else {
             typename KV::T* dst = k_cache + kv_row + (head - n_heads) * head_dim;
-            KV::store4(dst + i, make_uint2(ow1[0], ow1[1]));
-            KV::store4(dst + i + half, make_uint2(ow2[0], ow2[1]));
+            KV::store4(dst + i, make_uint2(ow1[0], ow1[1]), k_inv);
+            KV::store4(dst + i + half, make_uint2(ow2[0], ow2[1]), k_inv);
         }
     }
     const bf16_t* v = row + (n_heads + n_kv_heads) * head_dim;
     const int nvec = n_kv_heads * head_dim / 8;
     for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
-        KV::store8(v_cache + kv_row + (size_t)i * 8, ((const uint4*)v)[i]);
+        KV::store8(v_cache + kv_row + (size_t)i * 8, ((const uint4*)v)[i], v_inv);
     }
     pdl_trigger_end();
 }
@@ -138,9 +141,10 @@ __device__ __forceinline__ void rope_kv_store_impl(bf16_t* __restrict__ qkv,
 #define ROPE_KV_STORE(SUF, KV)                                                                 \
     extern "C" __global__ void rope_kv_store_##SUF(                                            \
         bf16_t* qkv, KV::T* k_cache, KV::T* v_cache, const int* positions, const int* slots,  \
-        const float* inv_freq, int n_heads, int n_kv_heads, int head_dim) {                    \
+        const float* inv_freq, int n_heads, int n_kv_heads, int head_dim, float k_inv,         \
+        float v_inv) {                                                                         \
         rope_kv_store_impl<KV>(qkv, k_cache, v_cache, positions, slots, inv_freq, n_heads,     \
-                               n_kv_heads, head_dim);                                          \
+                               n_kv_heads, head_dim, k_inv, v_inv);                            \
     }
 ROPE_KV_STORE(bf16, KvBf16)
 ROPE_KV_STORE(e4m3, KvE4m3)

@@ -1,14 +1,17 @@
 // Element types of the KV cache (`--kv-cache-dtype`). KvBf16 keeps K and V as computed; the FP8
-// types keep one byte per element with no scale (a scale of 1, as SGLang uses when the
-// checkpoint brings none): e4m3 (f2e4m3 of fp8.cu: nearest even, saturated to +-448) and e5m2
-// (f2e5m2: nearest even, saturated to +-57344, NaN stays NaN). Every FP8 value is exact in bf16
-// and in f32, so attention reads the values the bytes stand for; the kernels that write the
-// cache round each element once, and a fused kernel that also uses the value it writes uses
-// the rounded one.
+// types keep one byte per element: e4m3 (f2e4m3 of fp8.cu: nearest even, saturated to +-448) and
+// e5m2 (f2e5m2: nearest even, saturated to +-57344, NaN stays NaN), of the value times `inv`, the
+// inverse of the layer's K or V scale (1 where the checkpoint brings none, as SGLang uses). Every
+// FP8 value is exact in bf16 and in f32, so attention reads the values the bytes stand for, in
+// the stored domain: the attention kernels apply the scales outside the per-key work (K's
+// folded into the softmax scale, V's on the output). The kernels that write the cache round
+// each element once, and a fused kernel that also uses the value it writes uses the rounded
+// one. KvBf16 ignores `inv` (a bf16 cache is not scaled).
 //
 // Each type gives: T (one element), Raw8 (eight elements as loaded), load8/zero8, unpack (eight
-// floats), to_bf16x8 (eight bf16 in a uint4), enc (a bf16 value as stored), dec (a stored value
-// as f32), store4 / store8 (four / eight bf16 values, as uint2 / uint4, stored).
+// floats), to_bf16x8 (eight bf16 in a uint4), enc (a bf16 value times inv, as stored), dec (a
+// stored value as f32), store4 / store8 (four / eight bf16 values, as uint2 / uint4, times inv,
+// stored).
 
 __device__ __forceinline__ unsigned int f2e5m2(float f) {
     const unsigned int sign = (__float_as_uint(f) >> 24) & 0x80u;
@@ -33,10 +36,10 @@ struct KvBf16 {
     static __device__ __forceinline__ Raw8 zero8() { return make_uint4(0u, 0u, 0u, 0u); }
     static __device__ __forceinline__ void unpack(Raw8 v, float* f) { unpack8(v, f); }
     static __device__ __forceinline__ uint4 to_bf16x8(Raw8 v) { return v; }
-    static __device__ __forceinline__ T enc(bf16_t x) { return x; }
+    static __device__ __forceinline__ T enc(bf16_t x, float) { return x; }
     static __device__ __forceinline__ float dec(T x) { return bf2f(x); }
-    static __device__ __forceinline__ void store4(T* p, uint2 v) { *(uint2*)p = v; }
-    static __device__ __forceinline__ void store8(T* p, uint4 v) { *(uint4*)p = v; }
+    static __device__ __forceinline__ void store4(T* p, uint2 v, float) { *(uint2*)p = v; }
+    static __device__ __forceinline__ void store8(T* p, uint4 v, float) { *(uint4*)p = v; }
 };
 
 template <bool E5M2>
@@ -65,11 +68,13 @@ struct KvFp8 {
             return f2e4m3(x);
         }
     }
-    // four bf16 values (two words, lowest first) as four stored bytes in a word
-    static __device__ __forceinline__ unsigned int enc4(unsigned int a, unsigned int b) {
-        return enc1(__uint_as_float(a << 16)) | (enc1(__uint_as_float(a & 0xffff0000u)) << 8) |
-               (enc1(__uint_as_float(b << 16)) << 16) |
-               (enc1(__uint_as_float(b & 0xffff0000u)) << 24);
+    // four bf16 values (two words, lowest first) times inv as four stored bytes in a word
+    static __device__ __forceinline__ unsigned int enc4(unsigned int a, unsigned int b,
+                                                        float inv) {
+        return enc1(__uint_as_float(a << 16) * inv) |
+               (enc1(__uint_as_float(a & 0xffff0000u) * inv) << 8) |
+               (enc1(__uint_as_float(b << 16) * inv) << 16) |
+               (enc1(__uint_as_float(b & 0xffff0000u) * inv) << 24);
     }
     static __device__ __forceinline__ Raw8 load8(const T* p) { return *(const uint2*)p; }
     static __device__ __forceinline__ Raw8 zero8() { return make_uint2(0u, 0u); }
@@ -82,17 +87,19 @@ struct KvFp8 {
         unpack(v, f);
         return pack8(f);  // exact: every FP8 value is a bf16 value
     }
-    static __device__ __forceinline__ T enc(bf16_t x) { return (T)enc1(bf2f(x)); }
+    static __device__ __forceinline__ T enc(bf16_t x, float inv) {
+        return (T)enc1(bf2f(x) * inv);
+    }
     static __device__ __forceinline__ float dec(T x) {
         float f[4];
         dec4((unsigned int)x, f);
         return f[0];
     }
-    static __device__ __forceinline__ void store4(T* p, uint2 v) {
-        *(unsigned int*)p = enc4(v.x, v.y);
+    static __device__ __forceinline__ void store4(T* p, uint2 v, float inv) {
+        *(unsigned int*)p = enc4(v.x, v.y, inv);
     }
-    static __device__ __forceinline__ void store8(T* p, uint4 v) {
-        *(uint2*)p = make_uint2(enc4(v.x, v.y), enc4(v.z, v.w));
+    static __device__ __forceinline__ void store8(T* p, uint4 v, float inv) {
+        *(uint2*)p = make_uint2(enc4(v.x, v.y, inv), enc4(v.z, v.w, inv));
     }
 };
 

@@ -13,6 +13,10 @@
 // elements: fragment loads free of bank conflicts), fetched with cp.async: the V tile loads
 // while the scores of its K tile are computed, the next K tile while P V is, and the next
 // tile's pool indices are read a step ahead.
+//
+// KV scales (an FP8 pool: kv.cuh): keys and values are used as stored; the layer's K scale is
+// folded into scale_log2 by the host and its V scale into the final normalisation
+// (o * v_scale / l); a bf16 pool gets v_scale = 1.
 
 #define PF_BQ 64
 #define PF_BK 64
@@ -90,7 +94,7 @@ __device__ __forceinline__ void prefill_attn_impl(
     int kv_stride,
     const int* __restrict__ tiles, const int* __restrict__ q_indptr,
     const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
-    const int* __restrict__ prefix_lens, int group, float scale_log2) {
+    const int* __restrict__ prefix_lens, int group, float scale_log2, float v_scale) {
     constexpr int LD = D + 8;
     constexpr int CH = D / 8;               // 16-byte chunks per row
     constexpr int RPP = PF_THREADS / CH;    // rows per pass of the block
@@ -259,8 +263,8 @@ __device__ __forceinline__ void prefill_attn_impl(
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f;
-    const float inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    const float inv0 = l0 > 0.0f ? v_scale / l0 : 0.0f;
+    const float inv1 = l1 > 0.0f ? v_scale / l1 : 0.0f;
     const int r0 = qoff + warp * 16 + g, r1 = r0 + 8;
 #pragma unroll
     for (int nb = 0; nb < D / 8; ++nb) {
@@ -282,10 +286,10 @@ __device__ __forceinline__ void prefill_attn_impl(
         bf16_t* out, int out_stride, const bf16_t* qkv, int q_stride, const KV::T* kc,         \
         const KV::T* vc, int kv_stride, const int* tiles, const int* q_indptr,                 \
         const int* kv_indptr, const int* kv_indices, const int* prefix_lens, int group,        \
-        float scale_log2) {                                                                    \
+        float scale_log2, float v_scale) {                                                     \
         prefill_attn_impl<D, KV>(out, out_stride, qkv, q_stride, kc, vc, kv_stride, tiles,     \
                                  q_indptr, kv_indptr, kv_indices, prefix_lens, group,          \
-                                 scale_log2);                                                  \
+                                 scale_log2, v_scale);                                         \
     }
 
 PREFILL_ATTN(64, , KvBf16)

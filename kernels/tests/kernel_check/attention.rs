@@ -1,6 +1,58 @@
-//! Decode attention (every form, bf16 and FP8 KV pools) and prefill attention against a host reference.
+//! Decode attention (every form, bf16 and FP8 KV pools) and prefill attention against a host
+//! reference, with KV-cache scales of 1 and other (an FP8 pool stores k / k_scale and
+//! v / v_scale; attention reads them times the scales; a bf16 pool ignores the scales).
 
 use super::*;
+use sgl_kernels::KvScales;
+
+/// `vals` as a KV pool of `kv` elements with the layer's `scale`: the bytes to upload (each
+/// value rounded to bf16 first, as the kernels store bf16 results, then times `1 / scale` in
+/// f32, then rounded to the pool's FP8 type) and the values attention reads from them (stored
+/// value times `scale`). A bf16 pool ignores the scale.
+pub(crate) fn kv_encode_scaled(vals: &[f32], kv: KvDtype, scale: f32) -> (Vec<u8>, Vec<f32>) {
+    if kv == KvDtype::Bf16 {
+        return kv_encode(vals, kv);
+    }
+    let inv = 1.0f32 / scale;
+    let mut bytes = Vec::with_capacity(vals.len());
+    let mut back = Vec::with_capacity(vals.len());
+    for &x in vals {
+        let stored = bf16::from_f32(x).to_f32() * inv;
+        let (q, value) = match kv {
+            KvDtype::Fp8E5m2 => {
+                let q = f2e5m2(stored);
+                (q, e5m2_value(q))
+            }
+            _ => {
+                let q = f2e4m3(stored);
+                (
+                    q,
+                    if q & 0x7f == 0x7f {
+                        f64::NAN
+                    } else {
+                        e4m3_value(q)
+                    },
+                )
+            }
+        };
+        bytes.push(q);
+        back.push((value * scale as f64) as f32);
+    }
+    (bytes, back)
+}
+
+/// ", k_scale x v_scale y" for scales other than 1, for check names.
+fn scales_name(scales: KvScales) -> String {
+    if scales == KvScales::ONE {
+        String::new()
+    } else {
+        format!(", k_scale {} v_scale {}", scales.k, scales.v)
+    }
+}
+
+/// The scales used by the scaled checks: a small K scale (stored keys 20x the values) and a
+/// large V scale, then the other way round.
+const SCALES: [KvScales; 2] = [KvScales { k: 0.05, v: 3.0 }, KvScales { k: 3.0, v: 0.05 }];
 
 /// CPU attention of one query row over keys 0..=limit of a sequence's slots.
 #[allow(clippy::too_many_arguments)]
@@ -39,7 +91,8 @@ pub(crate) fn attn_ref(
     o.iter().map(|x| (x / l) as f32).collect()
 }
 
-/// Random K and V pools of `kv` elements: the values they hold, and the pools on the device.
+/// Random K and V pools of `kv` elements stored with `scales`: the values attention reads from
+/// them, and the pools on the device.
 #[allow(clippy::type_complexity)]
 pub(crate) fn random_cache(
     c: &mut Ctx,
@@ -47,10 +100,14 @@ pub(crate) fn random_cache(
     nkv: usize,
     hd: usize,
     kv: KvDtype,
+    scales: KvScales,
 ) -> R<(Vec<f32>, Vec<f32>, CudaSlice<u8>, CudaSlice<u8>)> {
     let k: Vec<f32> = (0..n_slots * nkv * hd).map(|_| c.rng.sym() * 2.0).collect();
     let v: Vec<f32> = (0..n_slots * nkv * hd).map(|_| c.rng.sym()).collect();
-    let ((kb, k), (vb, v)) = (kv_encode(&k, kv), kv_encode(&v, kv));
+    let ((kb, k), (vb, v)) = (
+        kv_encode_scaled(&k, kv, scales.k),
+        kv_encode_scaled(&v, kv, scales.v),
+    );
     let (dk, dv) = (c.up(&kb)?, c.up(&vb)?);
     Ok((k, v, dk, dv))
 }
@@ -63,12 +120,19 @@ pub(crate) fn kv_name(kv: KvDtype) -> &'static str {
     }
 }
 
-pub(crate) fn check_decode(c: &mut Ctx, hd: usize, nh: usize, nkv: usize, kv: KvDtype) -> R<()> {
+pub(crate) fn check_decode(
+    c: &mut Ctx,
+    hd: usize,
+    nh: usize,
+    nkv: usize,
+    kv: KvDtype,
+    scales: KvScales,
+) -> R<()> {
     let lens = [1usize, 17, 300, 1029, 2500];
     let b = lens.len();
     let total: usize = lens.iter().sum();
     let n_slots = total + 100;
-    let (k, v, dk, dv) = random_cache(c, n_slots, nkv, hd, kv)?;
+    let (k, v, dk, dv) = random_cache(c, n_slots, nkv, hd, kv, scales)?;
     let perm = c.rng.perm(n_slots);
     let mut indptr = vec![0i32];
     let mut idx = Vec::new();
@@ -86,7 +150,8 @@ pub(crate) fn check_decode(c: &mut Ctx, hd: usize, nh: usize, nkv: usize, kv: Kv
         n_kv_heads: nkv,
         head_dim: hd,
         kv,
-    };
+    }
+    .with_scales(scales);
     let max_len = *lens.iter().max().unwrap_or(&1);
     for plan in [
         c.k.decode_plan(b, nkv, max_len),
@@ -135,9 +200,10 @@ pub(crate) fn check_decode(c: &mut Ctx, hd: usize, nh: usize, nkv: usize, kv: Kv
             }
         }
         let name = format!(
-            "decode_attn d{hd} {nh}/{nkv} heads, {} splits, {} pool",
+            "decode_attn d{hd} {nh}/{nkv} heads, {} splits, {} pool{}",
             plan.splits,
-            kv_name(kv)
+            kv_name(kv),
+            scales_name(scales)
         );
         c.record(&name, rel_err(&got, &want), 1e-2);
     }
@@ -158,13 +224,14 @@ pub(crate) fn check_decode_fused(
     nkv: usize,
     lens: &[usize],
     kv: KvDtype,
+    scales: KvScales,
 ) -> R<()> {
     let b = lens.len();
     let total: usize = lens.iter().sum();
     let n_slots = total + 16;
     let row = (nh + 2 * nkv) * hd;
     let kv_row = nkv * hd;
-    let (mut k, mut v, _, _) = random_cache(c, n_slots, nkv, hd, kv)?;
+    let (mut k, mut v, _, _) = random_cache(c, n_slots, nkv, hd, kv, scales)?;
     let perm = c.rng.perm(n_slots);
     let mut indptr = vec![0i32];
     let mut idx: Vec<i32> = Vec::new();
@@ -191,7 +258,8 @@ pub(crate) fn check_decode_fused(
         n_kv_heads: nkv,
         head_dim: hd,
         kv,
-    };
+    }
+    .with_scales(scales);
     let (dip, dix, dpos, dsl, dinv) = (
         c.up(&indptr)?,
         c.up(&idx)?,
@@ -216,9 +284,14 @@ pub(crate) fn check_decode_fused(
         let parts = b * nh * plan.splits as usize;
         let po = c.s.alloc_zeros::<f32>(parts * hd)?;
         let pml = c.s.alloc_zeros::<f32>(parts * 2)?;
-        // unfused: rope_kv_store, then decode_attn + merge
-        let pool = |x: &[f32]| kv_encode(x, kv).0;
-        let (dq1, dk1, dv1) = (c.up(&qkv)?, c.up(&pool(&k))?, c.up(&pool(&v))?);
+        // unfused: rope_kv_store, then decode_attn + merge (the pools hold the values as
+        // stored: k and v are what attention reads, so they are stored divided by the scales)
+        let pool = |x: &[f32], scale: f32| kv_encode_scaled(x, kv, scale).0;
+        let (dq1, dk1, dv1) = (
+            c.up(&qkv)?,
+            c.up(&pool(&k, scales.k))?,
+            c.up(&pool(&v, scales.v))?,
+        );
         let out1 = c.poisoned(b * nh * hd)?;
         // SAFETY: shapes as allocated; new_slots inside the pool.
         unsafe {
@@ -288,7 +361,11 @@ pub(crate) fn check_decode_fused(
             compared += want_o.len();
         }
         // rope form on the raw rows and a pool whose new slots are still NaN
-        let (dq3, dk3, dv3) = (c.up(&qkv)?, c.up(&pool(&k))?, c.up(&pool(&v))?);
+        let (dq3, dk3, dv3) = (
+            c.up(&qkv)?,
+            c.up(&pool(&k, scales.k))?,
+            c.up(&pool(&v, scales.v))?,
+        );
         for _ in 0..2 {
             let out3 = c.poisoned(b * nh * hd)?;
             // SAFETY: as above.
@@ -327,8 +404,9 @@ pub(crate) fn check_decode_fused(
     }
     c.record(
         &format!(
-            "decode_attn_merged / decode_attn_rope d{hd} {nh}/{nkv} heads, {} pool, lens {lens:?}, splits {splits:?}: bits vs rope_kv_store + decode_attn + merge ({differ} of {compared} differ, {nonfinite} reference outputs not finite)",
-            kv_name(kv)
+            "decode_attn_merged / decode_attn_rope d{hd} {nh}/{nkv} heads, {} pool{}, lens {lens:?}, splits {splits:?}: bits vs rope_kv_store + decode_attn + merge ({differ} of {compared} differ, {nonfinite} reference outputs not finite)",
+            kv_name(kv),
+            scales_name(scales)
         ),
         if nonfinite == 0 {
             differ as f64 / compared as f64
@@ -340,12 +418,19 @@ pub(crate) fn check_decode_fused(
     Ok(())
 }
 
-pub(crate) fn check_prefill(c: &mut Ctx, hd: usize, nh: usize, nkv: usize, kv: KvDtype) -> R<()> {
+pub(crate) fn check_prefill(
+    c: &mut Ctx,
+    hd: usize,
+    nh: usize,
+    nkv: usize,
+    kv: KvDtype,
+    scales: KvScales,
+) -> R<()> {
     // (prefix already cached, new query tokens)
     let seqs = [(0usize, 1usize), (0, 70), (150, 200), (37, 64), (0, 513)];
     let total_kv: usize = seqs.iter().map(|(p, q)| p + q).sum();
     let n_slots = total_kv + 50;
-    let (k, v, dk, dv) = random_cache(c, n_slots, nkv, hd, kv)?;
+    let (k, v, dk, dv) = random_cache(c, n_slots, nkv, hd, kv, scales)?;
     let perm = c.rng.perm(n_slots);
     let (mut q_indptr, mut kv_indptr, mut prefix, mut idx) =
         (vec![0i32], vec![0i32], Vec::new(), Vec::new());
@@ -377,7 +462,8 @@ pub(crate) fn check_prefill(c: &mut Ctx, hd: usize, nh: usize, nkv: usize, kv: K
         n_kv_heads: nkv,
         head_dim: hd,
         kv,
-    };
+    }
+    .with_scales(scales);
     // SAFETY: shapes as allocated.
     unsafe {
         c.k.prefill_attn(
@@ -420,8 +506,9 @@ pub(crate) fn check_prefill(c: &mut Ctx, hd: usize, nh: usize, nkv: usize, kv: K
     }
     c.record(
         &format!(
-            "prefill_attn d{hd} {nh}/{nkv} heads, cached prefixes, {} pool",
-            kv_name(kv)
+            "prefill_attn d{hd} {nh}/{nkv} heads, cached prefixes, {} pool{}",
+            kv_name(kv),
+            scales_name(scales)
         ),
         rel_err(&got, &want),
         1e-2,
@@ -429,9 +516,132 @@ pub(crate) fn check_prefill(c: &mut Ctx, hd: usize, nh: usize, nkv: usize, kv: K
     Ok(())
 }
 
+/// `rope_kv_store` with KV-cache `scales` against the host: q rotated in place, and the pool
+/// holding the rotated k and v (each rounded to bf16) times `1 / scale`, rounded to the pool's
+/// type, read back times the scale (a bf16 pool ignores the scales). Two records: the values
+/// against the host's RoPE (whose cos/sin may round differently in the last place, as in
+/// `check_rope`), and the pool's bytes bit for bit against the host's encoding of what the same
+/// launch on a bf16 pool stored (the arithmetic of the scaled store alone).
+pub(crate) fn check_rope_scaled(c: &mut Ctx, kv: KvDtype, scales: KvScales) -> R<()> {
+    let (t, nh, nkv, hd) = (11, 32, 8, 128);
+    let w = (nh + 2 * nkv) * hd;
+    let kv_row = nkv * hd;
+    let n_slots = 64;
+    // keys and values up to 2: a stored key up to 40 with k_scale 0.05
+    let qkv = bf(&(0..t * w).map(|_| 2.0 * c.rng.sym()).collect::<Vec<_>>());
+    let pos: Vec<i32> = (0..t).map(|_| c.rng.below(9000) as i32).collect();
+    let slots: Vec<i32> = c.rng.perm(n_slots)[..t].iter().map(|&x| x as i32).collect();
+    let inv = llama3_inv_freq(hd);
+    let (dp, ds, di) = (c.up(&pos)?, c.up(&slots)?, c.up(&inv)?);
+    let shape = |kv| {
+        AttnShape {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            kv,
+        }
+        .with_scales(scales)
+    };
+    // the launch on `pool`'s type into a pool of NaN bytes: (rotated qkv, K pool, V pool bytes)
+    let store = |c: &mut Ctx, pool: KvDtype| -> R<(Vec<f32>, Vec<u8>, Vec<u8>)> {
+        let dq = c.up(&qkv)?;
+        let poison = vec![0xffu8; n_slots * kv_row * pool.bytes()];
+        let (kc, vc) = (c.up(&poison)?, c.up(&poison)?);
+        // SAFETY: shapes as allocated; slots < n_slots.
+        unsafe {
+            c.k.rope_kv_store(
+                &c.s,
+                c.p(&dq),
+                c.p(&kc),
+                c.p(&vc),
+                c.p(&dp),
+                c.p(&ds),
+                c.p(&di),
+                t,
+                shape(pool),
+            )?
+        };
+        let gq = c.down(&dq)?;
+        c.s.synchronize()?;
+        Ok((gq, c.s.clone_dtoh(&kc)?, c.s.clone_dtoh(&vc)?))
+    };
+    let (gq, gk, gv) = store(c, kv)?;
+    let read = |bytes: &[u8], scale: f32| -> Vec<f32> {
+        let s = if kv == KvDtype::Bf16 { 1.0 } else { scale };
+        kv_decode(bytes, kv).iter().map(|x| x * s).collect()
+    };
+    let (gk, gv, gk_bytes, gv_bytes) = (read(&gk, scales.k), read(&gv, scales.v), gk, gv);
+    let pooled = |x: f32, scale: f32| kv_encode_scaled(&[x], kv, scale).1[0];
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    let half = hd / 2;
+    for r in 0..t {
+        for head in 0..nh + nkv {
+            for i in 0..half {
+                let a = (pos[r] as f64 * inv[i] as f64) as f32;
+                let (cs, sn) = (rbf(a.cos()), rbf(a.sin()));
+                let x1 = qkv[r * w + head * hd + i].to_f32();
+                let x2 = qkv[r * w + head * hd + i + half].to_f32();
+                let o1 = rbf(rbf(x1 * cs) + rbf(-x2 * sn));
+                let o2 = rbf(rbf(x2 * cs) + rbf(x1 * sn));
+                if head < nh {
+                    got.extend([gq[r * w + head * hd + i], gq[r * w + head * hd + i + half]]);
+                    want.extend([o1, o2]);
+                } else {
+                    let base = slots[r] as usize * kv_row + (head - nh) * hd;
+                    got.extend([gk[base + i], gk[base + i + half]]);
+                    want.extend([pooled(o1, scales.k), pooled(o2, scales.k)]);
+                }
+            }
+        }
+        for j in 0..kv_row {
+            got.push(gv[slots[r] as usize * kv_row + j]);
+            want.push(pooled(qkv[r * w + (nh + nkv) * hd + j].to_f32(), scales.v));
+        }
+    }
+    c.record(
+        &format!(
+            "rope_kv_store (llama3 scaling), {} pool{}",
+            kv_name(kv),
+            scales_name(scales)
+        ),
+        rel_err(&got, &want),
+        1e-2,
+    );
+    if kv != KvDtype::Bf16 {
+        // the same launch on a bf16 pool keeps the rotated k and v exactly (scales ignored)
+        let (_, bk, bv) = store(c, KvDtype::Bf16)?;
+        let (bk, bv) = (kv_decode(&bk, KvDtype::Bf16), kv_decode(&bv, KvDtype::Bf16));
+        let (mut differ, mut compared) = (0usize, 0usize);
+        for &slot in &slots {
+            let row = slot as usize * kv_row..(slot as usize + 1) * kv_row;
+            for (pool, bf16_pool, scale) in [(&gk_bytes, &bk, scales.k), (&gv_bytes, &bv, scales.v)]
+            {
+                let want = kv_encode_scaled(&bf16_pool[row.clone()], kv, scale).0;
+                differ += want
+                    .iter()
+                    .zip(&pool[row.clone()])
+                    .filter(|(a, b)| a != b)
+                    .count();
+                compared += want.len();
+            }
+        }
+        c.record(
+            &format!(
+                "rope_kv_store {} pool{}: bytes vs the bf16 pool's values divided on the host ({differ} of {compared} differ)",
+                kv_name(kv),
+                scales_name(scales)
+            ),
+            differ as f64 / compared as f64,
+            0.0,
+        );
+    }
+    Ok(())
+}
+
 /// Every attention check on a pool of `kv` elements: the RoPE store, decode attention at
 /// `decode` shapes (head_dim, heads, KV heads), the one-launch forms at `fused` shapes for each
-/// batch of sequence lengths in `lens`, and prefill attention.
+/// batch of sequence lengths in `lens`, and prefill attention; then the same kernels with
+/// KV-cache scales other than 1 (on a bf16 pool, which ignores them, fewer of them).
 pub(crate) fn check_attention(
     c: &mut Ctx,
     kv: KvDtype,
@@ -441,13 +651,33 @@ pub(crate) fn check_attention(
 ) -> R<()> {
     check_rope(c, kv)?;
     for &(hd, nh, nkv) in decode {
-        check_decode(c, hd, nh, nkv, kv)?;
+        check_decode(c, hd, nh, nkv, kv, KvScales::ONE)?;
     }
     for &(hd, nh, nkv) in fused {
         for l in lens {
-            check_decode_fused(c, hd, nh, nkv, l, kv)?;
+            check_decode_fused(c, hd, nh, nkv, l, kv, KvScales::ONE)?;
         }
     }
-    check_prefill(c, 128, 32, 8, kv)?;
-    check_prefill(c, 64, 8, 4, kv)
+    check_prefill(c, 128, 32, 8, kv, KvScales::ONE)?;
+    check_prefill(c, 64, 8, 4, kv, KvScales::ONE)?;
+    check_attention_scaled(c, kv)
+}
+
+/// The store, decode (every form) and prefill attention with each of [`SCALES`].
+fn check_attention_scaled(c: &mut Ctx, kv: KvDtype) -> R<()> {
+    for (i, scales) in SCALES.into_iter().enumerate() {
+        check_rope_scaled(c, kv, scales)?;
+        check_decode(c, 128, 32, 8, kv, scales)?;
+        if kv == KvDtype::Bf16 {
+            continue;
+        }
+        check_decode(c, 64, 16, 2, kv, scales)?;
+        let (hd, nh, nkv) = if i == 0 { (128, 32, 8) } else { (64, 16, 4) };
+        for l in [&[300usize][..], &[2, 17, 33, 300, 1029, 2500, 64, 129]] {
+            check_decode_fused(c, hd, nh, nkv, l, kv, scales)?;
+        }
+        check_prefill(c, 128, 32, 8, kv, scales)?;
+        check_prefill(c, 64, 8, 4, kv, scales)?;
+    }
+    Ok(())
 }
