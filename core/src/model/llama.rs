@@ -182,7 +182,26 @@ pub struct LlamaTensors<'a> {
     cfg: &'a ModelConfig,
     naming: Naming,
     tp: TensorParallel,
+    /// The checkpoint declares KV-cache scales (`kv_cache_scheme`): every layer must have them.
+    kv_scales_declared: bool,
 }
+
+/// One attention layer's KV-cache scales, as the checkpoint stores them (see
+/// [`LlamaTensors::kv_scales`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerKvScales {
+    pub k: f32,
+    pub v: f32,
+}
+
+/// Where checkpoints keep a layer's K and V scales, under `model.layers.N.self_attn.`:
+/// compressed-tensors' names first, then the names SGLang and vLLM remap from (the
+/// `output_scale` of k_proj/v_proj in older compressed-tensors and Quark files, ModelOpt's
+/// scales under the projections).
+const K_SCALE_NAMES: [&str; 3] = ["k_scale", "k_proj.output_scale", "k_proj.k_scale"];
+const V_SCALE_NAMES: [&str; 3] = ["v_scale", "v_proj.output_scale", "v_proj.v_scale"];
+/// The deprecated single scale of both K and V.
+const KV_SCALE_NAME: &str = "kv_scale";
 
 impl<'a> LlamaTensors<'a> {
     pub fn new(
@@ -196,7 +215,15 @@ impl<'a> LlamaTensors<'a> {
             cfg,
             naming,
             tp,
+            kv_scales_declared: false,
         }
+    }
+
+    /// Whether the checkpoint declares KV-cache scales (`kv_cache_scheme`), so that every
+    /// layer must bring them ([`LlamaTensors::kv_scales`]).
+    pub fn with_kv_scales_declared(mut self, declared: bool) -> Self {
+        self.kv_scales_declared = declared;
+        self
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -294,6 +321,66 @@ impl<'a> LlamaTensors<'a> {
         Ok(values)
     }
 
+    /// Layer `i`'s KV-cache scales (one K and one V scale, the same on every rank), or `None`
+    /// where the checkpoint has none for the layer (then the scales are 1). Read under
+    /// compressed-tensors' names (`self_attn.k_scale` / `v_scale`) or the older ones SGLang and
+    /// vLLM also read (`k_proj.output_scale`, `k_proj.k_scale`, a shared `kv_scale`). A
+    /// checkpoint that declares KV-cache scales must have both for every layer; one of the
+    /// pair alone is an error either way.
+    pub fn kv_scales(&self, i: usize) -> Result<Option<LayerKvScales>, LoadError> {
+        if self.naming != Naming::HuggingFace {
+            return Ok(None);
+        }
+        let prefix = format!("model.layers.{i}.self_attn");
+        let find = |names: &[&str]| {
+            names
+                .iter()
+                .chain([&KV_SCALE_NAME])
+                .map(|n| format!("{prefix}.{n}"))
+                .find(|n| self.src.contains(n))
+        };
+        let (k, v) = (find(&K_SCALE_NAMES), find(&V_SCALE_NAMES));
+        let missing = |names: &[&str], why: &str| LoadError::Layout {
+            name: format!("{prefix}.{}", names[0]),
+            why: format!(
+                "missing from the checkpoint, {why} (also looked for self_attn.{} and self_attn.{KV_SCALE_NAME})",
+                names[1..].join(", self_attn.")
+            ),
+        };
+        match (k, v) {
+            (Some(k), Some(v)) => Ok(Some(LayerKvScales {
+                k: self.scale(&k)?,
+                v: self.scale(&v)?,
+            })),
+            (None, None) if !self.kv_scales_declared => Ok(None),
+            (None, None) => Err(missing(
+                &K_SCALE_NAMES,
+                "which declares KV-cache scales (kv_cache_scheme)",
+            )),
+            (Some(_), None) => Err(missing(&V_SCALE_NAMES, "which has the layer's K scale")),
+            (None, Some(_)) => Err(missing(&K_SCALE_NAMES, "which has the layer's V scale")),
+        }
+    }
+
+    /// A single positive, finite scale stored as tensor `name` (any float type, one element).
+    fn scale(&self, name: &str) -> Result<f32, LoadError> {
+        let t = self.src.read(name, Shard::Whole)?;
+        if t.shape.iter().product::<usize>() != 1 {
+            return Err(LoadError::Layout {
+                name: name.to_string(),
+                why: format!("shape {:?}: expected a single scale", t.shape),
+            });
+        }
+        let x = t.to_f32()?[0];
+        if !(x.is_finite() && x > 0.0) {
+            return Err(LoadError::Layout {
+                name: name.to_string(),
+                why: format!("scale {x} (scales must be positive and finite)"),
+            });
+        }
+        Ok(x)
+    }
+
     /// The token embedding `[vocab, hidden]` (every rank holds it whole).
     pub fn embed(&self) -> Result<Tensor<'a>, LoadError> {
         let shape = [self.cfg.vocab_size, self.cfg.hidden_size];
@@ -380,6 +467,91 @@ mod tests {
         );
         let c = TensorParallel::local_config(8, &cfg(32, 2, 14336));
         assert_eq!((c.num_heads, c.num_kv_heads), (4, 1));
+    }
+
+    /// In-memory tensors for the KV-scale lookups.
+    struct Scales(Vec<(String, DType, Vec<usize>, Vec<u8>)>);
+
+    impl TensorSource for Scales {
+        fn contains(&self, name: &str) -> bool {
+            self.0.iter().any(|t| t.0 == name)
+        }
+
+        fn read(&self, name: &str, _: Shard) -> Result<Tensor<'_>, LoadError> {
+            let (n, d, s, b) = self
+                .0
+                .iter()
+                .find(|t| t.0 == name)
+                .ok_or_else(|| LoadError::MissingTensor { name: name.into() })?;
+            Tensor::new(n, *d, s.clone(), b)
+        }
+    }
+
+    #[test]
+    fn kv_scales_are_read_under_every_checkpoint_naming() {
+        let f32s = |name: &str, shape: Vec<usize>, v: &[f32]| {
+            let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            (format!("model.layers.{name}"), DType::F32, shape, bytes)
+        };
+        let bf16 = half::bf16::from_f32(2.5).to_le_bytes().to_vec();
+        let src = Scales(vec![
+            // compressed-tensors: scalar tensors beside the attention module
+            f32s("0.self_attn.k_scale", vec![], &[0.5]),
+            (
+                "model.layers.0.self_attn.v_scale".into(),
+                DType::BF16,
+                vec![1],
+                bf16,
+            ),
+            // older compressed-tensors and Quark
+            f32s("1.self_attn.k_proj.output_scale", vec![1], &[0.25]),
+            f32s("1.self_attn.v_proj.output_scale", vec![1], &[4.0]),
+            // ModelOpt
+            f32s("2.self_attn.k_proj.k_scale", vec![], &[0.125]),
+            f32s("2.self_attn.v_proj.v_scale", vec![], &[8.0]),
+            // one shared scale (deprecated)
+            f32s("3.self_attn.kv_scale", vec![], &[0.75]),
+            // layer 4: none; layer 5: K only; layer 6: per-head K; layer 7: a zero scale
+            f32s("5.self_attn.k_scale", vec![], &[0.5]),
+            f32s("6.self_attn.k_scale", vec![8], &[0.5; 8]),
+            f32s("6.self_attn.v_scale", vec![], &[0.5]),
+            f32s("7.self_attn.k_scale", vec![], &[0.5]),
+            f32s("7.self_attn.v_scale", vec![], &[0.0]),
+        ]);
+        let c = cfg(4, 2, 512);
+        let tp = TensorParallel { rank: 1, size: 2 };
+        let plain = LlamaTensors::new(&src, &c, Naming::HuggingFace, tp);
+        let declared =
+            LlamaTensors::new(&src, &c, Naming::HuggingFace, tp).with_kv_scales_declared(true);
+        let s = |k, v| Some(LayerKvScales { k, v });
+        for t in [&plain, &declared] {
+            assert_eq!(t.kv_scales(0).ok(), Some(s(0.5, 2.5)));
+            assert_eq!(t.kv_scales(1).ok(), Some(s(0.25, 4.0)));
+            assert_eq!(t.kv_scales(2).ok(), Some(s(0.125, 8.0)));
+            assert_eq!(t.kv_scales(3).ok(), Some(s(0.75, 0.75)));
+        }
+        // no scales: 1.0 unless the checkpoint declares them
+        assert_eq!(plain.kv_scales(4).ok(), Some(None));
+        let e = declared.kv_scales(4).expect_err("declared").to_string();
+        assert!(e.contains("model.layers.4.self_attn.k_scale"), "{e}");
+        assert!(e.contains("kv_cache_scheme"), "{e}");
+        for t in [&plain, &declared] {
+            let e = t.kv_scales(5).expect_err("K alone").to_string();
+            assert!(
+                e.contains("model.layers.5.self_attn.v_scale: missing"),
+                "{e}"
+            );
+            let e = t.kv_scales(6).expect_err("per head").to_string();
+            assert!(e.contains("expected a single scale"), "{e}");
+            let e = t.kv_scales(7).expect_err("zero").to_string();
+            assert!(
+                e.contains("model.layers.7.self_attn.v_scale: scale 0"),
+                "{e}"
+            );
+        }
+        // GGUF files bring none
+        let gguf = LlamaTensors::new(&src, &c, Naming::Gguf, tp).with_kv_scales_declared(true);
+        assert_eq!(gguf.kv_scales(0).ok(), Some(None));
     }
 
     #[test]

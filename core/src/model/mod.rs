@@ -90,5 +90,6 @@ impl Model {
     /// The Llama-family tensors of this rank.
     pub fn llama(&self, tp: TensorParallel) -> LlamaTensors<'_> {
         LlamaTensors::new(self.tensors(), &self.config, self.naming, tp)
+            .with_kv_scales_declared(self.quant.kv_scales())
     }
 }

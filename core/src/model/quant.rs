@@ -14,9 +14,15 @@
 //!
 //! Static activation scales (`input_scale`, a group's `dynamic: false`) are not used: the
 //! engine always scales activations per token, which is at least as accurate; fbgemm's
-//! activation upper bound is not applied either. The checkpoint's KV-cache scales
-//! (`kv_cache_scheme`) are not applied, so an FP8 KV cache is refused with such a checkpoint
-//! (a bf16 cache needs no scale).
+//! activation upper bound is not applied either.
+//!
+//! KV-cache scales: a compressed-tensors `kv_cache_scheme` (8-bit float, one static scale per
+//! tensor) says that every attention layer brings a K and a V scale
+//! (`model.layers.N.self_attn.k_scale` / `v_scale`, or the older names that
+//! `model::llama::LlamaTensors::kv_scales` also reads). With an FP8 KV cache
+//! (`--kv-cache-dtype fp8_e4m3|fp8_e5m2`, on the GPU) the pool stores `k / k_scale` and
+//! `v / v_scale` and attention multiplies them back, as SGLang and vLLM do; a checkpoint
+//! without them gets scales of 1. A bf16 cache does not use them.
 
 use std::fmt;
 use std::path::Path;
@@ -74,6 +80,18 @@ impl CheckpointQuant {
         matches!(self, CheckpointQuant::Fp8 { .. })
     }
 
+    /// Whether the checkpoint declares KV-cache scales (`kv_cache_scheme`): then every
+    /// attention layer must bring its K and V scales.
+    pub fn kv_scales(self) -> bool {
+        matches!(
+            self,
+            CheckpointQuant::Fp8 {
+                kv_scales: true,
+                ..
+            }
+        )
+    }
+
     /// Reads `config.json`'s `quantization_config` (absent or null: no quantization).
     pub fn from_config(config: &Value) -> Result<Self, String> {
         match config.get("quantization_config") {
@@ -104,7 +122,11 @@ fn parse(q: &Value) -> Result<CheckpointQuant, String> {
         .get("quant_method")
         .and_then(Value::as_str)
         .ok_or_else(|| refuse("quantization_config has no quant_method".into()))?;
-    let kv_scales = q.get("kv_cache_scheme").is_some_and(|v| !v.is_null());
+    let kv_scheme = q.get("kv_cache_scheme").filter(|v| !v.is_null());
+    if let Some(k) = kv_scheme {
+        kv_cache_scheme(k)?;
+    }
+    let kv_scales = kv_scheme.is_some();
     let format = match method {
         "compressed-tensors" => {
             compressed_tensors(q)?;
@@ -149,6 +171,37 @@ fn compressed_tensors(q: &Value) -> Result<(), String> {
         if g.get("output_activations").is_some_and(|a| !a.is_null()) {
             return Err(refuse(format!("group {name} quantizes output activations")));
         }
+    }
+    Ok(())
+}
+
+/// The KV-cache scheme read: 8-bit floats with one static, symmetric scale per tensor (per
+/// layer for K and for V), as compressed-tensors writes it.
+fn kv_cache_scheme(k: &Value) -> Result<(), String> {
+    let kind = k.get("type").and_then(Value::as_str).unwrap_or("?");
+    let bits = k.get("num_bits").and_then(Value::as_u64).unwrap_or(0);
+    let strategy = k
+        .get("strategy")
+        .and_then(Value::as_str)
+        .unwrap_or("tensor");
+    if kind != "float" || bits != 8 {
+        return Err(refuse(format!(
+            "kv_cache_scheme stores the KV cache as {bits}-bit {kind}"
+        )));
+    }
+    if strategy != "tensor" {
+        return Err(refuse(format!(
+            "kv_cache_scheme scales the KV cache per {strategy} (read: one scale per tensor)"
+        )));
+    }
+    if k.get("dynamic").and_then(Value::as_bool) == Some(true) {
+        return Err(refuse(
+            "kv_cache_scheme with dynamic scales (read: static scales stored in the checkpoint)"
+                .into(),
+        ));
+    }
+    if k.get("symmetric").and_then(Value::as_bool) == Some(false) {
+        return Err(refuse("kv_cache_scheme quantizes asymmetrically".into()));
     }
     Ok(())
 }
@@ -230,14 +283,22 @@ mod tests {
             Ok(CheckpointQuant::None)
         );
         let mut with_kv = ct(w("channel"), Value::Null);
-        with_kv["quantization_config"]["kv_cache_scheme"] =
-            json!({"type": "float", "num_bits": 8, "strategy": "tensor"});
+        // as compressed-tensors writes it
+        with_kv["quantization_config"]["kv_cache_scheme"] = json!({"type": "float",
+            "num_bits": 8, "strategy": "tensor", "symmetric": true, "dynamic": false,
+            "group_size": null, "block_structure": null, "observer": "minmax"});
+        let q = CheckpointQuant::from_config(&with_kv);
         assert_eq!(
-            CheckpointQuant::from_config(&with_kv),
+            q,
             Ok(CheckpointQuant::Fp8 {
                 format: Fp8Format::CompressedTensors,
                 kv_scales: true
             })
+        );
+        assert!(q.is_ok_and(CheckpointQuant::kv_scales));
+        assert!(
+            !CheckpointQuant::from_config(&ct(w("channel"), Value::Null))
+                .is_ok_and(CheckpointQuant::kv_scales)
         );
     }
 
@@ -249,6 +310,11 @@ mod tests {
         );
         let mut packed = ct(w("channel"), Value::Null);
         packed["quantization_config"]["format"] = json!("pack-quantized");
+        let kv = |scheme: Value| {
+            let mut c = ct(w("channel"), Value::Null);
+            c["quantization_config"]["kv_cache_scheme"] = scheme;
+            c
+        };
         let cases = [
             (
                 json!({"quantization_config": {"quant_method": "gptq", "bits": 4}}),
@@ -269,6 +335,22 @@ mod tests {
             (
                 json!({"quantization_config": {"bits": 8}}),
                 "no quant_method",
+            ),
+            (
+                kv(
+                    json!({"type": "float", "num_bits": 8, "strategy": "attn_head",
+                          "symmetric": true, "dynamic": false}),
+                ),
+                "kv_cache_scheme scales the KV cache per attn_head",
+            ),
+            (
+                kv(json!({"type": "int", "num_bits": 8, "strategy": "tensor"})),
+                "kv_cache_scheme stores the KV cache as 8-bit int",
+            ),
+            (
+                kv(json!({"type": "float", "num_bits": 8, "strategy": "tensor",
+                          "dynamic": true})),
+                "dynamic scales",
             ),
         ];
         for (cfg, want) in cases {
