@@ -3,6 +3,8 @@
 //! the same numbers gives, so the logits are the same bits. The FP8 bytes here are written by
 //! this test's own encoder (nearest e4m3 value, ties to the even code), independent of the
 //! engine's code. Other quantization schemes are refused by name before any tensor is read.
+//! KV-cache scales (`kv_cache_scheme`) are read with an FP8 KV cache, which only the GPU has:
+//! the CPU serves such a checkpoint with its f32 cache and leaves the scales unused.
 
 #![allow(clippy::unwrap_used)]
 
@@ -110,6 +112,8 @@ impl Tensors {
 
 /// Two folders of one tiny Llama (SmolLM2's tokenizer): `fp8` with e4m3 linear weights and
 /// their scales, `reference` with those weights' values in f32. Returns (fp8, reference).
+/// A `quant_config` with a `kv_cache_scheme` also gets each layer's KV-cache scales
+/// (`self_attn.k_scale` 0.05, `v_scale` 3.0) in the FP8 folder.
 fn write_pair(root: &Path, scales: Scales, quant_config: Value) -> (PathBuf, PathBuf) {
     let table = e4m3_table();
     let (fp8_dir, ref_dir) = (root.join("fp8"), root.join("reference"));
@@ -156,7 +160,18 @@ fn write_pair(root: &Path, scales: Scales, quant_config: Value) -> (PathBuf, Pat
     }
     let head_dim = HIDDEN / HEADS;
     let mut seed = 10;
+    let kv_scales = quant_config["kv_cache_scheme"].is_object();
     for i in 0..LAYERS {
+        if kv_scales {
+            for (name, scale) in [("k_scale", 0.05f32), ("v_scale", 3.0)] {
+                fp8.add(
+                    format!("model.layers.{i}.self_attn.{name}"),
+                    Dtype::F32,
+                    vec![1],
+                    f32_bytes(&[scale]),
+                );
+            }
+        }
         for norm in ["input_layernorm", "post_attention_layernorm"] {
             let ones = bf16_bytes(
                 &random(HIDDEN, seed, 0.2)
@@ -323,6 +338,30 @@ fn compressed_tensors_per_channel_fp8_is_the_float_checkpoint_of_its_values() {
     same_logits(&fp8, &reference);
 }
 
+fn kv_cache_scheme() -> Value {
+    json!({"num_bits": 8, "type": "float", "symmetric": true, "group_size": null,
+           "strategy": "tensor", "block_structure": null, "dynamic": false,
+           "observer": "minmax"})
+}
+
+fn with_kv_scales() -> Value {
+    let mut c = compressed_tensors();
+    c["kv_cache_scheme"] = kv_cache_scheme();
+    c
+}
+
+/// The CPU's KV cache is f32, which takes no scales (as SGLang leaves them unused with a
+/// bf16 cache): a checkpoint that brings them loads and gives the float checkpoint's logits.
+#[test]
+fn kv_cache_scales_are_unused_by_the_cpus_f32_cache() {
+    let root = tempfile::tempdir().unwrap();
+    let (fp8, reference) = write_pair(root.path(), Scales::ChannelBf16, with_kv_scales());
+    let model = sgl_core::model::load(&fp8).unwrap();
+    assert!(model.quant.kv_scales(), "{:?}", model.quant);
+    assert!(model.tensors().contains("model.layers.1.self_attn.v_scale"));
+    same_logits(&fp8, &reference);
+}
+
 #[test]
 fn per_tensor_fp8_scales_with_static_input_scales_read_the_same_way() {
     let root = tempfile::tempdir().unwrap();
@@ -359,18 +398,13 @@ fn serve_names_the_checkpoint_quantization_or_refuses_the_scheme() {
     );
     let config_path = fp8.join("config.json");
     let original = std::fs::read_to_string(&config_path).unwrap();
-    let with_kv_scales = {
-        let mut c = compressed_tensors();
-        c["kv_cache_scheme"] = json!({"type": "float", "num_bits": 8, "strategy": "tensor"});
-        c
-    };
     let int8 = {
         let mut c = compressed_tensors();
         c["config_groups"]["group_0"]["weights"] =
             json!({"type": "int", "num_bits": 8, "strategy": "channel", "symmetric": true});
         c
     };
-    let cases: [(Value, &[&str], &str); 5] = [
+    let cases: [(Value, &[&str], &str); 6] = [
         (
             json!({"quant_method": "gptq", "bits": 4, "group_size": 128}),
             &[],
@@ -387,12 +421,21 @@ fn serve_names_the_checkpoint_quantization_or_refuses_the_scheme() {
             "block-wise",
         ),
         (int8, &[], "stores weights as 8-bit int"),
-        // The checkpoint's KV-cache scales are not applied: an FP8 KV cache (a GPU's) is
-        // refused with them, before anything needs the GPU.
         (
-            with_kv_scales,
-            &["--device", "cuda", "--kv-cache-dtype", "fp8_e4m3"],
-            "brings KV-cache scales",
+            {
+                let mut c = compressed_tensors();
+                c["kv_cache_scheme"] = json!({"type": "float", "num_bits": 8,
+                                              "strategy": "attn_head"});
+                c
+            },
+            &[],
+            "kv_cache_scheme scales the KV cache per attn_head",
+        ),
+        // The CPU has no FP8 KV cache, so none to apply a checkpoint's KV scales to.
+        (
+            with_kv_scales(),
+            &["--device", "cpu", "--kv-cache-dtype", "fp8_e4m3"],
+            "run on the GPU (--device cuda)",
         ),
     ];
     for (quant, extra, want) in cases {
@@ -403,6 +446,20 @@ fn serve_names_the_checkpoint_quantization_or_refuses_the_scheme() {
         assert!(!ok, "{want}: accepted:\n{text}");
         assert!(text.contains(want), "should say {want:?}:\n{text}");
     }
+    // KV-cache scales are accepted: with the CPU's f32 cache (unused), and with a GPU's FP8
+    // cache, which applies them (a build without CUDA says only that it has none).
+    let mut c: Value = serde_json::from_str(&original).unwrap();
+    c["quantization_config"] = with_kv_scales();
+    std::fs::write(&config_path, c.to_string()).unwrap();
+    let (ok, text) = serve_check(&fp8, &["--device", "cpu"]);
+    assert!(ok, "{text}");
+    assert!(text.contains("weights: FP8 (compressed-tensors)"), "{text}");
+    let (ok, text) = serve_check(&fp8, &["--device", "cuda", "--kv-cache-dtype", "fp8_e4m3"]);
+    assert!(!text.contains("KV-cache scales"), "{text}");
+    assert!(
+        ok || text.contains("built without CUDA support"),
+        "an FP8 KV cache with the checkpoint's scales should be served:\n{text}"
+    );
     std::fs::write(&config_path, original).unwrap();
 }
 

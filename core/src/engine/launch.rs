@@ -115,17 +115,12 @@ pub fn check(mut args: ServerArgs) -> Result<String> {
 }
 
 /// An FP8 checkpoint is served as FP8 on the GPU (as if `--quantization fp8` were given, which
-/// `/get_server_info` then reports) and dequantized to f32 on the CPU. Its KV-cache scales are
-/// not applied, so an FP8 KV cache is refused with them.
+/// `/get_server_info` then reports) and dequantized to f32 on the CPU. Its KV-cache scales
+/// (`kv_cache_scheme`) are applied by an FP8 KV cache (the GPU's weight loader reads them) and
+/// unused by a bf16 one.
 fn checkpoint_quantization(args: &mut ServerArgs, model: &model::Model) -> Result<()> {
-    let model::quant::CheckpointQuant::Fp8 { kv_scales, .. } = model.quant else {
+    if !model.quant.is_fp8() {
         return Ok(());
-    };
-    if kv_scales && args.kv_cache_dtype() != crate::backend::KvCacheDtype::Auto {
-        return Err(EngineError::InvalidArgument(format!(
-            "--kv-cache-dtype {}: this checkpoint brings KV-cache scales (kv_cache_scheme), which this engine does not apply yet; serve it with --kv-cache-dtype auto",
-            args.kv_cache_dtype
-        )));
     }
     if args.device() == DeviceKind::Cuda {
         args.quantization.get_or_insert_with(|| "fp8".to_string());

@@ -986,6 +986,8 @@ impl CudaBackend {
                     self.linear(normed, lw.qkv.weight(s), qkv, t, h, qkv_w)?;
                 }
                 let (kc, vc) = self.kv_layer(l);
+                // this layer's KV-cache scales (applied by the launches on an FP8 pool only)
+                let shape = shape.with_scales(lw.kv_scales);
                 if let (
                     true,
                     AttnInputs::Decode {

@@ -6,12 +6,15 @@
 //! output row becomes e4m3 values with one f32 scale (`max |row| / 448`), so a decode step
 //! reads half the bytes. An FP8 checkpoint (`model::quant`) brings its e4m3 rows and scales,
 //! uploaded as stored. Embedding, norms and the LM head stay bf16, as SGLang keeps them.
+//!
+//! Each layer also gets its KV-cache scales: the checkpoint's (`LlamaTensors::kv_scales`, the
+//! same on every rank), else 1. Attention applies them to an FP8 KV cache only.
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, PinnedHostSlice};
 use half::{bf16, f16};
-use sgl_kernels::{Dptr, Gemm, Kernels, WeightRef, dptr};
+use sgl_kernels::{Dptr, Gemm, Kernels, KvScales, WeightRef, dptr};
 
 use crate::backend::BackendError;
 use crate::model::llama::{LlamaTensors, Part};
@@ -46,6 +49,8 @@ pub(crate) struct Layer {
     pub post_norm: CudaSlice<bf16>,
     pub gate_up: Linear,
     pub down: Linear,
+    /// The layer's FP8 KV-cache scales (1 where the checkpoint brings none).
+    pub kv_scales: KvScales,
 }
 
 pub(crate) struct Weights {
@@ -387,6 +392,7 @@ pub(super) fn load(
     let u = &mut uploader;
     let embed = up(u, &[src.embed()?])?;
     let mut layers = Vec::with_capacity(cfg.num_layers);
+    let mut kv_scales_from_checkpoint = false;
     for l in 0..cfg.num_layers {
         if src.has(l, Part::QBias) {
             return Err(BackendError::Unsupported(
@@ -401,6 +407,13 @@ pub(super) fn load(
         let down = lin(u, l, &[Part::Down])?;
         let input_norm = up(u, &[part(Part::AttnNorm)?])?;
         let post_norm = up(u, &[part(Part::FfnNorm)?])?;
+        let kv_scales = match src.kv_scales(l)? {
+            Some(k) => {
+                kv_scales_from_checkpoint = true;
+                KvScales { k: k.k, v: k.v }
+            }
+            None => KvScales::ONE,
+        };
         layers.push(Layer {
             input_norm,
             qkv,
@@ -408,7 +421,25 @@ pub(super) fn load(
             post_norm,
             gate_up,
             down,
+            kv_scales,
         });
+    }
+    // every rank reads the same scales: rank 0 says which
+    if kv_scales_from_checkpoint && src.tp().rank == 0 {
+        let (k, v): (Vec<f32>, Vec<f32>) = layers
+            .iter()
+            .map(|l| (l.kv_scales.k, l.kv_scales.v))
+            .unzip();
+        let range = |x: &[f32]| {
+            let lo = x.iter().copied().fold(f32::INFINITY, f32::min);
+            let hi = x.iter().copied().fold(0.0f32, f32::max);
+            format!("{lo:.3e}..{hi:.3e}")
+        };
+        tracing::info!(
+            "KV-cache scales from the checkpoint: K {}, V {} (applied with an FP8 KV cache)",
+            range(&k),
+            range(&v)
+        );
     }
     let norm = up(u, &[src.final_norm()?])?;
     // The LM head splits by vocabulary rows across the ranks when they divide it
