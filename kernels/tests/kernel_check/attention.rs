@@ -54,6 +54,21 @@ fn scales_name(scales: KvScales) -> String {
 /// large V scale, then the other way round.
 const SCALES: [KvScales; 2] = [KvScales { k: 0.05, v: 3.0 }, KvScales { k: 3.0, v: 0.05 }];
 
+/// Rotate-half RoPE of one head (`x`, head_dim values) at `pos` on the host, rounded as the
+/// kernels round it (cos/sin to bf16, each product and the result to bf16).
+fn rope_head(x: &[bf16], pos: i32, inv: &[f32]) -> Vec<f32> {
+    let half = x.len() / 2;
+    let mut out = vec![0.0f32; x.len()];
+    for i in 0..half {
+        let a = (pos as f64 * inv[i] as f64) as f32;
+        let (cs, sn) = (rbf(a.cos()), rbf(a.sin()));
+        let (x1, x2) = (x[i].to_f32(), x[i + half].to_f32());
+        out[i] = rbf(rbf(x1 * cs) + rbf(-x2 * sn));
+        out[i + half] = rbf(rbf(x2 * cs) + rbf(x1 * sn));
+    }
+    out
+}
+
 /// CPU attention of one query row over keys 0..=limit of a sequence's slots.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attn_ref(
@@ -325,6 +340,33 @@ pub(crate) fn check_decode_fused(
         }
         let want = c.down(&out1)?;
         nonfinite += want.iter().filter(|x| !x.is_finite()).count();
+        if scales != KvScales::ONE && splits.len() == 1 {
+            // with scales, the unfused result (which the fused forms must equal bit for bit)
+            // against the host too: q and the new k rotated, the new k and v stored with the
+            // scales and read back times them
+            let host = host_decode_step(
+                (nh, nkv, hd),
+                &qkv,
+                &k,
+                &v,
+                &indptr,
+                &idx,
+                &positions,
+                &inv,
+                kv,
+                scales,
+            );
+            let err = rel_err(&want, &host);
+            c.record(
+                &format!(
+                    "decode_attn_rope d{hd} {nh}/{nkv} heads, {} pool{}, lens {lens:?}: rope_kv_store + decode_attn vs host",
+                    kv_name(kv),
+                    scales_name(scales)
+                ),
+                err,
+                1e-2,
+            );
+        }
         let bits = |d: &CudaSlice<bf16>| -> R<Vec<u16>> {
             c.s.synchronize()?;
             Ok(c.s.clone_dtoh(d)?.iter().map(|x| x.to_bits()).collect())
@@ -416,6 +458,60 @@ pub(crate) fn check_decode_fused(
         0.0,
     );
     Ok(())
+}
+
+/// The host's decode step over raw qkv rows: each sequence's query rotated at its position,
+/// its keys those of `k` / `v` (attention's values) with the new token's (the sequence's last
+/// slot) rotated and stored with `scales`: every sequence's output rows.
+#[allow(clippy::too_many_arguments)]
+fn host_decode_step(
+    (nh, nkv, hd): (usize, usize, usize),
+    qkv: &[bf16],
+    k: &[f32],
+    v: &[f32],
+    indptr: &[i32],
+    idx: &[i32],
+    positions: &[i32],
+    inv: &[f32],
+    kv: KvDtype,
+    scales: KvScales,
+) -> Vec<f32> {
+    let row = (nh + 2 * nkv) * hd;
+    let (mut kf, mut vf) = (k.to_vec(), v.to_vec());
+    let mut out = Vec::new();
+    for (b, &pos) in positions.iter().enumerate() {
+        let r = &qkv[b * row..(b + 1) * row];
+        let slots: Vec<usize> = idx[indptr[b] as usize..indptr[b + 1] as usize]
+            .iter()
+            .map(|&x| x as usize)
+            .collect();
+        let new = *slots.last().unwrap_or(&0);
+        for h in 0..nkv {
+            let kr = rope_head(&r[(nh + h) * hd..(nh + h + 1) * hd], pos, inv);
+            let vr: Vec<f32> = r[(nh + nkv + h) * hd..(nh + nkv + h + 1) * hd]
+                .iter()
+                .map(|x| x.to_f32())
+                .collect();
+            let at = (new * nkv + h) * hd;
+            kf[at..at + hd].copy_from_slice(&kv_encode_scaled(&kr, kv, scales.k).1);
+            vf[at..at + hd].copy_from_slice(&kv_encode_scaled(&vr, kv, scales.v).1);
+        }
+        for h in 0..nh {
+            let q = rope_head(&r[h * hd..(h + 1) * hd], pos, inv);
+            let kvh = h / (nh / nkv);
+            out.extend(attn_ref(
+                &q,
+                &kf,
+                &vf,
+                &slots,
+                kvh,
+                nkv,
+                hd,
+                slots.len() - 1,
+            ));
+        }
+    }
+    out
 }
 
 pub(crate) fn check_prefill(
@@ -573,24 +669,17 @@ pub(crate) fn check_rope_scaled(c: &mut Ctx, kv: KvDtype, scales: KvScales) -> R
     let (gk, gv, gk_bytes, gv_bytes) = (read(&gk, scales.k), read(&gv, scales.v), gk, gv);
     let pooled = |x: f32, scale: f32| kv_encode_scaled(&[x], kv, scale).1[0];
     let (mut got, mut want) = (Vec::new(), Vec::new());
-    let half = hd / 2;
     for r in 0..t {
         for head in 0..nh + nkv {
-            for i in 0..half {
-                let a = (pos[r] as f64 * inv[i] as f64) as f32;
-                let (cs, sn) = (rbf(a.cos()), rbf(a.sin()));
-                let x1 = qkv[r * w + head * hd + i].to_f32();
-                let x2 = qkv[r * w + head * hd + i + half].to_f32();
-                let o1 = rbf(rbf(x1 * cs) + rbf(-x2 * sn));
-                let o2 = rbf(rbf(x2 * cs) + rbf(x1 * sn));
-                if head < nh {
-                    got.extend([gq[r * w + head * hd + i], gq[r * w + head * hd + i + half]]);
-                    want.extend([o1, o2]);
-                } else {
-                    let base = slots[r] as usize * kv_row + (head - nh) * hd;
-                    got.extend([gk[base + i], gk[base + i + half]]);
-                    want.extend([pooled(o1, scales.k), pooled(o2, scales.k)]);
-                }
+            let at = r * w + head * hd;
+            let rotated = rope_head(&qkv[at..at + hd], pos[r], &inv);
+            if head < nh {
+                got.extend(&gq[at..at + hd]);
+                want.extend(rotated);
+            } else {
+                let base = slots[r] as usize * kv_row + (head - nh) * hd;
+                got.extend(&gk[base..base + hd]);
+                want.extend(rotated.iter().map(|&x| pooled(x, scales.k)));
             }
         }
         for j in 0..kv_row {
