@@ -12,7 +12,8 @@
 #   (b) an fp8_e4m3 KV cache with the checkpoint's scales,
 #   (c) an fp8_e4m3 KV cache with scales of 1 (the copy without them),
 # all on the same FP8 weights, and (b) and (c) scored against (a): the prefill logits' relative
-# difference and how many greedy sequences stay identical.
+# difference and how many greedy sequences stay identical. Also: the checkpoint that declares
+# the scales without their tensors fails to load, naming the first missing one.
 # Builds nothing: expects the binaries in .dev/gpu (scripts/gpu/README.md); writes to $OUT.
 # Knobs: LAYERS (8), STEPS (32), BUDGET_S (290).
 set -o pipefail
@@ -64,6 +65,13 @@ print(f"{dst}: {src} without its KV-cache scales")
 PY
 python3 -c 'import json,sys; print("kv_cache_scheme:", json.load(open(sys.argv[1]))["quantization_config"]["kv_cache_scheme"])' \
   $KVC/config.json | tee -a $OUT/fp8-ckpt-kv.txt
+# a checkpoint that declares the scales without them must not load: (c)'s files, (b)'s config
+MISS=$W/kvs-fp8miss$L; mkdir -p $MISS
+for f in $ONE/*; do [ "$(basename $f)" = config.json ] || ln -sfn "$(readlink -f $f)" $MISS/$(basename $f); done
+cp $KVC/config.json $MISS/config.json
+echo "== declared KV-cache scales missing: the load error"
+timeout 60 $B bench-one-batch --model $MISS --batch 1 --input 16 --output 4 --kv-cache-dtype fp8_e4m3 2>&1 \
+  | grep -E "^error" | tee $OUT/missing-scales.txt
 
 python3 scripts/gpu/tp_compare.py prompts $CK $CMP $STEPS
 run() {  # NAME CKPT KV
