@@ -1593,7 +1593,8 @@ impl Kernels {
             inter as i32,
         );
         let mut a = [arg(&qa), arg(&sa), arg(&g), arg(&xa), arg(&wa), arg(&i)];
-        let threads = (inter / 8).clamp(32, 1024).next_multiple_of(32) as u32;
+        // SILU_Q_THREADS of fp8.cu
+        let threads = 256;
         let grid = (n_tokens as u32, 1, 1);
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
         unsafe { self.launch(s, &self.silu_mul_quant_fp8, grid, threads, &mut a) }

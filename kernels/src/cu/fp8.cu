@@ -55,25 +55,74 @@ __device__ __forceinline__ float h2f(unsigned int h) {
     return f;
 }
 
-// One block per row of `rows` x `k` bf16 values: q (same shape, e4m3) and scale[row].
+// The row kernels below keep a thread's vectors of 8 values in registers between their
+// passes, packed as bf16 (every value they keep is a bf16 value): keep[v] is the thread's v-th
+// vector. Selected by unrolled compares, so the array stays in registers.
+template <int N>
+__device__ __forceinline__ void keep_put(uint4 (&k)[N], int v, uint4 x) {
+#pragma unroll
+    for (int u = 0; u < N; ++u)
+        if (u == v) k[u] = x;
+}
+template <int N>
+__device__ __forceinline__ uint4 keep_get(const uint4 (&k)[N], int v) {
+    uint4 r = k[0];
+#pragma unroll
+    for (int u = 1; u < N; ++u)
+        if (u == v) r = k[u];
+    return r;
+}
+
+// Eight e4m3 bytes of v[] / s (packed little-endian), rounded as quantize_rows_fp8 rounds.
+__device__ __forceinline__ uint2 quant8_e4m3(const float* v, float s) {
+    unsigned int w[2] = {0u, 0u};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j >> 2] |= f2e4m3(v[j] / s) << (8 * (j & 3));
+    return make_uint2(w[0], w[1]);
+}
+
+// One block per row of `rows` x `k` bf16 values: q (same shape, e4m3) and scale[row]. Rows
+// with k % 8 == 0 are read as 8-value vectors and kept in registers between the two passes
+// (up to QUANT_KEEP * 8 * 256 values; longer ones are read again); others one value at a time.
+#define QUANT_KEEP 8
 extern "C" __global__ void __launch_bounds__(256)
     quantize_rows_fp8(const bf16_t* __restrict__ x, unsigned char* __restrict__ q,
                       float* __restrict__ scale, int k) {
-    __shared__ float red[8];
+    __shared__ float red[32];
     pdl_wait();
     const size_t row = blockIdx.x;
     const bf16_t* xr = x + row * (size_t)k;
     unsigned char* qr = q + row * (size_t)k;
     float amax = 0.0f;
-    for (int i = threadIdx.x; i < k; i += blockDim.x) amax = fmaxf(amax, fabsf(bf2f(xr[i])));
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
-    __syncthreads();
-    amax = red[0];
-    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) amax = fmaxf(amax, red[w]);
-    const float s = amax > 0.0f ? amax / FP8_MAX : 1.0f;
-    for (int i = threadIdx.x; i < k; i += blockDim.x) qr[i] = (unsigned char)f2e4m3(bf2f(xr[i]) / s);
-    if (threadIdx.x == 0) scale[row] = s;
+    if ((k & 7) == 0) {
+        const uint4* xv = (const uint4*)xr;
+        const int nvec = k / 8;
+        const bool in_regs = nvec <= QUANT_KEEP * (int)blockDim.x;
+        uint4 keep[QUANT_KEEP];
+        for (int i = threadIdx.x, v = 0; i < nvec; i += blockDim.x, ++v) {
+            const uint4 raw = xv[i];
+            float f[8];
+            unpack8(raw, f);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(f[j]));
+            if (in_regs) keep_put(keep, v, raw);
+        }
+        amax = block_max(amax, red);
+        const float s = amax > 0.0f ? amax / FP8_MAX : 1.0f;
+        for (int i = threadIdx.x, v = 0; i < nvec; i += blockDim.x, ++v) {
+            float f[8];
+            unpack8(in_regs ? keep_get(keep, v) : xv[i], f);
+            ((uint2*)qr)[i] = quant8_e4m3(f, s);
+        }
+        if (threadIdx.x == 0) scale[row] = s;
+    } else {
+        for (int i = threadIdx.x; i < k; i += blockDim.x) amax = fmaxf(amax, fabsf(bf2f(xr[i])));
+        amax = block_max(amax, red);
+        const float s = amax > 0.0f ? amax / FP8_MAX : 1.0f;
+        for (int i = threadIdx.x; i < k; i += blockDim.x)
+            qr[i] = (unsigned char)f2e4m3(bf2f(xr[i]) / s);
+        if (threadIdx.x == 0) scale[row] = s;
+    }
     pdl_trigger_end();
 }
 
@@ -120,14 +169,6 @@ extern "C" __global__ void __launch_bounds__(256)
     pdl_trigger_end();
 }
 
-// Eight e4m3 bytes of v[] / s (packed little-endian), rounded as quantize_rows_fp8 rounds.
-__device__ __forceinline__ uint2 quant8_e4m3(const float* v, float s) {
-    unsigned int w[2] = {0u, 0u};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) w[j >> 2] |= f2e4m3(v[j] / s) << (8 * (j & 3));
-    return make_uint2(w[0], w[1]);
-}
-
 // The scales of an FP8 GEMM's unscaled product applied to 8 of its values, rounded to bf16 as
 // fp8_rescale_bf16 rounds them: v[j] = bf16(v[j] * sx * ws[j]) (ws 16-byte aligned).
 __device__ __forceinline__ void rescale8(float* v, float sx, const float* ws) {
@@ -136,6 +177,10 @@ __device__ __forceinline__ void rescale8(float* v, float sx, const float* ws) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[j] = rbf(v[j] * sx * w[j]);
 }
+
+// Vectors per thread add_rmsnorm_quant_fp8 keeps (its block has hidden / 8 threads, at most
+// 1024): rows up to 32768 values; longer rows are read again for each pass.
+#define NORM_KEEP 4
 
 // add_rmsnorm_bf16 followed by quantize_rows_fp8 of its output, in one kernel and with the same
 // values: the normalised row goes out as e4m3 bytes `q` and its scale `qscale[row]` instead of
@@ -155,54 +200,75 @@ extern "C" __global__ void add_rmsnorm_quant_fp8(unsigned char* __restrict__ q, 
     const size_t row = (size_t)blockIdx.x * hidden;
     uint4* res = (uint4*)(residual + row);
     const int nvec = hidden / 8;
+    const bool in_regs = nvec <= NORM_KEEP * (int)blockDim.x;
     const float sx = dxs != nullptr ? dxs[blockIdx.x] : 0.0f;
+    uint4 keep[NORM_KEEP];
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
+    for (int i = threadIdx.x, v = 0; i < nvec; i += blockDim.x, ++v) {
+        uint4 raw = res[i];
         float x[8];
-        unpack8(res[i], x);
+        unpack8(raw, x);
         if (delta != nullptr) {
             float d[8];
             unpack8(((const uint4*)(delta + row))[i], d);
             if (dxs != nullptr) rescale8(d, sx, dws + (size_t)i * 8);
 #pragma unroll
             for (int j = 0; j < 8; ++j) x[j] = rbf(x[j] + d[j]);
-            res[i] = pack8(x);
+            raw = pack8(x);
+            res[i] = raw;
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j) ss += x[j] * x[j];
+        if (in_regs) keep_put(keep, v, raw);
     }
     const float inv = rsqrtf(block_sum(ss, scratch) / (float)hidden + eps);
     const uint4* w = (const uint4*)weight;
-    // The bf16 output of add_rmsnorm_bf16, computed twice: once for its largest magnitude,
-    // once to quantize (the row is in L1 by then).
+    // The bf16 output of add_rmsnorm_bf16 (from the kept residual, or for long rows from the
+    // residual again): its largest magnitude, then its e4m3 bytes.
     float amax = 0.0f;
-    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
+    for (int i = threadIdx.x, v = 0; i < nvec; i += blockDim.x, ++v) {
         float x[8], g[8];
-        unpack8(res[i], x);
+        unpack8(in_regs ? keep_get(keep, v) : res[i], x);
         unpack8(w[i], g);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(rbf(g[j] * rbf(x[j] * inv))));
+        for (int j = 0; j < 8; ++j) {
+            x[j] = rbf(g[j] * rbf(x[j] * inv));
+            amax = fmaxf(amax, fabsf(x[j]));
+        }
+        if (in_regs) keep_put(keep, v, pack8(x));
     }
     amax = block_max(amax, scratch);
     const float s = amax > 0.0f ? amax / FP8_MAX : 1.0f;
     uint2* qr = (uint2*)(q + row);
-    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
-        float x[8], g[8];
-        unpack8(res[i], x);
-        unpack8(w[i], g);
+    for (int i = threadIdx.x, v = 0; i < nvec; i += blockDim.x, ++v) {
+        float x[8];
+        if (in_regs) {
+            unpack8(keep_get(keep, v), x);
+        } else {
+            float g[8];
+            unpack8(res[i], x);
+            unpack8(w[i], g);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) x[j] = rbf(g[j] * rbf(x[j] * inv));
+            for (int j = 0; j < 8; ++j) x[j] = rbf(g[j] * rbf(x[j] * inv));
+        }
         qr[i] = quant8_e4m3(x, s);
     }
     if (threadIdx.x == 0) qscale[blockIdx.x] = s;
     pdl_trigger_end();
 }
 
+// Threads of silu_mul_quant_fp8's block and the vectors each keeps: rows up to 256 * 8 * 8 =
+// 16384 values (Llama-3.1-8B's 14336, 70B's at tp 2 and more) are computed once; longer rows
+// are computed again for the second pass.
+#define SILU_Q_THREADS 256
+#define SILU_KEEP 8
+
 // silu_mul_bf16 followed by quantize_rows_fp8 of its output, in one kernel and with the same
 // values: each row of gate_up = [gate | up] (2 inter) becomes `inter` e4m3 bytes of
 // bf16(bf16(silu(gate)) * up) and their scale `qscale[row]`. With `dxs`, gate_up is the
 // unscaled product of an FP8 GEMM and its scales are applied first, as fp8_rescale_bf16 would
-// (dws: 2 inter scales; `dxs` may be `qscale`). One block per row; inter % 8 == 0.
+// (dws: 2 inter scales; `dxs` may be `qscale`). One block of SILU_Q_THREADS per row; inter % 8
+// == 0.
 __device__ __forceinline__ void silu_mul8(const uint4* gu, int i, int nvec, float sx,
                                           const float* dws, int inter, float* a) {
     float g[8], u[8];
@@ -216,7 +282,7 @@ __device__ __forceinline__ void silu_mul8(const uint4* gu, int i, int nvec, floa
     for (int j = 0; j < 8; ++j) a[j] = rbf(rbf(g[j] / (1.0f + expf(-g[j]))) * u[j]);
 }
 
-extern "C" __global__ void __launch_bounds__(1024)
+extern "C" __global__ void __launch_bounds__(SILU_Q_THREADS)
     silu_mul_quant_fp8(unsigned char* __restrict__ q, float* qscale,
                        const bf16_t* __restrict__ gate_up, const float* dxs,
                        const float* __restrict__ dws, int inter) {
@@ -226,21 +292,28 @@ extern "C" __global__ void __launch_bounds__(1024)
     const size_t row = blockIdx.x;
     const uint4* gu = (const uint4*)(gate_up + row * 2 * (size_t)inter);
     const int nvec = inter / 8;
+    const bool in_regs = nvec <= SILU_KEEP * (int)blockDim.x;
     const float sx = dxs != nullptr ? dxs[row] : 0.0f;
     const float* ws = dxs != nullptr ? dws : nullptr;
+    uint4 keep[SILU_KEEP];
     float amax = 0.0f;
-    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
+    for (int i = threadIdx.x, v = 0; i < nvec; i += blockDim.x, ++v) {
         float a[8];
         silu_mul8(gu, i, nvec, sx, ws, inter, a);
 #pragma unroll
         for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(a[j]));
+        if (in_regs) keep_put(keep, v, pack8(a));
     }
     amax = block_max(amax, scratch);
     const float s = amax > 0.0f ? amax / FP8_MAX : 1.0f;
     uint2* qr = (uint2*)(q + row * (size_t)inter);
-    for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
+    for (int i = threadIdx.x, v = 0; i < nvec; i += blockDim.x, ++v) {
         float a[8];
-        silu_mul8(gu, i, nvec, sx, ws, inter, a);
+        if (in_regs) {
+            unpack8(keep_get(keep, v), a);
+        } else {
+            silu_mul8(gu, i, nvec, sx, ws, inter, a);
+        }
         qr[i] = quant8_e4m3(a, s);
     }
     if (threadIdx.x == 0) qscale[row] = s;

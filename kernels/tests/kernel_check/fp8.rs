@@ -168,40 +168,51 @@ pub(crate) fn check_fp8(c: &mut Ctx) -> R<()> {
         .chain([0.0, 1e-8, -2e-3, 1.9e-3, 448.0, -464.0, 465.0, 1e30].map(bf16::from_f32))
         .chain(std::iter::repeat_n(bf16::ZERO, 2052)) // a row of zeros: scale 1
         .collect();
+    // 3 rows of 2052 values (read one at a time) and of 2048 (read as 8-value vectors)
     let rows = 3;
-    let k = sweep.len() / rows;
-    let (dx, dq, ds) = (
-        c.up(&sweep)?,
-        c.up(&vec![0u8; sweep.len()])?,
-        c.up(&vec![0f32; rows])?,
-    );
-    // SAFETY: rows x k values, bytes and scales as allocated.
-    unsafe {
-        c.k.quantize_rows_fp8(&c.s, c.p(&dq), c.p(&ds), c.p(&dx), rows, k)?
-    };
-    c.s.synchronize()?;
-    let (gq, gs) = (c.s.clone_dtoh(&dq)?, c.s.clone_dtoh(&ds)?);
-    let (wq, ws) = quantize_ref(&sweep, k);
-    let differ = gq.iter().zip(&wq).filter(|(a, b)| a != b).count()
-        + gs.iter()
-            .zip(&ws)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-    c.record(
-        &format!("quantize_rows_fp8 {rows}x{k} vs host ({differ} differ)"),
-        differ as f64,
-        0.0,
-    );
-    let dy = c.poisoned(sweep.len())?;
-    // SAFETY: as above; dy holds rows x k.
-    unsafe {
-        c.k.dequantize_rows_fp8(&c.s, c.p(&dy), c.p(&dq), c.p(&ds), rows, k)?
-    };
-    let got = c.down(&dy)?;
-    let want: Vec<f32> = dequantize_ref(&wq, &ws, k).into_iter().map(rbf).collect();
-    c.record("dequantize_rows_fp8 vs host", rel_err(&got, &want), 0.0);
+    let mut last = (Vec::new(), Vec::new(), 0usize);
+    for k in [sweep.len() / rows, 2048] {
+        let sweep = &sweep[..rows * k];
+        let (dx, dq, ds) = (
+            c.up(sweep)?,
+            c.up(&vec![0u8; sweep.len()])?,
+            c.up(&vec![0f32; rows])?,
+        );
+        // SAFETY: rows x k values, bytes and scales as allocated.
+        unsafe {
+            c.k.quantize_rows_fp8(&c.s, c.p(&dq), c.p(&ds), c.p(&dx), rows, k)?
+        };
+        c.s.synchronize()?;
+        let (gq, gs) = (c.s.clone_dtoh(&dq)?, c.s.clone_dtoh(&ds)?);
+        let (wq, ws) = quantize_ref(sweep, k);
+        let differ = gq.iter().zip(&wq).filter(|(a, b)| a != b).count()
+            + gs.iter()
+                .zip(&ws)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+        c.record(
+            &format!("quantize_rows_fp8 {rows}x{k} vs host ({differ} differ)"),
+            differ as f64,
+            0.0,
+        );
+        let dy = c.poisoned(sweep.len())?;
+        // SAFETY: as above; dy holds rows x k.
+        unsafe {
+            c.k.dequantize_rows_fp8(&c.s, c.p(&dy), c.p(&dq), c.p(&ds), rows, k)?
+        };
+        let got = c.down(&dy)?;
+        let want: Vec<f32> = dequantize_ref(&wq, &ws, k).into_iter().map(rbf).collect();
+        c.record(
+            &format!("dequantize_rows_fp8 {rows}x{k} vs host"),
+            rel_err(&got, &want),
+            0.0,
+        );
+        last = (wq, ws, k);
+    }
+    let (wq, ws, k) = last;
+    let sweep = &sweep[..rows * k];
     // quantization error itself: within e4m3's half step (2^-4 relative) of each large value
-    let qerr = rel_err(&dequantize_ref(&wq, &ws, k), &unbf(&sweep));
+    let qerr = rel_err(&dequantize_ref(&wq, &ws, k), &unbf(sweep));
     c.record("e4m3 round trip of the sweep", qerr, 4e-2);
 
     let cases = [
