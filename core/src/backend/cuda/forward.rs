@@ -61,44 +61,6 @@ struct Fp8W {
     scale: Dptr<f32>,
 }
 
-/// What a row-parallel GEMM (o_proj, down_proj) multiplies (see
-/// [`CudaBackend::row_parallel_out`]).
-#[derive(Clone, Copy)]
-enum RowProduct {
-    /// `inp` (tokens x k) times the weight, through [`CudaBackend::linear`].
-    Linear {
-        inp: Dptr<bf16>,
-        w: WeightRef,
-        k: usize,
-    },
-    /// The FP8 scratch's quantized rows (tokens x k) times an FP8 weight, left unscaled.
-    Fp8 { w: Fp8W, k: usize },
-}
-
-/// Tensor parallelism: prefill passes of at least this many tokens split their row-parallel
-/// GEMMs to run each chunk's all-reduce behind the next chunk's GEMM; below it the GEMM is too
-/// short to hide anything.
-const AR_CHUNK_MIN_TOKENS: usize = 256;
-
-/// Rows of a chunked row-parallel GEMM of `t` tokens split `chunks` ways, as (first row,
-/// rows): every chunk but the last a multiple of 64 rows (the GEMMs' tile height), and a last
-/// piece of under 64 rows joined to the chunk before it (so fewer chunks may come back).
-fn ar_chunk_rows(t: usize, chunks: usize) -> Vec<(usize, usize)> {
-    const ALIGN: usize = 64;
-    let step = t.div_ceil(chunks.max(1)).next_multiple_of(ALIGN);
-    let mut rows = Vec::new();
-    let mut start = 0;
-    while start < t {
-        let mut len = step.min(t - start);
-        if t - start - len < ALIGN {
-            len = t - start;
-        }
-        rows.push((start, len));
-        start += len;
-    }
-    rows
-}
-
 fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     s: &Arc<CudaStream>,
     n: usize,
@@ -555,13 +517,11 @@ impl CudaBackend {
                 .result()
                 .map_err(cuda_err)?;
         }
-        self.all_reduce(logits, rows * v, s)
+        self.all_reduce(logits, rows * v)
     }
 
-    /// Tensor parallelism: `buf[..n] = sum over ranks`, queued on `s` (nothing on one GPU).
-    /// `s` is the main stream, or the all-reduce stream inside [`CudaBackend::row_parallel_out`]
-    /// (see [`super::tp::ArStream`] for why launches on the two never overlap).
-    fn all_reduce(&self, buf: Dptr<bf16>, n: usize, s: &CudaStream) -> Result<()> {
+    /// Tensor parallelism: `buf[..n] = sum over ranks` (nothing on one GPU).
+    fn all_reduce(&self, buf: Dptr<bf16>, n: usize) -> Result<()> {
         let Some(c) = &self.comm else {
             return Ok(());
         };
@@ -582,10 +542,10 @@ impl CudaBackend {
                 // half_elems are multiples of 8 (pick).
                 unsafe {
                     self.kernels.allreduce_oneshot(
-                        s,
+                        &self.stream,
                         &ar.peers,
                         buf.add(done),
-                        dptr(&ar.epochs, s),
+                        dptr(&ar.epochs, &self.stream),
                         len,
                         c.rank(),
                         ar.half_elems,
@@ -599,7 +559,7 @@ impl CudaBackend {
         }
         // SAFETY: buf holds n elements on this rank's device; every rank runs the same layer
         // loop, so the collectives match.
-        unsafe { c.all_reduce_sum(buf, n, s) }
+        unsafe { c.all_reduce_sum(buf, n, &self.stream) }
             .map_err(|e| EngineError::from(crate::backend::BackendError::Nccl(e)))
     }
 
@@ -620,7 +580,7 @@ impl CudaBackend {
         } else {
             self.linear(inp, w, x, tokens, k, n)?;
         }
-        self.all_reduce(x, tokens * n, &self.stream)
+        self.all_reduce(x, tokens * n)
     }
 
     /// Whether a GEMM of `tokens` rows takes the GEMV kernel.
@@ -928,105 +888,22 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// How many chunks each row-parallel GEMM of this pass runs in (1: whole, its all-reduce
-    /// after it on the main stream). More only with tensor parallelism, in a prefill pass of at
-    /// least [`AR_CHUNK_MIN_TOKENS`] tokens: never a decode pass, so never one that a CUDA graph
-    /// captures (checked again on the stream), nor the fused decode form; not under
-    /// `--enable-deterministic-inference`, nor in the timing-only pass without all-reduces.
-    fn ar_chunks(&self, inp: &Inputs) -> usize {
-        match &self.ar_stream {
-            Some(a)
-                if a.chunks > 1
-                    && matches!(inp.attn, AttnInputs::Prefill { .. })
-                    && inp.tokens >= AR_CHUNK_MIN_TOKENS
-                    && !self.opts.deterministic
-                    && !self.skip_all_reduce
-                    && !self.fused_norm(inp.tokens)
-                    && matches!(
-                        self.stream.capture_status(),
-                        Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
-                    ) =>
-            {
-                a.chunks
-            }
-            _ => 1,
-        }
-    }
-
-    /// `delta = p · wᵀ` for a row-parallel weight (o_proj, down_proj) of `n` outputs and `t`
-    /// token rows, summed over the ranks. FP8 rows: on one GPU the product stays unscaled and
-    /// its weight scales are returned, for the next norm to apply; with tensor parallelism each
-    /// rank scales its own product (the ranks' row scales differ) before the all-reduce.
-    ///
-    /// With `chunks` > 1 ([`CudaBackend::ar_chunks`]) the rows go in chunks
-    /// ([`ar_chunk_rows`]): once chunk i's rows are final on the main stream, the all-reduce
-    /// stream sums them while the main stream computes chunk i + 1, and the main stream waits
-    /// for the last sum before this returns.
-    fn row_parallel_out(
+    /// After a row-parallel FP8 GEMM left its product in `delta` unscaled: with tensor
+    /// parallelism scale it and all-reduce it (ranks' row scales differ) and return `None`;
+    /// on one GPU return its weight scales, for the next norm to apply.
+    fn fp8_row_parallel_done(
         &self,
-        p: RowProduct,
+        w: Fp8W,
         delta: Dptr<bf16>,
-        t: usize,
+        tokens: usize,
         n: usize,
-        chunks: usize,
     ) -> Result<Option<Dptr<f32>>> {
-        let s = &self.stream;
-        // Rows start..start + len of the product into the same rows of delta.
-        let product = |start: usize, len: usize| -> Result<()> {
-            let d = delta.add(start * n);
-            match p {
-                RowProduct::Linear { inp, w, k } => {
-                    self.linear(inp.add(start * k), w, d, len, k, n)
-                }
-                RowProduct::Fp8 { w, k } => {
-                    let (xq, xs) = self.fp8_rows(t, k)?;
-                    // SAFETY: rows start..start + len lie inside the t rows of xq (k bytes
-                    // each), xs (fp8_rows checked them) and delta (t x n); w: n x k.
-                    unsafe {
-                        self.gemm
-                            .linear_fp8(xq.add(start * k), w.w, d, len, k, n)
-                            .map_err(cuda_err)?;
-                        if self.comm.is_some() {
-                            self.kernels
-                                .fp8_rescale(s, d, d, xs.add(start), w.scale, len, n, false)
-                                .map_err(cuda_err)?;
-                        }
-                    }
-                    Ok(())
-                }
-            }
-        };
-        let pending = match p {
-            RowProduct::Fp8 { w, .. } if self.comm.is_none() => Some(w.scale),
-            _ => None,
-        };
-        let Some(side) = self.ar_stream.as_ref().filter(|_| chunks > 1) else {
-            product(0, t)?;
-            self.all_reduce(delta, t * n, s)?;
-            return Ok(pending);
-        };
-        // Chunk i's rows are final when `ready` is recorded on the main stream; the all-reduce
-        // stream waits for that, then sums them while the main stream computes chunk i + 1
-        // (other rows of delta: neither stream touches the other's). Every rank runs this same
-        // loop, so the collectives are queued in the same order on every rank.
-        let queued = ar_chunk_rows(t, chunks)
-            .into_iter()
-            .try_for_each(|(start, len)| {
-                product(start, len)?;
-                side.ready.record(s).map_err(cuda_err)?;
-                side.stream.wait(&side.ready).map_err(cuda_err)?;
-                self.all_reduce(delta.add(start * n), len * n, &side.stream)
-            });
-        // The main stream waits for the last all-reduce before anything reads delta or queues
-        // another collective (tp::ArStream: one stream of all-reduces at a time), even after a
-        // failed launch, whose error is returned all the same.
-        let joined = side
-            .done
-            .record(&side.stream)
-            .and_then(|()| s.wait(&side.done))
-            .map_err(cuda_err);
-        queued.and(joined)?;
-        Ok(pending)
+        if self.comm.is_none() {
+            return Ok(Some(w.scale));
+        }
+        self.rescale_delta(delta, w.scale, tokens, n)?;
+        self.all_reduce(delta, tokens * n)?;
+        Ok(None)
     }
 
     /// `delta` scaled in place with the scratch's row scales and `ws`.
@@ -1078,7 +955,6 @@ impl CudaBackend {
         }
         // Weight scales of the FP8 GEMM whose product sits in `delta` unscaled (fused FP8 path).
         let mut pending: Option<Dptr<f32>> = None;
-        let chunks = self.ar_chunks(inp);
         unsafe {
             k.embedding(s, x, dptr(&self.w.embed, s), inp.ids, t, h, c.vocab_size)
                 .map_err(cuda_err)?;
@@ -1227,31 +1103,23 @@ impl CudaBackend {
                     let (xq, xs) = self.fp8_rows(t, q_w)?;
                     k.quantize_rows_fp8(s, xq, xs, attn, t, q_w)
                         .map_err(cuda_err)?;
-                    let o = RowProduct::Fp8 { w: f[1], k: q_w };
-                    let o_scales = self.row_parallel_out(o, delta, t, h, chunks)?;
+                    self.gemm_fp8_rows(f[1], delta, t, q_w, h, false)?;
+                    let o_scales = self.fp8_row_parallel_done(f[1], delta, t, h)?;
                     self.add_norm_quant(x, Some(delta), o_scales, dptr(&lw.post_norm, s), t, h)?;
                     self.gemm_fp8_rows(f[2], gate_up, t, h, 2 * inter, false)?;
                     let (xq, xs) = self.fp8_rows(t, inter)?;
                     k.silu_mul_quant_fp8(s, xq, xs, gate_up, Some((xs, f[2].scale)), t, inter)
                         .map_err(cuda_err)?;
-                    let down = RowProduct::Fp8 { w: f[3], k: inter };
-                    pending = self.row_parallel_out(down, delta, t, h, chunks)?;
+                    self.gemm_fp8_rows(f[3], delta, t, inter, h, false)?;
+                    pending = self.fp8_row_parallel_done(f[3], delta, t, h)?;
                 } else {
-                    let o = RowProduct::Linear {
-                        inp: attn,
-                        w: lw.o.weight(s),
-                        k: q_w,
-                    };
-                    self.row_parallel_out(o, delta, t, h, chunks)?;
+                    self.linear(attn, lw.o.weight(s), delta, t, q_w, h)?;
+                    self.all_reduce(delta, t * h)?;
                     k.add_rmsnorm(s, normed, x, Some(delta), dptr(&lw.post_norm, s), t, h, e)
                         .map_err(cuda_err)?;
                     self.gate_up_act(normed, lw.gate_up.weight(s), gate_up, act, t, h, inter)?;
-                    let down = RowProduct::Linear {
-                        inp: act,
-                        w: lw.down.weight(s),
-                        k: inter,
-                    };
-                    self.row_parallel_out(down, delta, t, h, chunks)?;
+                    self.linear(act, lw.down.weight(s), delta, t, inter, h)?;
+                    self.all_reduce(delta, t * h)?;
                 }
                 if let (Some(d), AttnInputs::Prefill { .. }) = (&self.dump, inp.attn) {
                     self.dump_layer(d, l, x, delta, t)?;
@@ -1474,51 +1342,5 @@ impl CudaBackend {
         }
         .map_err(cuda_err)?;
         Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod chunk_tests {
-    use super::ar_chunk_rows;
-
-    /// The chunks cover rows 0..t once, in order.
-    fn covers(t: usize, rows: &[(usize, usize)]) -> bool {
-        let mut at = 0;
-        for &(start, len) in rows {
-            if start != at || len == 0 {
-                return false;
-            }
-            at += len;
-        }
-        at == t
-    }
-
-    #[test]
-    fn chunks_cover_the_rows_in_multiples_of_64() {
-        assert_eq!(ar_chunk_rows(1024, 1), vec![(0, 1024)]);
-        assert_eq!(ar_chunk_rows(1024, 2), vec![(0, 512), (512, 512)]);
-        assert_eq!(
-            ar_chunk_rows(4096, 4),
-            vec![(0, 1024), (1024, 1024), (2048, 1024), (3072, 1024)]
-        );
-        // 500 rows a chunk round up to 512; the rest is the last chunk.
-        assert_eq!(ar_chunk_rows(1000, 2), vec![(0, 512), (512, 488)]);
-        // A last piece under 64 rows joins the chunk before it.
-        assert_eq!(ar_chunk_rows(257, 4), vec![(0, 128), (128, 129)]);
-        assert_eq!(ar_chunk_rows(100, 2), vec![(0, 100)]);
-        assert!(ar_chunk_rows(0, 2).is_empty());
-        for t in [1, 63, 64, 65, 255, 256, 300, 777, 1024, 1500, 4096, 8191] {
-            for c in 1..=8 {
-                let rows = ar_chunk_rows(t, c);
-                assert!(covers(t, &rows), "t {t}, chunks {c}: {rows:?}");
-                assert!(rows.len() <= c, "t {t}, chunks {c}: {rows:?}");
-                let (last, rest) = rows.split_last().unwrap_or((&(0, 0), &[]));
-                assert!(rest.iter().all(|r| r.1 % 64 == 0), "t {t}, chunks {c}");
-                assert!(
-                    rest.is_empty() || last.1 >= 64,
-                    "t {t}, chunks {c}: {rows:?}"
-                );
-            }
-        }
     }
 }

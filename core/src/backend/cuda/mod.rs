@@ -145,8 +145,6 @@ pub struct CudaBackend {
     peers: tp::Peers,
     /// The one-shot all-reduce for small messages (tensor parallelism with peer access).
     custom_ar: Option<tp::CustomAllReduce>,
-    /// Tensor parallelism: the second stream that prefill's chunked all-reduces run on.
-    ar_stream: Option<tp::ArStream>,
     /// Timing only (`bench-one-batch` at tp > 1): skip the layers' all-reduces, which leaves
     /// wrong numbers, to measure their share of a step.
     skip_all_reduce: bool,
@@ -229,12 +227,7 @@ impl CudaBackend {
             let graphs = forward::Graphs::new(&stream, p.max_bs, capacity, &cfg)?;
             let staging = overlap::Staging::new(&ctx)?;
             let outputs = overlap::PassOutputs::new(&ctx, &stream, opts.max_forward_tokens.max(1))?;
-            // Made before the ranks agree that each is ready, so a failure here stops them all.
-            let ar_stream = match group {
-                Some(_) => Some(tp::ArStream::new(&ctx)?),
-                None => None,
-            };
-            Ok((kv, graphs, staging, outputs, ar_stream))
+            Ok((kv, graphs, staging, outputs))
         })();
         let (comm, custom_ar) = match group {
             None => (None, None),
@@ -263,7 +256,7 @@ impl CudaBackend {
                 (Some(comm), ar)
             }
         };
-        let (kv, graphs, staging, outputs, ar_stream) = rest?;
+        let (kv, graphs, staging, outputs) = rest?;
         Ok(CudaBackend {
             ctx,
             stream,
@@ -295,7 +288,6 @@ impl CudaBackend {
             comm,
             peers: tp::Peers::default(),
             custom_ar,
-            ar_stream,
             skip_all_reduce: false,
         })
     }
@@ -336,9 +328,8 @@ impl CudaBackend {
         }
         let ctx =
             CudaContext::new(rank).map_err(|e| EngineError::from(BackendError::NoDevice(e)))?;
-        // SAFETY: one stream does the work, and the all-reduce stream of tensor parallelism is
-        // ordered against it by explicit events (`tp::ArStream`), so cudarc's cross-stream
-        // events are not needed (and would get in the way of graph capture).
+        // SAFETY: one stream does all the work, so cudarc's cross-stream events are not needed
+        // (and would get in the way of graph capture).
         unsafe { ctx.disable_event_tracking() };
         // A created stream: the legacy default stream cannot be captured into a graph.
         let stream = ctx.new_stream().map_err(cuda_err)?;

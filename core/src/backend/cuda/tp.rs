@@ -15,17 +15,14 @@
 //! graph or eager pass and queues the same collectives in the same order: the input token ids
 //! broadcast from rank 0 (under the overlap schedule they exist only on rank 0's GPU, taken
 //! from the previous pass's samples), and per layer one all-reduce after o_proj and one after
-//! down_proj (row-parallel: each rank multiplies its share of the inputs). In a prefill pass
-//! of at least 256 tokens (not deterministic) these two GEMMs run in `SGL_PREFILL_AR_CHUNKS`
-//! (default 2; 1 turns it off) chunks of token rows, each chunk's all-reduce on a second
-//! stream ([`ArStream`]) while the next chunk's GEMM runs, so the all-reduces hide behind it.
-//! q/k/v and gate/up are column-parallel (each rank computes its heads and its part of the MLP
-//! width), the KV heads are split (or replicated on several ranks when there are more ranks
-//! than heads). The embedding and the final norm are whole on every rank. The LM head is split
-//! by vocabulary when the ranks divide it: each rank computes its share of every logits row,
-//! places it in zeroed rows and one all-reduce sums them (adding zeros is exact, so the logits
-//! are the bits one rank would compute); rank 0 alone samples. Otherwise rank 0 computes every
-//! logit with the whole head. Splitting cuts the weights rank 0 reads per decode step by
+//! down_proj (row-parallel: each rank multiplies its share of the inputs). q/k/v and gate/up
+//! are column-parallel (each rank computes its heads and its part of the MLP width), the KV
+//! heads are split (or replicated on several ranks when there are more ranks than heads). The
+//! embedding and the final norm are whole on every rank. The LM head is split by vocabulary
+//! when the ranks divide it: each rank computes its share of every logits row, places it in
+//! zeroed rows and one all-reduce sums them (adding zeros is exact, so the logits are the
+//! bits one rank would compute); rank 0 alone samples. Otherwise rank 0 computes every logit
+//! with the whole head. Splitting cuts the weights rank 0 reads per decode step by
 //! (tp - 1) / tp of the head (a 1 GB head at tp 2 is 0.5 GB less per token).
 //!
 //! **Capacity.** Each rank sizes its KV pool from its own free memory; the ranks agree on the
@@ -143,49 +140,6 @@ impl CustomAllReduce {
             Some(l) if n <= l.half_elems || deterministic => Some(l),
             _ => deterministic.then_some(&self.small),
         }
-    }
-}
-
-/// The second stream of a rank, on which a chunked prefill runs its row-parallel all-reduces
-/// (see `CudaBackend::row_parallel_out`), and the two events that order it against the main
-/// stream. Made once with the backend; the events are reused, since a stream waits for an
-/// event's most recent record at the time it is told to wait.
-///
-/// All-reduces run on one stream at a time, in issue order: this one within a chunked GEMM,
-/// the main stream otherwise, and the main stream waits for `done` before anything else reads
-/// or writes the reduced rows or queues another collective. So no two launches of the one-shot
-/// kernel ever use one set of its buffers and epochs ([`CustomAllReduce::pick`]) at once, and
-/// NCCL sees one collective at a time, in the same order on every rank.
-pub(super) struct ArStream {
-    pub stream: Arc<CudaStream>,
-    /// Recorded on the main stream after a chunk's rows are final; `stream` waits for it.
-    pub ready: CudaEvent,
-    /// Recorded on `stream` after the last chunk's all-reduce; the main stream waits for it.
-    pub done: CudaEvent,
-    /// Chunks per row-parallel GEMM (`SGL_PREFILL_AR_CHUNKS`, default 2; 1: no second stream
-    /// in use, the GEMM and its all-reduce whole on the main stream).
-    pub chunks: usize,
-}
-
-impl ArStream {
-    /// The stream at the device's highest priority, so that an all-reduce's blocks are placed
-    /// as soon as the next chunk's GEMM frees room for them, not after that GEMM.
-    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
-        ctx.bind_to_thread().map_err(cuda_err)?;
-        let (_, greatest) =
-            cudarc::driver::result::stream::get_priority_range().map_err(cuda_err)?;
-        let stream = ctx.new_stream_with_priority(greatest).map_err(cuda_err)?;
-        let chunks = std::env::var("SGL_PREFILL_AR_CHUNKS")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|c| (1..=16).contains(c))
-            .unwrap_or(2);
-        Ok(ArStream {
-            stream,
-            ready: ctx.new_event(None).map_err(cuda_err)?,
-            done: ctx.new_event(None).map_err(cuda_err)?,
-            chunks,
-        })
     }
 }
 
