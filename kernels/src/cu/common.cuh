@@ -9,13 +9,21 @@ __device__ __forceinline__ float bf2f(bf16_t x) {
     return __uint_as_float(((unsigned int)x) << 16);
 }
 
+// f32 -> bf16, round to nearest even; NaN becomes 0x7fc0 (PyTorch's). From sm_80 one cvt
+// instruction rounds (the same bits as the integer steps below for every other input).
 __device__ __forceinline__ bf16_t f2bf(float f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return f != f ? (bf16_t)0x7fc0 : (bf16_t)r;
+#else
     unsigned int u = __float_as_uint(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) {
         return (bf16_t)0x7fc0;  // NaN stays NaN
     }
     u += 0x7fffu + ((u >> 16) & 1u);
     return (bf16_t)(u >> 16);
+#endif
 }
 
 // Programmatic dependent launch (sm_90+). A kernel launched with programmatic stream
