@@ -9,7 +9,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
@@ -163,6 +163,22 @@ fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// Whether `obj` names `svc` (by uid) among its owners.
+fn owned_by(obj: &DynamicObject, svc: &SGLangService) -> bool {
+    let Some(uid) = svc.metadata.uid.as_deref() else {
+        return false;
+    };
+    obj.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.uid == uid)
+}
+
 fn typed<T: serde::de::DeserializeOwned>(obj: &DynamicObject) -> Result<T, Error> {
     Ok(serde_json::from_value(serde_json::to_value(obj)?)?)
 }
@@ -206,11 +222,34 @@ async fn apply(
             continue;
         }
         let api = dynamic_api(&ctx.client, &names.namespace, *kind);
-        match api.delete(name, &DeleteParams::background()).await {
+        // Only an object that exists and that this service owns: a read first (what the plan
+        // excludes is usually absent, and a delete that finds nothing is still a write
+        // request), and a same-named object someone else made is not the operator's to remove.
+        // A kind whose CRD is not installed answers a bare 404 (no Status body, so not the
+        // NotFound that `get_opt` looks for): absent too.
+        let existing = match api.get(name).await {
+            Ok(obj) => obj,
+            Err(e) if is_not_found(&e) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if !owned_by(&existing, svc) {
+            tracing::debug!(object = %key(svc), ?kind, %name, "left alone: not owned by this service");
+            continue;
+        }
+        // The uid precondition: if the object was replaced since the read, the new one is
+        // left for the next reconcile to judge.
+        let params = DeleteParams {
+            preconditions: existing.metadata.uid.clone().map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        match api.delete(name, &params).await {
             Ok(_) => {
                 tracing::info!(object = %key(svc), ?kind, %name, "deleted object the spec no longer asks for")
             }
-            Err(e) if is_not_found(&e) => {}
+            Err(e) if is_not_found(&e) || is_conflict(&e) => {}
             Err(e) => return Err(e.into()),
         }
     }

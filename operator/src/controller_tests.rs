@@ -8,7 +8,7 @@ use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
 use super::{backoff, error_policy, reconcile};
-use crate::fixtures::{FakeApi, engine_pod, pod_list, ready_statuses, service, timeout};
+use crate::fixtures::{FakeApi, engine_pod, existing, pod_list, ready_statuses, service, timeout};
 
 fn no_override() -> crate::fixtures::Responder {
     Box::new(|_| None)
@@ -52,8 +52,9 @@ async fn create_applies_every_object_and_reports_progress() {
         "PATCH /apis/apps/v1/namespaces/ml/deployments/llama-router",
         "PATCH /api/v1/namespaces/ml/services/llama-router",
         "PATCH /apis/policy/v1/namespaces/ml/poddisruptionbudgets/llama-router",
-        "DELETE /apis/autoscaling/v2/namespaces/ml/horizontalpodautoscalers/llama-engine",
-        "DELETE /apis/monitoring.coreos.com/v1/namespaces/ml/servicemonitors/llama",
+        // excluded kinds are read first; none exists, so nothing is deleted
+        "GET /apis/autoscaling/v2/namespaces/ml/horizontalpodautoscalers/llama-engine",
+        "GET /apis/monitoring.coreos.com/v1/namespaces/ml/servicemonitors/llama",
         "GET /api/v1/namespaces/ml/pods",
         "PATCH /apis/serving.sgl-rs.io/v1alpha1/namespaces/ml/sglangservices/llama/status",
     ];
@@ -171,9 +172,19 @@ async fn an_old_engine_stateful_set_goes_only_once_the_deployment_serves() {
         .unwrap();
     assert!(!deletes_sts(&api), "{:?}", api.summary());
 
+    // Available: it goes, if it is there and this service's.
     let (ctx, api) = FakeApi::start(&svc, ready_statuses(), no_override());
+    timeout(reconcile(Arc::new(svc.clone()), ctx))
+        .await
+        .unwrap();
+    assert!(!deletes_sts(&api), "{:?}", api.summary());
+    let sts: &'static [&'static str] = &["/statefulsets/llama-engine"];
+    let (ctx, api) = FakeApi::start(&svc, ready_statuses(), existing(sts, Some("1234-abcd")));
     timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
     assert!(deletes_sts(&api), "{:?}", api.summary());
+    let delete = api.body("DELETE", "/statefulsets/llama-engine");
+    assert_eq!(delete["preconditions"]["uid"], "uid-of-llama-engine");
+    assert_eq!(delete["propagationPolicy"], "Background");
 }
 
 #[tokio::test]
@@ -265,19 +276,25 @@ async fn turning_autoscaling_on_or_off_keeps_the_running_replicas() {
     );
 }
 
+const ROUTER_OBJECTS: &[&str] = &[
+    "/serviceaccounts/llama-router",
+    "/roles/llama-router",
+    "/rolebindings/llama-router",
+    "/deployments/llama-router",
+    "/services/llama-router",
+    "/poddisruptionbudgets/llama-router",
+];
+
 #[tokio::test]
 async fn disabling_the_router_deletes_its_objects() {
     let svc = service(json!({"router": {"enabled": false}}));
-    let (ctx, api) = FakeApi::start(&svc, not_ready(), no_override());
+    let (ctx, api) = FakeApi::start(
+        &svc,
+        not_ready(),
+        existing(ROUTER_OBJECTS, Some("1234-abcd")),
+    );
     timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
-    for part in [
-        "/serviceaccounts/llama-router",
-        "/roles/llama-router",
-        "/rolebindings/llama-router",
-        "/deployments/llama-router",
-        "/services/llama-router",
-        "/poddisruptionbudgets/llama-router",
-    ] {
+    for part in ROUTER_OBJECTS {
         assert!(
             api.calls().iter().any(|c| c.is("DELETE", part)),
             "no DELETE {part}"
@@ -291,6 +308,32 @@ async fn disabling_the_router_deletes_its_objects() {
         api.body("PATCH", "/status")["status"]["endpoint"],
         "http://llama-engine.ml.svc:30000"
     );
+}
+
+/// Same-named objects the service does not own (someone's own HPA, a router another tool
+/// made) are read and left alone, never deleted.
+#[tokio::test]
+async fn objects_the_service_does_not_own_are_never_deleted() {
+    let svc = service(json!({"router": {"enabled": false}}));
+    let (ctx, api) = FakeApi::start(&svc, not_ready(), existing(ROUTER_OBJECTS, None));
+    timeout(reconcile(Arc::new(svc.clone()), ctx))
+        .await
+        .unwrap();
+    let other: &'static [&'static str] = &["/horizontalpodautoscalers/llama-engine"];
+    let (ctx, api2) = FakeApi::start(&svc, not_ready(), existing(other, Some("another-uid")));
+    timeout(reconcile(Arc::new(svc), ctx)).await.unwrap();
+    for (api, parts) in [(&api, ROUTER_OBJECTS), (&api2, other)] {
+        for part in parts {
+            assert!(
+                api.calls().iter().any(|c| c.is("GET", part)),
+                "no GET {part}"
+            );
+            assert!(
+                !api.calls().iter().any(|c| c.is("DELETE", part)),
+                "DELETE {part} of an object the service does not own"
+            );
+        }
+    }
 }
 
 #[tokio::test]

@@ -83,6 +83,27 @@ fn default_response(
     }
 }
 
+/// Answers a GET of a path containing one of `parts` (ending in the object's name) with that
+/// object, owned by the service of uid `owner` (`None`: by nobody, as if someone else made it).
+pub fn existing(parts: &'static [&'static str], owner: Option<&'static str>) -> Responder {
+    Box::new(move |call| {
+        if call.method != "GET" {
+            return None;
+        }
+        let part = parts.iter().find(|p| call.path.contains(*p))?;
+        let name = part.rsplit('/').next().unwrap_or_default();
+        let mut meta = json!({"name": name, "namespace": "ml", "uid": format!("uid-of-{name}")});
+        if let Some(uid) = owner {
+            meta["ownerReferences"] = json!([{"apiVersion": "serving.sgl-rs.io/v1alpha1",
+                "kind": "SGLangService", "name": "llama", "uid": uid, "controller": true}]);
+        }
+        Some((
+            200,
+            json!({"apiVersion": "v1", "kind": "Object", "metadata": meta}),
+        ))
+    })
+}
+
 /// A PodList as the API server answers a list.
 pub fn pod_list(items: Vec<Value>) -> Value {
     json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": items})

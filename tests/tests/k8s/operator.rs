@@ -1,7 +1,8 @@
 //! What the operator admits, writes and reports: the CRD's rules refusing an invalid spec with
 //! their messages (d1), the garbage collector removing a deleted service's children through
-//! owner references (e1), an engine's own error reported as `Degraded` (h1), and a conflicting
-//! field manager overridden and named in an event (m1).
+//! owner references (e1), an engine's own error reported as `Degraded` (h1), a conflicting
+//! field manager overridden and named in an event (m1), and a same-named object the service
+//! does not own left alone where the spec excludes that object (n1).
 
 use std::time::Duration;
 
@@ -12,7 +13,8 @@ use sgl_crds::SGLangService;
 use sgl_e2e_tests::k8s::cluster::{WAIT, wait_for};
 
 use crate::common::{
-    delete_service, ensure_chart, ensure_namespace, fake_service, wait_observed, wait_serving,
+    delete_service, ensure_chart, ensure_namespace, fake_service, wait_observed, wait_ready_pods,
+    wait_serving,
 };
 
 #[tokio::test]
@@ -254,4 +256,88 @@ spec:
         "the event does not say who held which field: {events}"
     );
     delete_service(&client, ns, "contested").await;
+}
+
+/// A service whose spec excludes an HPA (autoscaling off) and a router Service (router off)
+/// must not delete same-named objects someone else made: the operator removes only what it
+/// owns. The service still becomes ready, and after the operator has seen several generations
+/// both objects are there, unchanged.
+#[tokio::test]
+async fn n1_same_named_objects_the_service_does_not_own_are_left_alone() {
+    let (c, _turn) = cluster!();
+    let client = c.client().await.unwrap_or_else(|e| panic!("{e}"));
+    ensure_chart(c, &client).await;
+    let ns = "foreign-e2e";
+    ensure_namespace(c, ns);
+    c.apply(&format!(
+        r#"apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata:
+  name: mine-engine
+  namespace: {ns}
+  labels: {{made-by: someone-else}}
+spec:
+  scaleTargetRef: {{apiVersion: apps/v1, kind: Deployment, name: something-else}}
+  minReplicas: 1
+  maxReplicas: 2
+  metrics:
+    - type: Resource
+      resource: {{name: cpu, target: {{type: Utilization, averageUtilization: 80}}}}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: mine-router
+  namespace: {ns}
+  labels: {{made-by: someone-else}}
+spec:
+  ports: [{{port: 80}}]
+  selector: {{app: something-else}}
+"#
+    ));
+    let foreign = || {
+        c.kubectl(&[
+            "get",
+            "horizontalpodautoscalers,services",
+            "-n",
+            ns,
+            "-l",
+            "made-by=someone-else",
+            "-o",
+            "jsonpath={range .items[*]}{.kind}/{.metadata.name}/{.metadata.uid} {end}",
+        ])
+    };
+    let before = foreign();
+    assert!(
+        before.contains("HorizontalPodAutoscaler/mine-engine/")
+            && before.contains("Service/mine-router/"),
+        "{before}"
+    );
+    // autoscaling off (fake_service's default) and the router off: both names excluded
+    let yaml = |dp: i32| {
+        fake_service(ns, "mine", dp, "").replace(
+            "  router:\n    image: example.com/fake-router:1\n",
+            "  router:\n    enabled: false\n",
+        )
+    };
+    assert!(yaml(1).contains("enabled: false"), "{}", yaml(1));
+    c.apply(&yaml(1));
+    let engines = "serving.sgl-rs.io/engine=mine";
+    wait_ready_pods(c, &client, ns, engines, 1, "a ready engine pod of mine").await;
+    // two more generations, so the operator runs its delete pass again
+    for dp in [2, 1] {
+        c.apply(&yaml(dp));
+        wait_observed(&client, ns, "mine").await;
+    }
+    let after = foreign();
+    assert_eq!(after, before, "objects the service does not own changed");
+    let api: Api<SGLangService> = Api::namespaced(client.clone(), ns);
+    let svc = api.get("mine").await.unwrap_or_else(|e| panic!("{e}"));
+    let degraded = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|cond| cond.type_ == "Degraded"))
+        .map(|cond| cond.status.clone());
+    assert_eq!(degraded.as_deref(), Some("False"), "{:?}", svc.status);
+    delete_service(&client, ns, "mine").await;
 }
