@@ -728,13 +728,7 @@ impl CudaBackend {
             }
             WeightRef::Fp8 { w, scale } => {
                 let sc = &self.scratch;
-                if sc.xq.len() < tokens * k || sc.xs.len() < tokens {
-                    return Err(EngineError::Internal(format!(
-                        "FP8 activation scratch holds {} bytes, {tokens} x {k} needed",
-                        sc.xq.len()
-                    )));
-                }
-                let (xq, xs) = (dptr(&sc.xq, s), dptr(&sc.xs, s));
+                let (xq, xs) = self.fp8_rows(tokens, k)?;
                 // The unscaled product goes to y itself, or beside it when y is added to.
                 let d = if accumulate {
                     if sc.fp8_d.len() < tokens * n {
