@@ -185,49 +185,19 @@ impl Gemm {
             c,
             algo: NO_ALGO,
         };
-        let pref = result::create_matmul_pref()?;
-        let ws = WORKSPACE_BYTES;
-        let mut found = vec![heuristic_result(NO_ALGO); n.max(1)];
-        let mut count: i32 = 0;
-        // SAFETY: live handles and locals of the documented types; `found` holds n entries.
-        let status = unsafe {
-            let r = result::set_matmul_pref_attribute(
-                pref,
-                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                (&ws) as *const usize as *const c_void,
-                std::mem::size_of::<usize>(),
-            )
-            .map(|()| {
-                sys::cublasLtMatmulAlgoGetHeuristic(
-                    self.handle,
-                    plan.desc,
-                    plan.a,
-                    plan.b,
-                    plan.c,
-                    plan.c,
-                    pref,
-                    found.len() as i32,
-                    found.as_mut_ptr(),
-                    &mut count,
-                )
-            });
-            let _ = result::destroy_matmul_pref(pref);
-            r?
-        };
-        if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            return Err(KernelError::Unsupported(format!(
-                "no FP8 algorithm for {tokens}x{in_f} -> {out_f}: {status:?}"
-            )));
-        }
+        let found = self
+            .heuristic(plan.desc, plan.a, plan.b, plan.c, n, false)
+            .map_err(|why| {
+                KernelError::Unsupported(format!(
+                    "no FP8 algorithm for {tokens}x{in_f} -> {out_f}: {why}"
+                ))
+            })?;
         let ctx = self.stream.context();
         let alpha: f32 = 1.0;
         let beta: f32 = 0.0;
         let (wsp, _sync) = self.workspace.device_ptr(&self.stream);
         let mut out = Vec::new();
-        for h in found.iter().take(count.max(0) as usize) {
-            if h.state != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-                continue;
-            }
+        for h in &found {
             let run = || {
                 // SAFETY: the plan matches these extents and types; the caller guarantees the
                 // buffers.
@@ -281,6 +251,69 @@ impl Gemm {
         self.invariant.is_some()
     }
 
+    /// The heuristic's first `n` algorithms for `desc` on these layouts, in its order, keeping
+    /// those cuBLASLt can run with this Gemm's workspace; with `no_reduction`, only algorithms
+    /// without a split-k reduction are asked for. `Err` says why the query failed.
+    fn heuristic(
+        &self,
+        desc: sys::cublasLtMatmulDesc_t,
+        a: sys::cublasLtMatrixLayout_t,
+        b: sys::cublasLtMatrixLayout_t,
+        c: sys::cublasLtMatrixLayout_t,
+        n: usize,
+        no_reduction: bool,
+    ) -> std::result::Result<Vec<sys::cublasLtMatmulHeuristicResult_t>, String> {
+        let pref = result::create_matmul_pref().map_err(|e| format!("{e:?}"))?;
+        let ws = WORKSPACE_BYTES;
+        let none = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_NONE as u32;
+        let mut found = vec![heuristic_result(NO_ALGO); n.max(1)];
+        let mut count: i32 = 0;
+        // SAFETY: attribute buffers are live locals of the documented types and sizes; `found`
+        // holds found.len() entries; the preference is destroyed once.
+        let status = unsafe {
+            let r = result::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&ws) as *const usize as *const c_void,
+                std::mem::size_of::<usize>(),
+            )
+            .and_then(|()| {
+                if !no_reduction {
+                    return Ok(());
+                }
+                result::set_matmul_pref_attribute(
+                    pref,
+                    sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                    (&none) as *const u32 as *const c_void,
+                    std::mem::size_of::<u32>(),
+                )
+            })
+            .map(|()| {
+                sys::cublasLtMatmulAlgoGetHeuristic(
+                    self.handle,
+                    desc,
+                    a,
+                    b,
+                    c,
+                    c,
+                    pref,
+                    found.len() as i32,
+                    found.as_mut_ptr(),
+                    &mut count,
+                )
+            });
+            let _ = result::destroy_matmul_pref(pref);
+            r
+        };
+        let status = status.map_err(|e| format!("{e:?}"))?;
+        if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(format!("{status:?}"));
+        }
+        found.truncate(count.clamp(0, found.len() as i32) as usize);
+        found.retain(|h| h.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS);
+        Ok(found)
+    }
+
     /// The one algorithm of (in, out, FP8) for a batch-invariant Gemm: the heuristic's first
     /// at [`INVARIANT_REF_TOKENS`] tokens with no split-k reduction, made once.
     fn invariant_algo(
@@ -303,64 +336,24 @@ impl Gemm {
             .filter(|&t| t > 0)
             .unwrap_or(INVARIANT_REF_TOKENS);
         let (a, b, c) = layouts(tokens, in_f, out_f, fp8)?;
-        let pref = result::create_matmul_pref()?;
-        let ws = WORKSPACE_BYTES;
-        let no_reduction = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_NONE as u32;
-        let mut found = [heuristic_result(NO_ALGO); HEURISTIC_CANDIDATES];
-        let mut count: i32 = 0;
-        // SAFETY: attribute buffers are live locals of the documented types and sizes; the
-        // result array holds HEURISTIC_CANDIDATES entries; every handle is destroyed once.
-        let status = unsafe {
-            let r = result::set_matmul_pref_attribute(
-                pref,
-                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                (&ws) as *const usize as *const c_void,
-                std::mem::size_of::<usize>(),
-            )
-            .and_then(|_| {
-                result::set_matmul_pref_attribute(
-                    pref,
-                    sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                    (&no_reduction) as *const u32 as *const c_void,
-                    std::mem::size_of::<u32>(),
-                )
-            });
-            let status = r.map(|_| {
-                sys::cublasLtMatmulAlgoGetHeuristic(
-                    self.handle,
-                    desc,
-                    a,
-                    b,
-                    c,
-                    c,
-                    pref,
-                    HEURISTIC_CANDIDATES as i32,
-                    found.as_mut_ptr(),
-                    &mut count,
-                )
-            });
-            let _ = result::destroy_matmul_pref(pref);
+        let found = self.heuristic(desc, a, b, c, HEURISTIC_CANDIDATES, true);
+        // SAFETY: made above, destroyed once.
+        unsafe {
             let _ = result::destroy_matrix_layout(a);
             let _ = result::destroy_matrix_layout(b);
             let _ = result::destroy_matrix_layout(c);
-            status
-        };
+        }
         let unsupported = |why: String| {
             KernelError::Unsupported(format!(
                 "no batch-invariant cuBLASLt algorithm for {in_f} -> {out_f}{}: {why}",
                 if fp8 { " (FP8)" } else { "" }
             ))
         };
-        let status = status.map_err(|e| unsupported(format!("{e:?}")))?;
-        if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            return Err(unsupported(format!("{status:?}")));
-        }
+        let found = found.map_err(unsupported)?;
         let pick = found
             .iter()
-            .take(count.max(0) as usize)
-            .filter(|h| h.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
             .find(|h| splitk(&h.algo) <= 1)
-            .ok_or_else(|| unsupported(format!("{count} candidates, all split along k")))?;
+            .ok_or_else(|| unsupported(format!("{} candidates, all split along k", found.len())))?;
         cache.insert((in_f, out_f, fp8), pick.algo);
         Ok(pick.algo)
     }
