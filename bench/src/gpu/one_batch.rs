@@ -9,7 +9,10 @@
 //! an N-token prompt (median of 3) to the report; `--attn-sweep 1,8,64` times decode steps with
 //! the one-launch decode attention and the three-launch form at each of those batch sizes.
 //! Engine flags `--cuda-graph-max-bs`, `--max-total-tokens`, `--mem-fraction-static`,
-//! `--tp-size`, `--quantization fp8` and `--kv-cache-dtype` are honoured.
+//! `--tp-size`, `--quantization fp8` and `--kv-cache-dtype` are honoured. `--profile-steps N`
+//! brackets the last N decode steps of the measured run with the CUDA profiler's start and stop,
+//! so a profiler started with its collection off (Nsight Compute's `--profile-from-start off`)
+//! sees only those steps' kernels.
 
 use std::time::Instant;
 
@@ -30,6 +33,8 @@ pub struct BenchOneBatchArgs {
     pub batch_size: usize,
     pub input_len: usize,
     pub output_len: usize,
+    /// Decode steps at the end of the measured run the profiler sees (0: no profiler range).
+    pub profile_steps: usize,
 }
 
 /// Runs `bench-one-batch` (see the module docs).
@@ -39,6 +44,7 @@ pub fn run(args: &[String]) -> Result<()> {
         batch_size: arg_usize(args, "--batch", 1)?,
         input_len: arg_usize(args, "--input", 128)?,
         output_len: arg_usize(args, "--output", 256)?,
+        profile_steps: arg_usize(args, "--profile-steps", 0)?,
     };
     let pdl = b.pdl();
     let (fuse, attn) = (b.norm_fusion(), b.attn_fusion());
@@ -163,6 +169,30 @@ pub struct OneBatchReport {
     pub gemm_tflops: f64,
     pub prefill_floor_ms: f64,
     pub ttft_over_floor: f64,
+}
+
+/// Most prompt tokens one prefill pass of the benchmark takes (the GPU server's default chunk is
+/// 8192; a pass here keeps prompts whole, so up to twice that).
+const PREFILL_PASS_TOKENS: usize = 16384;
+
+/// Starts or stops the CUDA profiler's collection (a no-op without a profiler attached).
+fn profiler(start: bool) -> Result<()> {
+    use cudarc::driver::sys;
+    // SAFETY: no arguments; the driver is initialised (the backend holds a context).
+    let r = unsafe {
+        if start {
+            sys::cuProfilerStart()
+        } else {
+            sys::cuProfilerStop()
+        }
+    };
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(EngineError::Internal(format!(
+            "CUDA profiler start/stop: {r:?}"
+        )))
+    }
 }
 
 /// Device-to-device copy bandwidth (bytes read + written per second), median of 10.
@@ -290,54 +320,70 @@ pub fn bench_one_batch(b: &mut CudaBackend, a: &BenchOneBatchArgs) -> Result<One
     let rates = rates(b)?;
     let gemm = rates.fp8.unwrap_or(rates.bf16);
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
-    let run = |b: &mut CudaBackend, rng: &mut rand::rngs::StdRng| -> Result<(f64, f64)> {
-        let mut slots = Slots {
-            next: 0,
-            cap: b.kv_capacity() as u32,
-        };
-        let prompts: Vec<Vec<u32>> = (0..a.batch_size)
-            .map(|_| random_tokens(rng, a.input_len, cfg.vocab_size))
-            .collect();
-        let mut seq_slots: Vec<Vec<u32>> = Vec::new();
-        for _ in 0..a.batch_size {
-            seq_slots.push(slots.take(a.input_len + a.output_len)?);
-        }
-        let t0 = Instant::now();
-        let batch: Vec<SeqInput> = prompts
-            .iter()
-            .zip(&seq_slots)
-            .map(|(p, s)| SeqInput {
-                tokens: p,
-                start_pos: 0,
-                kv_slots: &s[..a.input_len],
-                num_logits: 1,
-                prompt: true,
-            })
-            .collect();
-        let mut next = b.forward_sample_all(&batch, 0.0)?;
-        let ttft = t0.elapsed().as_secs_f64();
-        let t1 = Instant::now();
-        for step in 1..a.output_len {
-            let pos = a.input_len + step - 1;
-            let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
-            let batch: Vec<SeqInput> = toks
+    let run =
+        |b: &mut CudaBackend, rng: &mut rand::rngs::StdRng, profile: bool| -> Result<(f64, f64)> {
+            let mut slots = Slots {
+                next: 0,
+                cap: b.kv_capacity() as u32,
+            };
+            let prompts: Vec<Vec<u32>> = (0..a.batch_size)
+                .map(|_| random_tokens(rng, a.input_len, cfg.vocab_size))
+                .collect();
+            let mut seq_slots: Vec<Vec<u32>> = Vec::new();
+            for _ in 0..a.batch_size {
+                seq_slots.push(slots.take(a.input_len + a.output_len)?);
+            }
+            let t0 = Instant::now();
+            let batch: Vec<SeqInput> = prompts
                 .iter()
                 .zip(&seq_slots)
-                .map(|(t, s)| SeqInput {
-                    tokens: t,
-                    start_pos: pos,
-                    kv_slots: &s[..pos + 1],
+                .map(|(p, s)| SeqInput {
+                    tokens: p,
+                    start_pos: 0,
+                    kv_slots: &s[..a.input_len],
                     num_logits: 1,
-                    prompt: false,
+                    prompt: true,
                 })
                 .collect();
-            next = b.forward_sample_all(&batch, 0.0)?;
-        }
-        let decode = t1.elapsed().as_secs_f64() / (a.output_len.max(2) - 1) as f64;
-        Ok((ttft, decode))
-    };
-    run(b, &mut rng)?; // warm-up: graph capture, cuBLASLt plans
-    let (ttft, step) = run(b, &mut rng)?;
+            // Prompts go in passes of at most PREFILL_PASS_TOKENS tokens (whole prompts), as the
+            // scheduler's chunked prefill bounds a pass: a large batch of long prompts in one pass
+            // would need activations of every token at once.
+            let per_pass = (PREFILL_PASS_TOKENS / a.input_len.max(1)).max(1);
+            let mut next = Vec::with_capacity(batch.len());
+            for group in batch.chunks(per_pass) {
+                next.extend(b.forward_sample_all(group, 0.0)?);
+            }
+            let ttft = t0.elapsed().as_secs_f64();
+            let t1 = Instant::now();
+            let profile_from = a.output_len.saturating_sub(a.profile_steps).max(1);
+            for step in 1..a.output_len {
+                if profile && step == profile_from {
+                    profiler(true)?;
+                }
+                let pos = a.input_len + step - 1;
+                let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+                let batch: Vec<SeqInput> = toks
+                    .iter()
+                    .zip(&seq_slots)
+                    .map(|(t, s)| SeqInput {
+                        tokens: t,
+                        start_pos: pos,
+                        kv_slots: &s[..pos + 1],
+                        num_logits: 1,
+                        prompt: false,
+                    })
+                    .collect();
+                next = b.forward_sample_all(&batch, 0.0)?;
+            }
+            if profile && profile_from < a.output_len {
+                b.stream().synchronize().map_err(cuda_err)?;
+                profiler(false)?;
+            }
+            let decode = t1.elapsed().as_secs_f64() / (a.output_len.max(2) - 1) as f64;
+            Ok((ttft, decode))
+        };
+    run(b, &mut rng, false)?; // warm-up: graph capture, cuBLASLt plans
+    let (ttft, step) = run(b, &mut rng, a.profile_steps > 0)?;
     let weight_bytes = b.weight_bytes() as f64;
     // A decode step reads every weight once except the embedding table (one row per token).
     let read = weight_bytes
