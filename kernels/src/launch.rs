@@ -27,11 +27,17 @@ mod fp8;
 
 /// Most sequence splits of one decode attention launch (`DEC_MAX_SPLITS` in decode_attn.cu).
 pub const MAX_DECODE_SPLITS: u32 = 32;
+/// Fewest sequences a decode batch has for [`Kernels::decode_plan`] to pick the tensor-core
+/// attention kernel.
+pub const DECODE_TC_MIN_BATCH: usize = 16;
 
 /// How a decode attention launch divides the work: `splits` parts along each sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeAttnPlan {
     pub splits: u32,
+    /// [`Kernels::decode_attn`] on the tensor-core kernel (`decode_attn_tc_*`): one split
+    /// only, no partials; for batches whose (sequence, KV head) pairs fill the GPU.
+    pub tensor_cores: bool,
 }
 
 /// Most token rows of one GEMV launch (the MMA's 8 columns).
@@ -249,6 +255,8 @@ pub struct Kernels {
     decode_merged: DecodeSet,
     /// The same, with RoPE and the K/V store of a decode pass.
     decode_rope: DecodeSet,
+    /// `decode_attn_tc_*`: one block per (sequence, KV head) on tensor cores
+    decode_tc: DecodeSet,
     merge: CudaFunction,
     /// [KV pool type] x [head_dim 64, 128]
     prefill: [[CudaFunction; 2]; 3],
@@ -413,6 +421,7 @@ impl Kernels {
             decode: decode_set("decode_attn")?,
             decode_merged: decode_set("decode_attn_merged")?,
             decode_rope: decode_set("decode_attn_rope")?,
+            decode_tc: decode_set("decode_attn_tc")?,
             merge: f("attn_merge_splits")?,
             prefill: [prefill_pair(pa)?, prefill_pair(pb)?, prefill_pair(pc)?],
             sample: f("sample_bf16")?,
@@ -721,12 +730,16 @@ impl Kernels {
     }
 
     /// Splits for a decode batch: about two blocks per multiprocessor, at least 32 keys each.
+    /// A batch of at least [`DECODE_TC_MIN_BATCH`] sequences that needs no split runs on the
+    /// tensor-core kernel, which the FP32 kernel's per-key arithmetic cannot keep up with there.
     pub fn decode_plan(&self, batch: usize, n_kv_heads: usize, max_len: usize) -> DecodeAttnPlan {
         let blocks = (batch * n_kv_heads).max(1);
         let want = (2 * self.num_sms as usize).div_ceil(blocks);
         let by_len = max_len.div_ceil(32).max(1);
+        let splits = want.min(by_len).clamp(1, MAX_DECODE_SPLITS as usize) as u32;
         DecodeAttnPlan {
-            splits: want.min(by_len).clamp(1, MAX_DECODE_SPLITS as usize) as u32,
+            splits,
+            tensor_cores: splits == 1 && batch >= DECODE_TC_MIN_BATCH,
         }
     }
 
@@ -758,7 +771,41 @@ impl Kernels {
         }
         let (shape, scales, scale_log2) = shape.into().resolve()?;
         let group = shape.n_heads / shape.n_kv_heads;
-        let f = &self.decode[shape.kv.index()][dim_index(shape.head_dim)?][group_index(group)?];
+        let (di, gi) = (dim_index(shape.head_dim)?, group_index(group)?);
+        let kvs = (shape.n_kv_heads * shape.head_dim) as i32;
+        if plan.tensor_cores {
+            if plan.splits != 1 {
+                return Err(KernelError::Unsupported(format!(
+                    "tensor-core decode attention: {} splits (it takes one)",
+                    plan.splits
+                )));
+            }
+            let f = &self.decode_tc[shape.kv.index()][di][gi];
+            let (o, os, qa, qs) = (out.addr(), out_stride as i32, q.addr(), q_stride as i32);
+            let (kc, vc, ip, ix) = (
+                k_cache.addr(),
+                v_cache.addr(),
+                kv_indptr.addr(),
+                kv_indices.addr(),
+            );
+            let mut a = [
+                arg(&o),
+                arg(&os),
+                arg(&qa),
+                arg(&qs),
+                arg(&kc),
+                arg(&vc),
+                arg(&kvs),
+                arg(&ip),
+                arg(&ix),
+                arg(&scale_log2),
+                arg(&scales.v),
+            ];
+            let grid = (batch as u32, shape.n_kv_heads as u32, 1);
+            // SAFETY: argument types match the kernel; the caller guarantees the extents.
+            return unsafe { self.launch(s, f, grid, 128, &mut a) };
+        }
+        let f = &self.decode[shape.kv.index()][di][gi];
         let (po, pml, qa, kc, vc, ip, ix) = (
             partial_o.addr(),
             partial_ml.addr(),
@@ -769,7 +816,6 @@ impl Kernels {
             kv_indices.addr(),
         );
         let qs = q_stride as i32;
-        let kvs = (shape.n_kv_heads * shape.head_dim) as i32;
         let nh = shape.n_heads as i32;
         let mut a = [
             arg(&po),
@@ -937,6 +983,12 @@ impl Kernels {
             return Ok(());
         }
         let (shape, scales, scale_log2) = shape.resolve()?;
+        if plan.tensor_cores {
+            return Err(KernelError::Unsupported(
+                "one-launch decode attention with a tensor-core plan (that kernel is decode_attn's)"
+                    .into(),
+            ));
+        }
         if !(1..=MAX_DECODE_SPLITS).contains(&plan.splits) {
             return Err(KernelError::Unsupported(format!(
                 "one-launch decode attention: {} splits (1 to {MAX_DECODE_SPLITS})",

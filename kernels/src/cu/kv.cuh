@@ -11,7 +11,8 @@
 // Each type gives: T (one element), Raw8 (eight elements as loaded), load8/zero8, unpack (eight
 // floats), to_bf16x8 (eight bf16 in a uint4), enc (a bf16 value times inv, as stored), dec (a
 // stored value as f32), store4 / store8 (four / eight bf16 values, as uint2 / uint4, times inv,
-// stored).
+// stored). The FP8 types also give to_f16x4 (four stored bytes as f16 in units of F16_UNIT,
+// exact: two words, lowest first) for kernels that run f16 MMAs on the bytes.
 
 __device__ __forceinline__ unsigned int f2e5m2(float f) {
     const unsigned int sign = (__float_as_uint(f) >> 24) & 0x80u;
@@ -59,6 +60,18 @@ struct KvFp8 {
             f[1] = h2f(lo >> 16) * FP8_F16_UNIT;
             f[2] = h2f(hi & 0xffffu) * FP8_F16_UNIT;
             f[3] = h2f(hi >> 16) * FP8_F16_UNIT;
+        }
+    }
+    // f16 values of the stored ones are these units: e4m3 as e4m3x4_to_f16x4 widens it; an
+    // e5m2 byte is the upper half of its f16
+    static constexpr float F16_UNIT = E5M2 ? 1.0f : FP8_F16_UNIT;
+    static __device__ __forceinline__ void to_f16x4(unsigned int w, unsigned int& lo,
+                                                    unsigned int& hi) {
+        if constexpr (E5M2) {
+            lo = __byte_perm(w, 0u, 0x1404u);  // byte 0 -> bits 8-15, byte 1 -> bits 24-31
+            hi = __byte_perm(w, 0u, 0x3424u);
+        } else {
+            e4m3x4_to_f16x4(w, lo, hi);
         }
     }
     static __device__ __forceinline__ unsigned int enc1(float x) {

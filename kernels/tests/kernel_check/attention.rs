@@ -170,8 +170,18 @@ pub(crate) fn check_decode(
     let max_len = *lens.iter().max().unwrap_or(&1);
     for plan in [
         c.k.decode_plan(b, nkv, max_len),
-        sgl_kernels::DecodeAttnPlan { splits: 1 },
-        sgl_kernels::DecodeAttnPlan { splits: 7 },
+        sgl_kernels::DecodeAttnPlan {
+            splits: 1,
+            tensor_cores: false,
+        },
+        sgl_kernels::DecodeAttnPlan {
+            splits: 7,
+            tensor_cores: false,
+        },
+        sgl_kernels::DecodeAttnPlan {
+            splits: 1,
+            tensor_cores: true,
+        },
     ] {
         let rows = b * nh * plan.splits as usize;
         let po = c.s.alloc_zeros::<f32>(rows * hd)?;
@@ -215,7 +225,12 @@ pub(crate) fn check_decode(
             }
         }
         let name = format!(
-            "decode_attn d{hd} {nh}/{nkv} heads, {} splits, {} pool{}",
+            "decode_attn{} d{hd} {nh}/{nkv} heads, {} splits, {} pool{}",
+            if plan.tensor_cores {
+                " (tensor cores)"
+            } else {
+                ""
+            },
             plan.splits,
             kv_name(kv),
             scales_name(scales)
@@ -288,11 +303,21 @@ pub(crate) fn check_decode_fused(
     let mut splits = Vec::new();
     for plan in [
         c.k.decode_plan(b, nkv, max_len),
-        sgl_kernels::DecodeAttnPlan { splits: 1 },
-        sgl_kernels::DecodeAttnPlan { splits: 3 },
-        sgl_kernels::DecodeAttnPlan { splits: 7 },
+        sgl_kernels::DecodeAttnPlan {
+            splits: 1,
+            tensor_cores: false,
+        },
+        sgl_kernels::DecodeAttnPlan {
+            splits: 3,
+            tensor_cores: false,
+        },
+        sgl_kernels::DecodeAttnPlan {
+            splits: 7,
+            tensor_cores: false,
+        },
         sgl_kernels::DecodeAttnPlan {
             splits: sgl_kernels::MAX_DECODE_SPLITS,
+            tensor_cores: false,
         },
     ] {
         splits.push(plan.splits);

@@ -295,13 +295,16 @@ impl CudaBackend {
             }
             return Ok(DecodeAttnPlan {
                 splits: DETERMINISTIC_DECODE_SPLITS,
+                tensor_cores: false,
             });
         }
         let plan = self
             .kernels
             .decode_plan(batch, self.cfg.num_kv_heads, plan_len);
+        let splits = plan.splits.min(cap);
         Ok(DecodeAttnPlan {
-            splits: plan.splits.min(cap),
+            splits,
+            tensor_cores: plan.tensor_cores && splits == 1 && self.decode_tc,
         })
     }
 
@@ -862,7 +865,11 @@ impl CudaBackend {
                     true,
                     AttnInputs::Decode {
                         batch,
-                        plan,
+                        plan:
+                            plan @ DecodeAttnPlan {
+                                tensor_cores: false,
+                                ..
+                            },
                         kv_indptr,
                         kv_indices,
                     },

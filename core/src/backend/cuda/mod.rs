@@ -119,6 +119,10 @@ pub struct CudaBackend {
     /// inside RMSNorm and SiLU-mul and fold each GEMM's rescale into the kernel after it
     /// (`SGL_DISABLE_FP8_FUSION=1`: a quantization and a rescale pass around every GEMM).
     fuse_fp8: bool,
+    /// Decode batches of at least `DECODE_TC_MIN_BATCH` sequences that need no split take the
+    /// tensor-core attention kernel (`SGL_DISABLE_DECODE_TC=1`: the FP32 kernel at every batch).
+    /// Off under `--enable-deterministic-inference`, whose decode must not depend on the batch.
+    decode_tc: bool,
     cfg: ModelConfig,
     pub(crate) w: weights::Weights,
     /// [layer][k | v][slot][kv_heads * head_dim] elements of `opts.kv`, as bytes; slot
@@ -267,6 +271,7 @@ impl CudaBackend {
             fuse_norm: std::env::var("SGL_DISABLE_GEMV_NORM").as_deref() != Ok("1"),
             fuse_attn: std::env::var("SGL_DECODE_ATTN_FUSION").as_deref() != Ok("0"),
             fuse_fp8: std::env::var("SGL_DISABLE_FP8_FUSION").as_deref() != Ok("1"),
+            decode_tc: std::env::var("SGL_DISABLE_DECODE_TC").as_deref() != Ok("1"),
             cfg,
             w: p.w,
             kv,

@@ -1,0 +1,319 @@
+// Decode attention on tensor cores, for batches large enough that every (sequence, KV head) pair
+// gets a block of its own (one split: no partials, no merge).
+//
+// At such batches the per-key work of decode_attn (a dot product per query head of the group on
+// the FP32 units, its reduction across the lanes of a key by shuffles, FP8 bytes widened value by
+// value) made it compute-bound: with an FP8 pool at batch 256 and 1000 cached keys it read the
+// pool at under half the copy bandwidth. Here the GQA group's G query heads are the rows of an
+// MMA A operand (mma.sync m16n8k16, bf16, f32 accumulators; rows G..15 are zero), so the scores
+// of 16 keys against every head of the group are one MMA per 16 dims, and P V is one MMA per 8
+// dims, the work of prefill_attn with a 16-row query tile.
+//
+// Grid (batch, kv_heads), DTC_THREADS threads. Each tile of DTC_BK keys is fetched by the whole
+// block into shared memory (a bf16 pool through cp.async; an FP8 pool through registers, 16
+// bytes a load, widened to f16 with the hardware conversion, two values an instruction, in
+// units of the pool type's F16_UNIT) and each warp takes 16 of its keys: scores, an online
+// softmax of its own, P V. On an FP8 pool the MMAs are f16 (query and P rounded to f16, which
+// keeps more bits than bf16 below 65504: the query of a Llama-family model stays far inside);
+// the unit is folded into the softmax scale and the output scale. At the end the warps' (max, sum, output) are combined in shared memory
+// in warp order. The next tile's pool indices are read while a tile's rows are in flight; the
+// blocks resident on a multiprocessor overlap one another's loads and arithmetic.
+//
+// KV scales as in decode_attn: the K scale folded into scale_log2 by the host, the V scale on the
+// output (o * v_scale / l). Layouts as decode_attn's: q row of sequence b at q + b * q_stride,
+// head h at + h * D; pool rows of kv_stride elements per slot.
+
+#define DTC_WARPS 4
+#define DTC_THREADS (DTC_WARPS * 32)
+// keys per tile: 16 per warp (one MMA k-step of P V)
+#define DTC_BK (DTC_WARPS * 16)
+
+__device__ __forceinline__ void dtc_cp_async16(void* smem, const void* gmem, bool valid) {
+    // 16 bytes from global to shared without a register round trip; zero-filled when !valid
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)),
+                 "l"(gmem), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+// bf16 MMA on a bf16 pool, f16 on an FP8 one
+template <bool BF16>
+__device__ __forceinline__ void dtc_mma(float* d, const unsigned int* a, unsigned int b0,
+                                        unsigned int b1) {
+    if constexpr (BF16) {
+        mma_bf16_16816(d, a, b0, b1);
+    } else {
+        mma_f16_16816(d, a, b0, b1);
+    }
+}
+
+template <bool BF16>
+__device__ __forceinline__ unsigned int dtc_pack2(float lo, float hi) {
+    if constexpr (BF16) {
+        return pack_bf2(lo, hi);
+    } else {
+        unsigned int r;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+    }
+}
+
+// two bf16 (a word, lowest first) as two f16
+__device__ __forceinline__ unsigned int dtc_bf2_to_h2(unsigned int w) {
+    return dtc_pack2<false>(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+
+// 16 stored FP8 bytes as 16 f16 values (in units of KV::F16_UNIT) into shared memory
+template <typename KV>
+__device__ __forceinline__ void dtc_land16(bf16_t* dst, uint4 raw) {
+    uint4 a, b;
+    KV::to_f16x4(raw.x, a.x, a.y);
+    KV::to_f16x4(raw.y, a.z, a.w);
+    KV::to_f16x4(raw.z, b.x, b.y);
+    KV::to_f16x4(raw.w, b.z, b.w);
+    *(uint4*)dst = a;
+    *(uint4*)(dst + 8) = b;
+}
+
+template <int D, int G, typename KV>
+__device__ __forceinline__ void decode_attn_tc_impl(
+    bf16_t* __restrict__ out, int out_stride, const bf16_t* __restrict__ q, int q_stride,
+    const typename KV::T* __restrict__ k_cache, const typename KV::T* __restrict__ v_cache,
+    int kv_stride, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
+    float scale_log2, float v_scale) {
+    static_assert(G >= 1 && G <= 8, "the group's heads are rows 0..7 of the MMA tile");
+    constexpr bool BF16 = sizeof(typename KV::T) == 2;
+    constexpr int LD = D + 8;             // padded rows: fragment loads free of bank conflicts
+    constexpr int EPC = BF16 ? 8 : 16;    // elements per 16-byte load of the pool
+    constexpr int CH = D / EPC;           // loads per row
+    constexpr int RPP = DTC_THREADS / CH; // rows per pass of the block
+    constexpr int NP = DTC_BK / RPP;      // passes per tile
+    // K and V tiles (bf16, or f16 bits from an FP8 pool); after the last tile sK holds the
+    // warps' outputs for the combination
+    __shared__ __align__(16) bf16_t sK[DTC_BK * LD];
+    __shared__ __align__(16) bf16_t sV[DTC_BK * LD];
+    __shared__ float s_m[DTC_WARPS][G], s_l[DTC_WARPS][G];
+    static_assert(DTC_WARPS * G * D * sizeof(float) <= sizeof(sK), "outputs fit in sK");
+
+    pdl_wait();
+    pdl_trigger_early();
+    const int b = blockIdx.x, kvh = blockIdx.y;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, tig = lane & 3;
+    const int beg = kv_indptr[b];
+    const int len = kv_indptr[b + 1] - beg;
+    const int h0 = kvh * G;
+    const int c = tid % CH;
+    const size_t head_off = (size_t)kvh * D + c * EPC;
+    float sl2 = scale_log2, vs = v_scale;
+    if constexpr (!BF16) {
+        sl2 *= KV::F16_UNIT;
+        vs *= KV::F16_UNIT;
+    }
+    bf16_t* orow = out + (size_t)b * out_stride + (size_t)h0 * D;
+    if (len <= 0) {
+        for (int idx = tid; idx < G * D; idx += DTC_THREADS) orow[idx] = 0;
+        pdl_trigger_end();
+        return;
+    }
+
+    // The group's query heads as A fragments (bf16, or f16 for an FP8 pool): row g is head
+    // h0 + g; rows G..15 are zero.
+    unsigned int qf[D / 16][4];
+    {
+        const bf16_t* qrow = q + (size_t)b * q_stride + (size_t)(h0 + g) * D;
+#pragma unroll
+        for (int kb = 0; kb < D / 16; ++kb) {
+            const int col = kb * 16 + tig * 2;
+            unsigned int lo = g < G ? *(const unsigned int*)(qrow + col) : 0u;
+            unsigned int hi = g < G ? *(const unsigned int*)(qrow + col + 8) : 0u;
+            if constexpr (!BF16) {
+                lo = dtc_bf2_to_h2(lo);
+                hi = dtc_bf2_to_h2(hi);
+            }
+            qf[kb][0] = lo;
+            qf[kb][1] = 0u;
+            qf[kb][2] = hi;
+            qf[kb][3] = 0u;
+        }
+    }
+
+    int slot[NP];
+#pragma unroll
+    for (int i = 0; i < NP; ++i) {
+        const int r = tid / CH + i * RPP;
+        slot[i] = r < len ? kv_indices[beg + r] : -1;
+    }
+    float o[D / 8][2];  // row g's outputs (rows g + 8 are padding and stay zero)
+#pragma unroll
+    for (int nb = 0; nb < D / 8; ++nb) o[nb][0] = o[nb][1] = 0.0f;
+    float m0 = NEG_INF, l0 = 0.0f;
+
+    for (int kt = 0; kt < len; kt += DTC_BK) {
+        // this tile's K and V rows: every load issued before any is used
+        uint4 rk[BF16 ? 1 : NP], rv[BF16 ? 1 : NP];  // an FP8 pool's bytes on their way
+#pragma unroll
+        for (int i = 0; i < NP; ++i) {
+            const int r = tid / CH + i * RPP;
+            const size_t row = slot[i] >= 0 ? (size_t)slot[i] * kv_stride + head_off : 0;
+            if constexpr (BF16) {
+                dtc_cp_async16(sK + r * LD + c * EPC, k_cache + row, slot[i] >= 0);
+                dtc_cp_async16(sV + r * LD + c * EPC, v_cache + row, slot[i] >= 0);
+            } else {
+                const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+                rk[i] = slot[i] >= 0 ? *(const uint4*)(k_cache + row) : z;
+                rv[i] = slot[i] >= 0 ? *(const uint4*)(v_cache + row) : z;
+            }
+        }
+        if constexpr (BF16) asm volatile("cp.async.commit_group;" ::: "memory");
+        // the next tile's pool indices, read while this tile's rows are in flight
+#pragma unroll
+        for (int i = 0; i < NP; ++i) {
+            const int r = kt + DTC_BK + tid / CH + i * RPP;
+            slot[i] = r < len ? kv_indices[beg + r] : -1;
+        }
+        if constexpr (BF16) {
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+        } else {
+#pragma unroll
+            for (int i = 0; i < NP; ++i) {
+                const int r = tid / CH + i * RPP;
+                dtc_land16<KV>(sK + r * LD + c * EPC, rk[i]);
+                dtc_land16<KV>(sV + r * LD + c * EPC, rv[i]);
+            }
+        }
+        __syncthreads();
+
+        // scores of this warp's 16 keys (two n-blocks of 8) against the group's heads
+        float s[2][4];
+#pragma unroll
+        for (int nb = 0; nb < 2; ++nb) {
+            s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
+            // B fragments of two 16-dim steps per ldmatrix: matrices (keys, dims kb*16 + 0/8)
+            // and (keys, (kb + 1)*16 + 0/8)
+            const int mi = lane >> 3;
+            const bf16_t* krow =
+                sK + (warp * 16 + nb * 8 + (lane & 7)) * LD + (mi >> 1) * 16 + (mi & 1) * 8;
+#pragma unroll
+            for (int kb = 0; kb < D / 16; kb += 2) {
+                unsigned int b0, b1, b2, b3;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                             : "r"(smem_addr(krow + kb * 16)));
+                dtc_mma<BF16>(s[nb], qf[kb], b0, b1);
+                dtc_mma<BF16>(s[nb], qf[kb + 1], b2, b3);
+            }
+        }
+        // row g: mask past the sequence, scale (log2 domain), online softmax
+        float mx = NEG_INF;
+#pragma unroll
+        for (int nb = 0; nb < 2; ++nb) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int key = kt + warp * 16 + nb * 8 + tig * 2 + e;
+                const float v = key < len ? s[nb][e] * sl2 : NEG_INF;
+                s[nb][e] = v;
+                mx = fmaxf(mx, v);
+            }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mn = fmaxf(m0, mx);
+        // a warp with no key so far keeps m = -inf; guard the subtraction
+        const float base = mn == NEG_INF ? 0.0f : mn;
+        const float alpha = exp2f(m0 - base);
+        m0 = mn;
+        float rs = 0.0f;
+#pragma unroll
+        for (int nb = 0; nb < 2; ++nb) {
+            s[nb][0] = exp2f(s[nb][0] - base);
+            s[nb][1] = exp2f(s[nb][1] - base);
+            rs += s[nb][0] + s[nb][1];
+        }
+        l0 = l0 * alpha + rs;
+#pragma unroll
+        for (int nb = 0; nb < D / 8; ++nb) {
+            o[nb][0] *= alpha;
+            o[nb][1] *= alpha;
+        }
+        // O += P V over the warp's 16 keys: P's accumulator layout is the A fragment
+        const unsigned int pa[4] = {dtc_pack2<BF16>(s[0][0], s[0][1]), 0u,
+                                    dtc_pack2<BF16>(s[1][0], s[1][1]), 0u};
+        const int vkey = warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+        for (int nb = 0; nb < D / 8; nb += 2) {
+            const int dim = nb * 8 + (lane >> 4) * 8;
+            unsigned int r0, r1, r2, r3;
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                         : "r"(smem_addr(sV + vkey * LD + dim)));
+            float acc0[4] = {o[nb][0], o[nb][1], 0.0f, 0.0f};
+            float acc1[4] = {o[nb + 1][0], o[nb + 1][1], 0.0f, 0.0f};
+            dtc_mma<BF16>(acc0, pa, r0, r1);
+            dtc_mma<BF16>(acc1, pa, r2, r3);
+            o[nb][0] = acc0[0];
+            o[nb][1] = acc0[1];
+            o[nb + 1][0] = acc1[0];
+            o[nb + 1][1] = acc1[1];
+        }
+        __syncthreads();  // every warp is done with the tile
+    }
+
+    // the warps' results, combined in warp order
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    float* s_o = reinterpret_cast<float*>(sK);
+    if (g < G) {
+#pragma unroll
+        for (int nb = 0; nb < D / 8; ++nb) {
+            const int d = nb * 8 + tig * 2;
+            s_o[(warp * G + g) * D + d] = o[nb][0];
+            s_o[(warp * G + g) * D + d + 1] = o[nb][1];
+        }
+        if (tig == 0) {
+            s_m[warp][g] = m0;
+            s_l[warp][g] = l0;
+        }
+    }
+    __syncthreads();
+    pdl_trigger_end();
+    for (int idx = tid; idx < G * D; idx += DTC_THREADS) {
+        const int gg = idx / D, d = idx % D;
+        float m = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < DTC_WARPS; ++w) m = fmaxf(m, s_m[w][gg]);
+        float acc = 0.0f, l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < DTC_WARPS; ++w) {
+            if (s_m[w][gg] != NEG_INF) {
+                const float e = exp2f(s_m[w][gg] - m);
+                acc += s_o[(w * G + gg) * D + d] * e;
+                l += s_l[w][gg] * e;
+            }
+        }
+        orow[idx] = f2bf(l > 0.0f ? (acc * vs) / l : 0.0f);
+    }
+}
+
+// Kernel names: decode_attn_tc_d<D>_g<G> for a bf16 pool, with _e4m3 / _e5m2 appended for FP8.
+#define DECODE_ATTN_TC(D, G, SUF, KV)                                                          \
+    extern "C" __global__ void __launch_bounds__(DTC_THREADS) decode_attn_tc_d##D##_g##G##SUF( \
+        bf16_t* out, int out_stride, const bf16_t* q, int q_stride, const KV::T* kc,           \
+        const KV::T* vc, int kv_stride, const int* kv_indptr, const int* kv_indices,           \
+        float scale_log2, float v_scale) {                                                     \
+        decode_attn_tc_impl<D, G, KV>(out, out_stride, q, q_stride, kc, vc, kv_stride,         \
+                                      kv_indptr, kv_indices, scale_log2, v_scale);             \
+    }
+
+#define DECODE_ATTN_TC_ALL(SUF, KV)  \
+    DECODE_ATTN_TC(64, 1, SUF, KV)   \
+    DECODE_ATTN_TC(64, 2, SUF, KV)   \
+    DECODE_ATTN_TC(64, 4, SUF, KV)   \
+    DECODE_ATTN_TC(64, 8, SUF, KV)   \
+    DECODE_ATTN_TC(128, 1, SUF, KV)  \
+    DECODE_ATTN_TC(128, 2, SUF, KV)  \
+    DECODE_ATTN_TC(128, 4, SUF, KV)  \
+    DECODE_ATTN_TC(128, 8, SUF, KV)
+
+DECODE_ATTN_TC_ALL(, KvBf16)
+DECODE_ATTN_TC_ALL(_e4m3, KvE4m3)
+DECODE_ATTN_TC_ALL(_e5m2, KvE5m2)
