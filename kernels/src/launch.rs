@@ -247,6 +247,8 @@ pub struct Kernels {
     add_rmsnorm: CudaFunction,
     /// [KV pool type]
     rope_kv_store: [CudaFunction; 3],
+    /// The same with an FP8 GEMM's scales applied to the qkv product first.
+    rope_kv_store_rescale: [CudaFunction; 3],
     silu_mul: CudaFunction,
     gather_rows: CudaFunction,
     /// [KV pool type] x [head_dim 64, 128] x [group 1, 2, 4, 8]
@@ -415,6 +417,11 @@ impl Kernels {
                 f("rope_kv_store_bf16")?,
                 f("rope_kv_store_e4m3")?,
                 f("rope_kv_store_e5m2")?,
+            ],
+            rope_kv_store_rescale: [
+                f("rope_kv_store_rescale_bf16")?,
+                f("rope_kv_store_rescale_e4m3")?,
+                f("rope_kv_store_rescale_e5m2")?,
             ],
             silu_mul: f("silu_mul_bf16")?,
             gather_rows: f("gather_rows_bf16")?,
@@ -640,14 +647,84 @@ impl Kernels {
         n_tokens: usize,
         shape: impl Into<LayerAttn>,
     ) -> Result<()> {
+        // SAFETY: the caller's guarantees.
+        unsafe {
+            self.rope_kv_store_any(
+                s, qkv, k_cache, v_cache, positions, slots, inv_freq, n_tokens, shape, None,
+            )
+        }
+    }
+
+    /// [`Kernels::fp8_rescale`] of an FP8 GEMM's unscaled qkv product (`xs` per token, `ws`
+    /// per column) and [`Kernels::rope_kv_store`] in one kernel, with the same results: the
+    /// q heads end up in `qkv` scaled and rotated, k and v in the pool; the k and v parts of
+    /// `qkv` stay unscaled. `ws` must be 16-byte aligned.
+    ///
+    /// # Safety
+    /// As [`Kernels::rope_kv_store`]; xs: n_tokens; ws: (n_heads + 2 n_kv_heads) x head_dim.
+    pub unsafe fn rope_kv_store_rescale(
+        &self,
+        s: &CudaStream,
+        qkv: Dptr<bf16>,
+        k_cache: Dptr<u8>,
+        v_cache: Dptr<u8>,
+        positions: Dptr<i32>,
+        slots: Dptr<i32>,
+        inv_freq: Dptr<f32>,
+        n_tokens: usize,
+        shape: impl Into<LayerAttn>,
+        xs: Dptr<f32>,
+        ws: Dptr<f32>,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantees.
+        unsafe {
+            self.rope_kv_store_any(
+                s,
+                qkv,
+                k_cache,
+                v_cache,
+                positions,
+                slots,
+                inv_freq,
+                n_tokens,
+                shape,
+                Some((xs, ws)),
+            )
+        }
+    }
+
+    /// [`Kernels::rope_kv_store`], with `scales` [`Kernels::rope_kv_store_rescale`].
+    ///
+    /// # Safety
+    /// As those two.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rope_kv_store_any(
+        &self,
+        s: &CudaStream,
+        qkv: Dptr<bf16>,
+        k_cache: Dptr<u8>,
+        v_cache: Dptr<u8>,
+        positions: Dptr<i32>,
+        slots: Dptr<i32>,
+        inv_freq: Dptr<f32>,
+        n_tokens: usize,
+        shape: impl Into<LayerAttn>,
+        scales: Option<(Dptr<f32>, Dptr<f32>)>,
+    ) -> Result<()> {
         if n_tokens == 0 {
             return Ok(());
         }
-        let (shape, scales, _) = shape.into().resolve()?;
+        let (shape, kv_scales, _) = shape.into().resolve()?;
         if !shape.head_dim.is_multiple_of(8) || shape.head_dim > 512 {
             return Err(KernelError::Unsupported(format!(
                 "rope_kv_store: head_dim {} (must be a multiple of 8, at most 512)",
                 shape.head_dim
+            )));
+        }
+        let (xs, ws) = scales.unwrap_or((Dptr::null(), Dptr::null()));
+        if !ws.addr().is_multiple_of(16) {
+            return Err(KernelError::Unsupported(format!(
+                "rope_kv_store_rescale: column scales at {ws:?} (must be 16-byte aligned)"
             )));
         }
         let (q, k, v, p, sl, f) = (
@@ -663,7 +740,8 @@ impl Kernels {
             shape.n_kv_heads as i32,
             shape.head_dim as i32,
         );
-        let (k_inv, v_inv) = (1.0 / scales.k, 1.0 / scales.v);
+        let (k_inv, v_inv) = (1.0 / kv_scales.k, 1.0 / kv_scales.v);
+        let (xa, wa) = (xs.addr(), ws.addr());
         let mut a = [
             arg(&q),
             arg(&k),
@@ -676,10 +754,17 @@ impl Kernels {
             arg(&hd),
             arg(&k_inv),
             arg(&v_inv),
+            arg(&xa),
+            arg(&wa),
         ];
         let grid = (n_tokens as u32, 1, 1);
-        // SAFETY: argument types match the kernel; the caller guarantees the extents.
-        unsafe { self.launch(s, &self.rope_kv_store[shape.kv.index()], grid, 256, &mut a) }
+        let (fun, n_args) = match scales {
+            Some(_) => (&self.rope_kv_store_rescale[shape.kv.index()], a.len()),
+            None => (&self.rope_kv_store[shape.kv.index()], a.len() - 2),
+        };
+        // SAFETY: argument types match the kernel (the plain form takes the first 11); the
+        // caller guarantees the extents.
+        unsafe { self.launch(s, fun, grid, 256, &mut a[..n_args]) }
     }
 
     /// `out = silu(gate) * up` with `gate_up` rows `[gate | up]` of 2 x inter.

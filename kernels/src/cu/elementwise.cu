@@ -72,8 +72,29 @@ extern "C" __global__ void add_rmsnorm_bf16(bf16_t* __restrict__ out, bf16_t* __
 // into shared memory, then every head is rotated four pairs at a time. head_dim % 8 == 0.
 // The pool's element type is KV's (kv.cuh): rope_kv_store_bf16, _e4m3 and _e5m2; an FP8 pool
 // stores k * k_inv and v * v_inv (the inverses of the layer's K and V scales; a bf16 pool
-// ignores them).
-template <typename KV>
+// ignores them). With RESCALE (rope_kv_store_rescale_*), qkv holds an FP8 GEMM's unscaled
+// product, and its scales (xs per token, ws per column) are applied first exactly as
+// fp8_rescale_bf16 rounds them; the q heads are written back scaled and rotated, the k and v
+// parts of qkv are left as they were (attention reads k and v from the pool).
+template <int N>
+__device__ __forceinline__ void rescale_words(unsigned int* w, float sx, const float* ws) {
+    // 2N bf16 values in w (low half first), ws[0..2N) 16-byte aligned: bf16(x * sx * ws + 0)
+    // as fp8_rescale_bf16 computes and rounds it
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+        const float4 c = __ldg((const float4*)ws + k);
+        const float x0 = __uint_as_float(w[2 * k] << 16);
+        const float x1 = __uint_as_float(w[2 * k] & 0xffff0000u);
+        const float x2 = __uint_as_float(w[2 * k + 1] << 16);
+        const float x3 = __uint_as_float(w[2 * k + 1] & 0xffff0000u);
+        w[2 * k] = (unsigned int)f2bf(x0 * sx * c.x + 0.0f) |
+                   ((unsigned int)f2bf(x1 * sx * c.y + 0.0f) << 16);
+        w[2 * k + 1] = (unsigned int)f2bf(x2 * sx * c.z + 0.0f) |
+                       ((unsigned int)f2bf(x3 * sx * c.w + 0.0f) << 16);
+    }
+}
+
+template <typename KV, bool RESCALE>
 __device__ __forceinline__ void rope_kv_store_impl(bf16_t* __restrict__ qkv,
                                                    typename KV::T* __restrict__ k_cache,
                                                    typename KV::T* __restrict__ v_cache,
@@ -81,7 +102,9 @@ __device__ __forceinline__ void rope_kv_store_impl(bf16_t* __restrict__ qkv,
                                                    const int* __restrict__ slots,
                                                    const float* __restrict__ inv_freq,
                                                    int n_heads, int n_kv_heads, int head_dim,
-                                                   float k_inv, float v_inv) {
+                                                   float k_inv, float v_inv,
+                                                   const float* __restrict__ xs,
+                                                   const float* __restrict__ ws) {
     __shared__ float s_cos[256], s_sin[256];
     pdl_wait();
     pdl_trigger_early();
@@ -91,6 +114,7 @@ __device__ __forceinline__ void rope_kv_store_impl(bf16_t* __restrict__ qkv,
     bf16_t* row = qkv + (size_t)t * row_len;
     const float pos = (float)positions[t];
     const size_t kv_row = (size_t)slots[t] * n_kv_heads * head_dim;
+    const float sx = RESCALE ? xs[t] : 0.0f;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float s, c;
         sincosf(pos * inv_freq[i], &s, &c);
@@ -104,7 +128,11 @@ __device__ __forceinline__ void rope_kv_store_impl(bf16_t* __restrict__ qkv,
         const int head = idx / quads, i = (idx % quads) * 4;
         const uint2 a = *(const uint2*)(row + head * head_dim + i);
         const uint2 b = *(const uint2*)(row + head * head_dim + i + half);
-        const unsigned int aw[2] = {a.x, a.y}, bw[2] = {b.x, b.y};
+        unsigned int aw[2] = {a.x, a.y}, bw[2] = {b.x, b.y};
+        if (RESCALE) {
+            rescale_words<2>(aw, sx, ws + head * head_dim + i);
+            rescale_words<2>(bw, sx, ws + head * head_dim + i + half);
+        }
         unsigned int ow1[2], ow2[2];
 #pragma unroll
         for (int w = 0; w < 2; ++w) {
@@ -133,7 +161,13 @@ __device__ __forceinline__ void rope_kv_store_impl(bf16_t* __restrict__ qkv,
     const bf16_t* v = row + (n_heads + n_kv_heads) * head_dim;
     const int nvec = n_kv_heads * head_dim / 8;
     for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
-        KV::store8(v_cache + kv_row + (size_t)i * 8, ((const uint4*)v)[i], v_inv);
+        uint4 x = ((const uint4*)v)[i];
+        if (RESCALE) {
+            unsigned int w[4] = {x.x, x.y, x.z, x.w};
+            rescale_words<4>(w, sx, ws + (n_heads + n_kv_heads) * head_dim + i * 8);
+            x = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+        KV::store8(v_cache + kv_row + (size_t)i * 8, x, v_inv);
     }
     pdl_trigger_end();
 }
@@ -143,8 +177,16 @@ __device__ __forceinline__ void rope_kv_store_impl(bf16_t* __restrict__ qkv,
         bf16_t* qkv, KV::T* k_cache, KV::T* v_cache, const int* positions, const int* slots,  \
         const float* inv_freq, int n_heads, int n_kv_heads, int head_dim, float k_inv,         \
         float v_inv) {                                                                         \
-        rope_kv_store_impl<KV>(qkv, k_cache, v_cache, positions, slots, inv_freq, n_heads,     \
-                               n_kv_heads, head_dim, k_inv, v_inv);                            \
+        rope_kv_store_impl<KV, false>(qkv, k_cache, v_cache, positions, slots, inv_freq,       \
+                                      n_heads, n_kv_heads, head_dim, k_inv, v_inv, nullptr,    \
+                                      nullptr);                                                \
+    }                                                                                          \
+    extern "C" __global__ void rope_kv_store_rescale_##SUF(                                    \
+        bf16_t* qkv, KV::T* k_cache, KV::T* v_cache, const int* positions, const int* slots,  \
+        const float* inv_freq, int n_heads, int n_kv_heads, int head_dim, float k_inv,         \
+        float v_inv, const float* xs, const float* ws) {                                       \
+        rope_kv_store_impl<KV, true>(qkv, k_cache, v_cache, positions, slots, inv_freq,        \
+                                     n_heads, n_kv_heads, head_dim, k_inv, v_inv, xs, ws);     \
     }
 ROPE_KV_STORE(bf16, KvBf16)
 ROPE_KV_STORE(e4m3, KvE4m3)

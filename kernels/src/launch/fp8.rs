@@ -2,7 +2,7 @@
 //! of the FP8 GEMMs) and its inverse, the rescale of an FP8 GEMM's unscaled product, and the
 //! RMSNorm and SiLU-mul that write their output quantized.
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaFunction, CudaStream};
 use half::bf16;
 
 use super::{Kernels, arg};
@@ -33,10 +33,17 @@ impl Kernels {
                 "FP8 quantization of {rows} x {k}"
             )));
         }
-        let (xa, qa, sa, ki) = (x.addr(), q.addr(), scale.addr(), k as i32);
-        let mut a = [arg(&xa), arg(&qa), arg(&sa), arg(&ki)];
+        let (xa, qa, sa, ki, ri) = (x.addr(), q.addr(), scale.addr(), k as i32, rows as u32);
+        let mut a = [arg(&xa), arg(&qa), arg(&sa), arg(&ki), arg(&ri)];
+        // rows of 8-value vectors: QUANT_VEC (fp8.cu) of them per thread, held in registers
+        let threads = if k.is_multiple_of(8) {
+            (k / 8).div_ceil(4).clamp(32, 1024).next_multiple_of(32) as u32
+        } else {
+            256
+        };
+        let grid = (self.row_grid(s, &self.quantize_fp8, threads, rows)?, 1, 1);
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
-        unsafe { self.launch(s, &self.quantize_fp8, (rows as u32, 1, 1), 256, &mut a) }
+        unsafe { self.launch(s, &self.quantize_fp8, grid, threads, &mut a) }
     }
 
     /// `y[t, o] = bf16(d[t, o] * xs[t] * ws[o])` (+ `y[t, o]` when `accumulate`): the
@@ -125,7 +132,7 @@ impl Kernels {
             ws.addr(),
             weight.addr(),
         );
-        let h = hidden as i32;
+        let (h, rows) = (hidden as i32, n_tokens as u32);
         let mut a = [
             arg(&qa),
             arg(&sa),
@@ -136,10 +143,15 @@ impl Kernels {
             arg(&g),
             arg(&h),
             arg(&eps),
+            arg(&rows),
         ];
         // the block size of add_rmsnorm, so the sum of squares adds in the same order
         let threads = (hidden / 8).clamp(32, 1024).next_multiple_of(32) as u32;
-        let grid = (n_tokens as u32, 1, 1);
+        let grid = (
+            self.row_grid(s, &self.add_rmsnorm_quant_fp8, threads, n_tokens)?,
+            1,
+            1,
+        );
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
         unsafe { self.launch(s, &self.add_rmsnorm_quant_fp8, grid, threads, &mut a) }
     }
@@ -184,12 +196,37 @@ impl Kernels {
             ws.addr(),
             inter as i32,
         );
-        let mut a = [arg(&qa), arg(&sa), arg(&g), arg(&xa), arg(&wa), arg(&i)];
-        // SILU_Q_THREADS of fp8.cu
-        let threads = 256;
-        let grid = (n_tokens as u32, 1, 1);
+        let rows = n_tokens as u32;
+        let mut a = [
+            arg(&qa),
+            arg(&sa),
+            arg(&g),
+            arg(&xa),
+            arg(&wa),
+            arg(&i),
+            arg(&rows),
+        ];
+        // SILU_Q_VEC (4) vectors of 8 per thread, at most SILU_Q_THREADS (512) threads (fp8.cu)
+        let threads = (inter / 8).div_ceil(4).clamp(32, 512).next_multiple_of(32) as u32;
+        let grid = (
+            self.row_grid(s, &self.silu_mul_quant_fp8, threads, n_tokens)?,
+            1,
+            1,
+        );
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
         unsafe { self.launch(s, &self.silu_mul_quant_fp8, grid, threads, &mut a) }
+    }
+
+    /// Blocks for a row kernel whose blocks take rows `blockIdx.x`, `+ gridDim.x`, ...: as
+    /// many as are resident at once (every multiprocessor full, no second wave that would
+    /// leave some idle at the end), at most one per row.
+    fn row_grid(&self, s: &CudaStream, f: &CudaFunction, threads: u32, rows: usize) -> Result<u32> {
+        s.context().bind_to_thread()?;
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?
+            .max(1);
+        let resident = self.num_sms().saturating_mul(per_sm).max(1);
+        Ok(resident.min(u32::try_from(rows).unwrap_or(u32::MAX)))
     }
 
     /// The inverse of [`Kernels::quantize_rows_fp8`]: `y[r, i] = bf16(scale[r] * q[r, i])`.

@@ -1,4 +1,4 @@
-//! Benchmarks (`bench-gemv`, `bench-gemv-fp8`, `bench-decode`): timing helpers, the decode GEMV against cuBLASLt and the copy bandwidth, one decode step in a CUDA graph.
+//! Benchmarks (`bench-gemv`, `bench-gemv-fp8`, `bench-decode`, `bench-prefill-attn`): timing helpers, the decode GEMV against cuBLASLt and the copy bandwidth, one decode step in a CUDA graph.
 
 use super::*;
 
@@ -455,5 +455,309 @@ pub(crate) fn bench_gemm_fp8(c: &mut Ctx) -> R<()> {
         }
     }
     c.gemm.set_fp8_fast_accum(false);
+    Ok(())
+}
+
+/// Median time in µs of single launches of `f` (a CUDA event pair around each of `n` launches,
+/// after 3 warm-up launches).
+pub(crate) fn time_each(s: &CudaStream, n: usize, mut f: impl FnMut() -> R<()>) -> R<f64> {
+    use cudarc::driver::sys::CUevent_flags;
+    for _ in 0..3 {
+        f()?;
+    }
+    let ctx = s.context();
+    let mut per = Vec::with_capacity(n);
+    for _ in 0..n {
+        let e0 = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let e1 = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        e0.record(s)?;
+        f()?;
+        e1.record(s)?;
+        per.push(e0.elapsed_ms(&e1)? as f64 * 1e3);
+    }
+    per.sort_by(f64::total_cmp);
+    Ok(per[per.len() / 2])
+}
+
+/// Causal prefill attention at Llama-3.1-8B's attention shape (32 query heads, 8 KV heads,
+/// head_dim 128), one prompt of 1024, 4096 and 8192 tokens with nothing cached, its keys in
+/// consecutive pool slots, on a bf16 and an FP8 e4m3 pool. Median of 25 launches each; causal
+/// TFLOP/s counts 4 L² / 2 · head_dim · heads (the two matmuls over the lower triangle).
+pub(crate) fn bench_prefill_attn(c: &mut Ctx) -> R<()> {
+    let (nh, nkv, hd) = (32usize, 8usize, 128usize);
+    let q_stride = (nh + 2 * nkv) * hd;
+    println!("\n| tokens | pool | µs | causal TFLOP/s |\n|---|---|---|---|");
+    for n in [1024usize, 4096, 8192] {
+        let flops = 4.0 * (n * n) as f64 / 2.0 * (hd * nh) as f64;
+        let qkv = bf(&(0..n * q_stride).map(|_| c.rng.sym()).collect::<Vec<_>>());
+        let dq = c.up(&qkv)?;
+        let out = c.s.alloc_zeros::<bf16>(n * nh * hd)?;
+        let (q_indptr, kv_indptr, prefix) = ([0, n as i32], [0, n as i32], [0i32]);
+        let idx: Vec<i32> = (0..n as i32).collect();
+        let (dqi, dki, dix, dp) = (
+            c.up(&q_indptr)?,
+            c.up(&kv_indptr)?,
+            c.up(&idx)?,
+            c.up(&prefix)?,
+        );
+        for kv in [KvDtype::Bf16, KvDtype::Fp8E4m3] {
+            let (_, _, dk, dv) = random_cache(c, n, nkv, hd, kv, sgl_kernels::KvScales::ONE)?;
+            let tiles = prefill_tiles(&[n]);
+            let dt = c.up(&tiles)?;
+            let shape = AttnShape {
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                kv,
+            };
+            let s = c.s.clone();
+            let us = time_each(&s, 25, || {
+                // SAFETY: shapes as allocated.
+                unsafe {
+                    c.k.prefill_attn(
+                        &c.s,
+                        c.p(&out),
+                        nh * hd,
+                        c.p(&dq),
+                        q_stride,
+                        c.p(&dk),
+                        c.p(&dv),
+                        c.p(&dt),
+                        tiles.len() / 2,
+                        c.p(&dqi),
+                        c.p(&dki),
+                        c.p(&dix),
+                        c.p(&dp),
+                        shape,
+                    )?
+                };
+                Ok(())
+            })?;
+            println!(
+                "| {n} | {} | {us:.1} | {:.0} |",
+                kv_name(kv),
+                flops / (us * 1e-6) / 1e12
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The FP8 prefill's row kernels at Llama-3.1-8B shapes (hidden 4096, intermediate 14336, 32
+/// q / 8 kv heads of 128): silu_mul_quant_fp8 and add_rmsnorm_quant_fp8 (each with the scales
+/// of the GEMM before it) at 1024 and 8192 tokens, quantize_rows_fp8 of attention's output, and
+/// the qkv product's rescale with RoPE and the K/V store, separate and folded, at 1024 tokens.
+/// Median of 25 single launches (CUDA events), inputs cycled through enough copies that none
+/// is still in L2; GB/s counts each kernel's compulsory reads and writes, against the device's
+/// copy bandwidth.
+pub(crate) fn bench_fp8_rows(c: &mut Ctx) -> R<()> {
+    let s = c.s.clone();
+    let copy_bw = copy_bandwidth(c)?;
+    let (h, inter, nh, nkv, hd) = (4096usize, 14336usize, 32usize, 8usize, 128usize);
+    let n = 25;
+    // copies of an input of `bytes` so that the launch after one reads another, out of L2
+    let copies_for = |bytes: usize| (192usize << 20).div_ceil(bytes).max(2);
+    println!("\n| kernel | shape | µs | MB moved | GB/s | of copy |\n|---|---|---|---|---|---|");
+    let line = |name: &str, shape: String, us: f64, bytes: usize| {
+        let bw = bytes as f64 / (us * 1e-6);
+        println!(
+            "| {name} | {shape} | {us:.1} | {:.1} | {:.0} | {:.1}% |",
+            bytes as f64 / 1e6,
+            bw / 1e9,
+            100.0 * bw / copy_bw
+        );
+    };
+    let pattern = |len: usize, scale: f32| -> Vec<bf16> {
+        bf(&(0..len)
+            .map(|i| ((i % 251) as f32 - 125.0) / 125.0 * scale)
+            .collect::<Vec<_>>())
+    };
+
+    for t in [1024usize, 8192] {
+        let gu_host = pattern(t * 2 * inter, 2000.0);
+        let copies = copies_for(gu_host.len() * 2);
+        let gus: Vec<CudaSlice<bf16>> = (0..copies)
+            .map(|_| s.clone_htod(&gu_host))
+            .collect::<Result<_, _>>()?;
+        drop(gu_host);
+        let xs = c.up(&vec![1e-2f32; t])?;
+        let ws = c.up(&vec![1e-1f32; 2 * inter])?;
+        let q = s.alloc_zeros::<u8>(t * inter)?;
+        let qs = s.alloc_zeros::<f32>(t)?;
+        let mut i = 0usize;
+        let us = time_each(&s, n, || {
+            i += 1;
+            // SAFETY: shapes as allocated.
+            unsafe {
+                c.k.silu_mul_quant_fp8(
+                    &s,
+                    dptr(&q, &s),
+                    dptr(&qs, &s),
+                    dptr(&gus[i % copies], &s),
+                    Some((dptr(&xs, &s), dptr(&ws, &s))),
+                    t,
+                    inter,
+                )?
+            };
+            Ok(())
+        })?;
+        line(
+            "silu_mul_quant_fp8 (scaled input)",
+            format!("{t} x {inter}"),
+            us,
+            t * 2 * inter * 2 + t * inter + t * 8,
+        );
+    }
+
+    for t in [1024usize, 8192] {
+        let res_host = pattern(t * h, 2.0);
+        let d_host = pattern(t * h, 3000.0);
+        let copies = copies_for(res_host.len() * 4);
+        let res: Vec<CudaSlice<bf16>> = (0..copies)
+            .map(|_| s.clone_htod(&res_host))
+            .collect::<Result<_, _>>()?;
+        let dl: Vec<CudaSlice<bf16>> = (0..copies)
+            .map(|_| s.clone_htod(&d_host))
+            .collect::<Result<_, _>>()?;
+        let g = c.up(&bf(&vec![1.0f32; h]))?;
+        let xs = c.up(&vec![1e-2f32; t])?;
+        let ws = c.up(&vec![3e-2f32; h])?;
+        let q = s.alloc_zeros::<u8>(t * h)?;
+        let qs = s.alloc_zeros::<f32>(t)?;
+        let mut i = 0usize;
+        let us = time_each(&s, n, || {
+            i += 1;
+            let j = i % copies;
+            // SAFETY: shapes as allocated.
+            unsafe {
+                c.k.add_rmsnorm_quant_fp8(
+                    &s,
+                    dptr(&q, &s),
+                    dptr(&qs, &s),
+                    dptr(&res[j], &s),
+                    Some(dptr(&dl[j], &s)),
+                    Some((dptr(&xs, &s), dptr(&ws, &s))),
+                    dptr(&g, &s),
+                    t,
+                    h,
+                    1e-5,
+                )?
+            };
+            Ok(())
+        })?;
+        line(
+            "add_rmsnorm_quant_fp8 (scaled delta)",
+            format!("{t} x {h}"),
+            us,
+            t * h * (2 + 2 + 2 + 1) + t * 8,
+        );
+    }
+
+    {
+        let t = 1024usize;
+        let x_host = pattern(t * h, 3.0);
+        let copies = copies_for(x_host.len() * 2);
+        let xs: Vec<CudaSlice<bf16>> = (0..copies)
+            .map(|_| s.clone_htod(&x_host))
+            .collect::<Result<_, _>>()?;
+        let q = s.alloc_zeros::<u8>(t * h)?;
+        let qs = s.alloc_zeros::<f32>(t)?;
+        let mut i = 0usize;
+        let us = time_each(&s, n, || {
+            i += 1;
+            // SAFETY: shapes as allocated.
+            unsafe {
+                c.k.quantize_rows_fp8(
+                    &s,
+                    dptr(&q, &s),
+                    dptr(&qs, &s),
+                    dptr(&xs[i % copies], &s),
+                    t,
+                    h,
+                )?
+            };
+            Ok(())
+        })?;
+        line(
+            "quantize_rows_fp8",
+            format!("{t} x {h}"),
+            us,
+            t * h * 3 + t * 4,
+        );
+    }
+
+    {
+        let t = 1024usize;
+        let w = (nh + 2 * nkv) * hd;
+        let (q_w, kv_w) = (nh * hd, nkv * hd);
+        // scales of 1: the separate rescale in place leaves the values as they are
+        let qkv_host = pattern(t * w, 3.0);
+        let copies = copies_for(qkv_host.len() * 2);
+        let qkvs: Vec<CudaSlice<bf16>> = (0..copies)
+            .map(|_| s.clone_htod(&qkv_host))
+            .collect::<Result<_, _>>()?;
+        let xs = c.up(&vec![1.0f32; t])?;
+        let ws = c.up(&vec![1.0f32; w])?;
+        let pos: Vec<i32> = (0..t as i32).collect();
+        let (dp, dsl) = (c.up(&pos)?, c.up(&pos)?);
+        let inv = c.up(&llama3_inv_freq(hd))?;
+        let kc = s.alloc_zeros::<u8>(t * kv_w * 2)?;
+        let vc = s.alloc_zeros::<u8>(t * kv_w * 2)?;
+        let shape = AttnShape {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            kv: KvDtype::Bf16,
+        };
+        let rope_bytes = t * w * 2 + t * q_w * 2 + t * 2 * kv_w * 2;
+        let rescale_bytes = t * w * 2 * 2;
+        let mut i = 0usize;
+        let mut run = |rescale: bool, rope: bool, folded: bool| {
+            time_each(&s, n, || {
+                i += 1;
+                let qkv = dptr(&qkvs[i % copies], &s);
+                let (kp, vp) = (dptr(&kc, &s), dptr(&vc, &s));
+                let (pp, sp, ip) = (dptr(&dp, &s), dptr(&dsl, &s), dptr(&inv, &s));
+                // SAFETY: shapes as allocated; slots < t.
+                unsafe {
+                    if rescale {
+                        let (x, wp) = (dptr(&xs, &s), dptr(&ws, &s));
+                        c.k.fp8_rescale(&s, qkv, qkv, x, wp, t, w, false)?;
+                    }
+                    if rope {
+                        c.k.rope_kv_store(&s, qkv, kp, vp, pp, sp, ip, t, shape)?;
+                    }
+                    if folded {
+                        let (x, wp) = (dptr(&xs, &s), dptr(&ws, &s));
+                        c.k.rope_kv_store_rescale(&s, qkv, kp, vp, pp, sp, ip, t, shape, x, wp)?;
+                    }
+                }
+                Ok(())
+            })
+        };
+        let us = run(true, false, false)?;
+        line(
+            "fp8_rescale_bf16 (qkv)",
+            format!("{t} x {w}"),
+            us,
+            rescale_bytes,
+        );
+        let us = run(false, true, false)?;
+        line("rope_kv_store_bf16", format!("{t} tokens"), us, rope_bytes);
+        let us = run(true, true, false)?;
+        line(
+            "fp8_rescale_bf16 + rope_kv_store_bf16",
+            format!("{t} tokens"),
+            us,
+            rescale_bytes + rope_bytes,
+        );
+        let us = run(false, false, true)?;
+        line(
+            "rope_kv_store_rescale_bf16 (folded)",
+            format!("{t} tokens"),
+            us,
+            rope_bytes,
+        );
+    }
     Ok(())
 }

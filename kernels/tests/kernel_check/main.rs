@@ -10,7 +10,13 @@
 //! alone, `kernel-check kv` the FP8 KV-pool checks; `kernel-check bench-gemv` (decode GEMV vs
 //! cuBLASLt vs copy bandwidth on Llama-3.1-8B shapes), `bench-gemv-fp8` (the FP8-weight GEMV)
 //! and `bench-decode` (one batch-1 Llama-3.1-8B decode step in a CUDA graph, PDL on and off,
-//! fused and separate norms, against the copy-bandwidth floor of its weights) time instead.
+//! fused and separate norms, against the copy-bandwidth floor of its weights) and
+//! `bench-prefill-attn` (causal prefill attention at Llama-3.1-8B's shape, 1024 to 8192 tokens,
+//! bf16 and FP8 pools) time instead; `kernel-check prefill` runs the prefill attention
+//! checks alone.
+//! `kernel-check bench-fp8-rows` times the FP8 prefill's row kernels (the fused SiLU-mul and
+//! RMSNorm quantizations, the activation quantization, the qkv rescale with RoPE, separate and
+//! folded) against the copy bandwidth.
 //! Launches use PDL unless `SGL_DISABLE_PDL=1`; the PDL check and bench-decode switch it
 //! themselves.
 
@@ -38,10 +44,13 @@ use sampling::*;
 const MODES: &[&str] = &[
     "fp8",
     "kv",
+    "prefill",
     "bench-gemv",
     "bench-gemv-fp8",
     "bench-gemm-fp8",
     "bench-decode",
+    "bench-fp8-rows",
+    "bench-prefill-attn",
 ];
 
 /// libtest options that `cargo test -- ...` may hand on with a value of their own.
@@ -148,6 +157,16 @@ fn run(mode: Option<&str>) -> R<()> {
     if mode == Some("bench-decode") {
         return bench_decode(&mut c);
     }
+    if mode == Some("bench-fp8-rows") {
+        return bench_fp8_rows(&mut c);
+    }
+    if mode == Some("bench-prefill-attn") {
+        return bench_prefill_attn(&mut c);
+    }
+    if mode == Some("prefill") {
+        check_prefill_all(&mut c)?;
+        return summary(&c);
+    }
     let only_fp8 = mode == Some("fp8");
     let only_kv = mode == Some("kv");
     // FP8 KV pools: the store, the decode forms and prefill attention on e4m3 and e5m2 bytes
@@ -205,6 +224,11 @@ fn run(mode: Option<&str>) -> R<()> {
         check_pdl_decode(&mut c)?;
         check_sampling(&mut c)?;
     }
+    summary(&c)
+}
+
+/// Prints the table of results; exits with status 1 when a check failed.
+fn summary(c: &Ctx) -> R<()> {
     println!("\n| kernel check | rel err | tol | result |\n|---|---|---|---|");
     for (n, e, t, ok) in &c.results {
         println!(

@@ -833,6 +833,8 @@ impl CudaBackend {
                 .map_err(cuda_err)?;
             for (l, lw) in self.w.layers.iter().enumerate() {
                 let f8 = self.fp8_layer(lw, t);
+                // The weight scales of the FP8 qkv GEMM whose product sits in `qkv` unscaled.
+                let mut qkv_scales: Option<Dptr<f32>> = None;
                 if fused {
                     self.norm_linear(
                         x,
@@ -848,7 +850,9 @@ impl CudaBackend {
                 } else if let Some(f) = &f8 {
                     let first = if l == 0 { None } else { Some(delta) };
                     self.add_norm_quant(x, first, pending.take(), dptr(&lw.input_norm, s), t, h)?;
-                    self.gemm_fp8_rows(f[0], qkv, t, h, qkv_w, true)?;
+                    // left unscaled: the RoPE kernel below applies the scales as it reads it
+                    self.gemm_fp8_rows(f[0], qkv, t, h, qkv_w, false)?;
+                    qkv_scales = Some(f[0].scale);
                 } else {
                     if let Some(ws) = pending.take() {
                         self.rescale_delta(delta, ws, t, h)?;
@@ -875,6 +879,9 @@ impl CudaBackend {
                     },
                 ) = (self.fuse_attn, inp.attn)
                 {
+                    if let Some(ws) = qkv_scales.take() {
+                        self.rescale_delta(qkv, ws, t, qkv_w)?;
+                    }
                     // One launch: RoPE, the new token's K/V store, attention and the merge of
                     // the splits (the new slot is each sequence's last index).
                     k.decode_attn_rope(
@@ -897,17 +904,37 @@ impl CudaBackend {
                     )
                     .map_err(cuda_err)?;
                 } else {
-                    k.rope_kv_store(
-                        s,
-                        qkv,
-                        kc,
-                        vc,
-                        inp.positions,
-                        inp.slots,
-                        dptr(&self.inv_freq, s),
-                        t,
-                        shape,
-                    )
+                    match qkv_scales.take() {
+                        // the FP8 qkv product's scales applied as fp8_rescale would, q kept
+                        // in `qkv` (scaled and rotated) for attention
+                        Some(ws) => {
+                            let (_, xs) = self.fp8_rows(t, 0)?;
+                            k.rope_kv_store_rescale(
+                                s,
+                                qkv,
+                                kc,
+                                vc,
+                                inp.positions,
+                                inp.slots,
+                                dptr(&self.inv_freq, s),
+                                t,
+                                shape,
+                                xs,
+                                ws,
+                            )
+                        }
+                        None => k.rope_kv_store(
+                            s,
+                            qkv,
+                            kc,
+                            vc,
+                            inp.positions,
+                            inp.slots,
+                            dptr(&self.inv_freq, s),
+                            t,
+                            shape,
+                        ),
+                    }
                     .map_err(cuda_err)?;
                     match inp.attn {
                         AttnInputs::Decode {
