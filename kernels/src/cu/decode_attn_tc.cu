@@ -15,9 +15,13 @@
 // units of the pool type's F16_UNIT) and each warp takes 16 of its keys: scores, an online
 // softmax of its own, P V. On an FP8 pool the MMAs are f16 (query and P rounded to f16, which
 // keeps more bits than bf16 below 65504: the query of a Llama-family model stays far inside);
-// the unit is folded into the softmax scale and the output scale. At the end the warps' (max, sum, output) are combined in shared memory
-// in warp order. The next tile's pool indices are read while a tile's rows are in flight; the
-// blocks resident on a multiprocessor overlap one another's loads and arithmetic.
+// the unit is folded into the softmax scale and the output scale. At the end the warps' (max,
+// sum, output) are combined in shared memory in warp order.
+//
+// Loads in flight: the next tile's pool indices are read while a tile's rows are; an FP8 pool's
+// next tile is loaded into registers while a tile is computed (its bytes per key are half a
+// bf16 pool's, so each tile's fixed latency weighs twice as much); and the blocks resident on a
+// multiprocessor overlap one another's loads and arithmetic.
 //
 // KV scales as in decode_attn: the K scale folded into scale_log2 by the host, the V scale on the
 // output (o * v_scale / l). Layouts as decode_attn's: q row of sequence b at q + b * q_stride,
@@ -143,14 +147,11 @@ __device__ __forceinline__ void decode_attn_tc_impl(
         const int r = tid / CH + i * RPP;
         slot[i] = r < len ? kv_indices[beg + r] : -1;
     }
-    float o[D / 8][2];  // row g's outputs (rows g + 8 are padding and stay zero)
-#pragma unroll
-    for (int nb = 0; nb < D / 8; ++nb) o[nb][0] = o[nb][1] = 0.0f;
-    float m0 = NEG_INF, l0 = 0.0f;
-
-    for (int kt = 0; kt < len; kt += DTC_BK) {
-        // this tile's K and V rows: every load issued before any is used
-        uint4 rk[BF16 ? 1 : NP], rv[BF16 ? 1 : NP];  // an FP8 pool's bytes on their way
+    // Issues the loads of the tile whose pool slots `slot` holds (a bf16 pool: cp.async into
+    // the tiles; an FP8 pool: into rk / rv), then reads the slots of the tile DTC_BK keys
+    // further while they are in flight.
+    uint4 rk[BF16 ? 1 : NP], rv[BF16 ? 1 : NP];  // an FP8 pool's bytes on their way
+    auto fetch = [&](int kt) {
 #pragma unroll
         for (int i = 0; i < NP; ++i) {
             const int r = tid / CH + i * RPP;
@@ -165,13 +166,24 @@ __device__ __forceinline__ void decode_attn_tc_impl(
             }
         }
         if constexpr (BF16) asm volatile("cp.async.commit_group;" ::: "memory");
-        // the next tile's pool indices, read while this tile's rows are in flight
 #pragma unroll
         for (int i = 0; i < NP; ++i) {
             const int r = kt + DTC_BK + tid / CH + i * RPP;
             slot[i] = r < len ? kv_indices[beg + r] : -1;
         }
+    };
+    float o[D / 8][2];  // row g's outputs (rows g + 8 are padding and stay zero)
+#pragma unroll
+    for (int nb = 0; nb < D / 8; ++nb) o[nb][0] = o[nb][1] = 0.0f;
+    float m0 = NEG_INF, l0 = 0.0f;
+
+    // An FP8 pool's tile j + 1 is loaded into registers while tile j is computed (its bytes
+    // are widened into the shared tiles once the block is done with them); a bf16 pool's tile
+    // goes straight into shared memory, so it is fetched when the tiles are free.
+    if constexpr (!BF16) fetch(0);
+    for (int kt = 0; kt < len; kt += DTC_BK) {
         if constexpr (BF16) {
+            fetch(kt);
             asm volatile("cp.async.wait_group 0;" ::: "memory");
         } else {
 #pragma unroll
@@ -180,6 +192,7 @@ __device__ __forceinline__ void decode_attn_tc_impl(
                 dtc_land16<KV>(sK + r * LD + c * EPC, rk[i]);
                 dtc_land16<KV>(sV + r * LD + c * EPC, rv[i]);
             }
+            if (kt + DTC_BK < len) fetch(kt + DTC_BK);
         }
         __syncthreads();
 
