@@ -7,7 +7,8 @@
 # FP8 pools; offline throughput on NUM_PROMPTS prompts of exactly IN in / OUT_LEN out with FP8
 # weights and the FP8 KV cache, both forms. Expects the binaries in .dev/gpu; writes to $OUT.
 #
-# Knobs: NUM_PROMPTS (1000), IN (1000), OUT_LEN (1000), BUDGET_S (560), SKIP_CHECKS.
+# Knobs: NUM_PROMPTS (1000), IN (1000), OUT_LEN (1000), BUDGET_S (560), SKIP_CHECKS,
+# SKIP_OFFLINE.
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 D=.dev/gpu; W=/tmp/sgl; mkdir -p $W
@@ -50,7 +51,7 @@ for q in "" "$FP8"; do
 done
 
 N=${NUM_PROMPTS:-1000}; I=${IN:-1000}; O=${OUT_LEN:-1000}
-for form in tc fp32; do
+[ -n "$SKIP_OFFLINE" ] || for form in tc fp32; do
   run=""; [ $form = fp32 ] && run=$FP32
   stage "offline, $N prompts of $I in / $O out, FP8 weights and KV cache, $form" 170 $run $B \
     bench-offline-throughput --model $W/ckpt --dataset-name random --random-input-len $I \

@@ -43,9 +43,10 @@ fi
 if on ttft; then
   for bin in $B ${BASE:+$BASE/sgl-bench}; do
     for q in "--quantization fp8" ""; do
+      # rows: the batch-1 decode's (device, ..., tok/s, ms/step, of roofline) and the TTFT's
       stage "TTFT 1024 and batch-1 decode, ${q:-bf16}, $bin" 100 $bin bench-one-batch \
         --model $W/ckpt --batch 1 --input 128 --output 256 --ttft-input 1024 $q 2>&1 \
-        | grep -E "^\|" | grep -v -- "---" | tail -2 | tee -a $OUT/ttft.txt
+        | grep -E "^\| (NVIDIA|[0-9])" | sed "s#^#| $bin ${q:-bf16} #" | tee -a $OUT/ttft.txt
     done
   done
 fi
