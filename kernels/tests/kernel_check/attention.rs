@@ -1,6 +1,7 @@
-//! Decode attention (every form, bf16 and FP8 KV pools) and prefill attention against a host
-//! reference, with KV-cache scales of 1 and other (an FP8 pool stores k / k_scale and
-//! v / v_scale; attention reads them times the scales; a bf16 pool ignores the scales).
+//! Decode attention (every form, bf16 and FP8 KV pools) against a host reference, with KV-cache
+//! scales of 1 and other (an FP8 pool stores k / k_scale and v / v_scale; attention reads them
+//! times the scales; a bf16 pool ignores the scales); the host references and pools that the
+//! prefill checks (prefill.rs) share.
 
 use super::*;
 use sgl_kernels::KvScales;
@@ -42,7 +43,7 @@ pub(crate) fn kv_encode_scaled(vals: &[f32], kv: KvDtype, scale: f32) -> (Vec<u8
 }
 
 /// ", k_scale x v_scale y" for scales other than 1, for check names.
-fn scales_name(scales: KvScales) -> String {
+pub(crate) fn scales_name(scales: KvScales) -> String {
     if scales == KvScales::ONE {
         String::new()
     } else {
@@ -52,7 +53,8 @@ fn scales_name(scales: KvScales) -> String {
 
 /// The scales used by the scaled checks: a small K scale (stored keys 20x the values) and a
 /// large V scale, then the other way round.
-const SCALES: [KvScales; 2] = [KvScales { k: 0.05, v: 3.0 }, KvScales { k: 3.0, v: 0.05 }];
+pub(crate) const SCALES: [KvScales; 2] =
+    [KvScales { k: 0.05, v: 3.0 }, KvScales { k: 3.0, v: 0.05 }];
 
 /// Rotate-half RoPE of one head (`x`, head_dim values) at `pos` on the host, rounded as the
 /// kernels round it (cos/sin to bf16, each product and the result to bf16).
@@ -539,292 +541,6 @@ fn host_decode_step(
     out
 }
 
-pub(crate) fn check_prefill(
-    c: &mut Ctx,
-    hd: usize,
-    nh: usize,
-    nkv: usize,
-    kv: KvDtype,
-    scales: KvScales,
-) -> R<()> {
-    // (prefix already cached, new query tokens)
-    let seqs = [(0usize, 1usize), (0, 70), (150, 200), (37, 64), (0, 513)];
-    let total_kv: usize = seqs.iter().map(|(p, q)| p + q).sum();
-    let n_slots = total_kv + 50;
-    let (k, v, dk, dv) = random_cache(c, n_slots, nkv, hd, kv, scales)?;
-    let perm = c.rng.perm(n_slots);
-    let (mut q_indptr, mut kv_indptr, mut prefix, mut idx) =
-        (vec![0i32], vec![0i32], Vec::new(), Vec::new());
-    let mut seq_slots = Vec::new();
-    let mut t = 0;
-    for &(p, q) in &seqs {
-        let s: Vec<usize> = perm[idx.len()..idx.len() + p + q].to_vec();
-        idx.extend(s.iter().map(|&x| x as i32));
-        kv_indptr.push(idx.len() as i32);
-        t += q;
-        q_indptr.push(t as i32);
-        prefix.push(p as i32);
-        seq_slots.push(s);
-    }
-    let q_stride = (nh + 2 * nkv) * hd;
-    let qkv: Vec<f32> = (0..t * q_stride).map(|_| rbf(c.rng.sym())).collect();
-    let tiles = prefill_tiles(&seqs.iter().map(|s| s.1).collect::<Vec<_>>());
-    let (dq, dt, dqi, dki, dix, dp) = (
-        c.up(&bf(&qkv))?,
-        c.up(&tiles)?,
-        c.up(&q_indptr)?,
-        c.up(&kv_indptr)?,
-        c.up(&idx)?,
-        c.up(&prefix)?,
-    );
-    let out = c.poisoned(t * nh * hd)?;
-    let shape = AttnShape {
-        n_heads: nh,
-        n_kv_heads: nkv,
-        head_dim: hd,
-        kv,
-    }
-    .with_scales(scales);
-    // SAFETY: shapes as allocated.
-    unsafe {
-        c.k.prefill_attn(
-            &c.s,
-            c.p(&out),
-            nh * hd,
-            c.p(&dq),
-            q_stride,
-            c.p(&dk),
-            c.p(&dv),
-            c.p(&dt),
-            tiles.len() / 2,
-            c.p(&dqi),
-            c.p(&dki),
-            c.p(&dix),
-            c.p(&dp),
-            shape,
-        )?
-    };
-    let got = c.down(&out)?;
-    let mut want = Vec::new();
-    let mut row = 0;
-    for (si, &(p, q)) in seqs.iter().enumerate() {
-        for i in 0..q {
-            for h in 0..nh {
-                let qr = &qkv[row * q_stride + h * hd..][..hd];
-                want.extend(attn_ref(
-                    qr,
-                    &k,
-                    &v,
-                    &seq_slots[si],
-                    h / (nh / nkv),
-                    nkv,
-                    hd,
-                    p + i,
-                ));
-            }
-            row += 1;
-        }
-    }
-    c.record(
-        &format!(
-            "prefill_attn d{hd} {nh}/{nkv} heads, cached prefixes, {} pool{}",
-            kv_name(kv),
-            scales_name(scales)
-        ),
-        rel_err(&got, &want),
-        1e-2,
-    );
-    Ok(())
-}
-
-/// One sequence of a prefill launch: `prefix` keys already cached, then one new token per row
-/// of `q` (rows of the fused qkv width); `slots` holds the pool slots of all its keys.
-struct PrefillSeq<'a> {
-    prefix: usize,
-    slots: &'a [usize],
-    q: &'a [bf16],
-}
-
-/// The output bits (one row of nh * head_dim per new token, in batch order) of one
-/// `prefill_attn` launch over `seqs`.
-fn prefill_bits(
-    c: &Ctx,
-    seqs: &[PrefillSeq],
-    (dk, dv): (&CudaSlice<u8>, &CudaSlice<u8>),
-    shape: AttnShape,
-) -> R<Vec<u16>> {
-    let q_stride = (shape.n_heads + 2 * shape.n_kv_heads) * shape.head_dim;
-    let (mut q_indptr, mut kv_indptr, mut prefix, mut idx, mut qkv) =
-        (vec![0i32], vec![0i32], Vec::new(), Vec::new(), Vec::new());
-    let mut q_lens = Vec::new();
-    for s in seqs {
-        let n = s.q.len() / q_stride;
-        assert_eq!(s.slots.len(), s.prefix + n);
-        q_lens.push(n);
-        qkv.extend_from_slice(s.q);
-        q_indptr.push(qkv.len() as i32 / q_stride as i32);
-        idx.extend(s.slots.iter().map(|&x| x as i32));
-        kv_indptr.push(idx.len() as i32);
-        prefix.push(s.prefix as i32);
-    }
-    let t: usize = q_lens.iter().sum();
-    let tiles = prefill_tiles(&q_lens);
-    let (dq, dt, dqi, dki, dix, dp) = (
-        c.up(&qkv)?,
-        c.up(&tiles)?,
-        c.up(&q_indptr)?,
-        c.up(&kv_indptr)?,
-        c.up(&idx)?,
-        c.up(&prefix)?,
-    );
-    let width = shape.n_heads * shape.head_dim;
-    let out = c.poisoned(t * width)?;
-    // SAFETY: shapes as allocated.
-    unsafe {
-        c.k.prefill_attn(
-            &c.s,
-            c.p(&out),
-            width,
-            c.p(&dq),
-            q_stride,
-            c.p(dk),
-            c.p(dv),
-            c.p(&dt),
-            tiles.len() / 2,
-            c.p(&dqi),
-            c.p(&dki),
-            c.p(&dix),
-            c.p(&dp),
-            shape,
-        )?
-    };
-    c.s.synchronize()?;
-    Ok(c.s.clone_dtoh(&out)?.iter().map(|x| x.to_bits()).collect())
-}
-
-/// Long prompts at Llama-3.1-8B's attention shape (32/8 heads, head_dim 128) and the row
-/// invariance that deterministic inference relies on, for a pool of `kv` elements. Prompts of
-/// 1024 tokens (nothing cached), 2048 (the first 300 cached) and 127 (the first 37 cached),
-/// in one batch: sampled rows against the host; every row's bits against the same sequence
-/// launched alone; a prompt's rows after a cached prefix (300 and 1000 of 2048, 37 of 127:
-/// not multiples of a tile) against the same rows of the whole prompt computed at once.
-pub(crate) fn check_prefill_rows(c: &mut Ctx, kv: KvDtype) -> R<()> {
-    let (hd, nh, nkv) = (128usize, 32usize, 8usize);
-    let shape = AttnShape {
-        n_heads: nh,
-        n_kv_heads: nkv,
-        head_dim: hd,
-        kv,
-    };
-    let q_stride = (nh + 2 * nkv) * hd;
-    // (whole prompt, cached prefix in the batch)
-    let prompts = [(1024usize, 0usize), (2048, 300), (127, 37)];
-    let total: usize = prompts.iter().map(|p| p.0).sum();
-    let n_slots = total + 20;
-    let (k, v, dk, dv) = random_cache(c, n_slots, nkv, hd, kv, KvScales::ONE)?;
-    let pools = (&dk, &dv);
-    let perm = c.rng.perm(n_slots);
-    let mut slots = Vec::new();
-    let mut qs = Vec::new();
-    let mut at = 0;
-    for &(len, _) in &prompts {
-        slots.push(perm[at..at + len].to_vec());
-        at += len;
-        // a query row for every position (the K and V parts of the qkv rows stay zero)
-        let mut q = vec![bf16::ZERO; len * q_stride];
-        for r in 0..len {
-            for x in &mut q[r * q_stride..r * q_stride + nh * hd] {
-                *x = bf16::from_f32(c.rng.sym());
-            }
-        }
-        qs.push(q);
-    }
-    let seq = |i: usize, prefix: usize| PrefillSeq {
-        prefix,
-        slots: &slots[i],
-        q: &qs[i][prefix * q_stride..],
-    };
-    let width = nh * hd;
-    let batch: Vec<PrefillSeq> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, &(_, p))| seq(i, p))
-        .collect();
-    let got = prefill_bits(c, &batch, pools, shape)?;
-    let name = format!(
-        "prefill_attn d{hd} {nh}/{nkv} heads, {} pool, prompts 1024, 300 + 1748, 37 + 90",
-        kv_name(kv)
-    );
-
-    // sampled rows against the host
-    let (mut want, mut have) = (Vec::new(), Vec::new());
-    let mut row0 = 0;
-    for (i, &(len, p)) in prompts.iter().enumerate() {
-        for r in (p..len).filter(|&r| r % 11 == 0 || r + 1 == len || r == p) {
-            let at = (row0 + r - p) * width;
-            have.extend(
-                got[at..at + width]
-                    .iter()
-                    .map(|&b| bf16::from_bits(b).to_f32()),
-            );
-            for h in 0..nh {
-                let qr: Vec<f32> = qs[i][r * q_stride + h * hd..][..hd]
-                    .iter()
-                    .map(|x| x.to_f32())
-                    .collect();
-                want.extend(attn_ref(&qr, &k, &v, &slots[i], h / (nh / nkv), nkv, hd, r));
-            }
-        }
-        row0 += len - p;
-    }
-    c.record(
-        &format!("{name}: sampled rows vs host"),
-        rel_err(&have, &want),
-        1e-2,
-    );
-
-    // each sequence alone, and split at other cached prefixes, against the batch and the
-    // whole prompt
-    let (mut differ, mut compared) = (0usize, 0usize);
-    let mut row0 = 0;
-    for (i, &(len, p)) in prompts.iter().enumerate() {
-        let alone = prefill_bits(c, &[seq(i, p)], pools, shape)?;
-        let in_batch = &got[row0 * width..(row0 + len - p) * width];
-        differ += diff_bits(&alone, in_batch);
-        compared += alone.len();
-        row0 += len - p;
-    }
-    c.record(
-        &format!(
-            "{name}: bits of each prompt alone vs in the batch ({differ} of {compared} differ)"
-        ),
-        differ as f64 / compared as f64,
-        0.0,
-    );
-    let (mut differ, mut compared) = (0usize, 0usize);
-    for (i, &(len, p)) in prompts.iter().enumerate() {
-        let whole = prefill_bits(c, &[seq(i, 0)], pools, shape)?;
-        let mut splits = vec![p.max(1)];
-        if len > 1000 {
-            splits.push(1000);
-        }
-        for split in splits {
-            let rest = prefill_bits(c, &[seq(i, split)], pools, shape)?;
-            differ += diff_bits(&rest, &whole[split * width..]);
-            compared += rest.len();
-        }
-    }
-    c.record(
-        &format!(
-            "{name}: bits after a cached prefix (300, 1000, 37 and 1 tokens) vs the whole prompt ({differ} of {compared} differ)"
-        ),
-        differ as f64 / compared as f64,
-        0.0,
-    );
-
-    Ok(())
-}
-
 /// `rope_kv_store` with KV-cache `scales` against the host: q rotated in place, and the pool
 /// holding the rotated k and v (each rounded to bf16) times `1 / scale`, rounded to the pool's
 /// type, read back times the scale (a bf16 pool ignores the scales). Two records: the values
@@ -964,23 +680,6 @@ pub(crate) fn check_attention(
     check_prefill(c, 64, 8, 4, kv, KvScales::ONE)?;
     check_prefill_rows(c, kv)?;
     check_attention_scaled(c, kv)
-}
-
-/// Prefill attention alone (`kernel-check prefill`): every case of [`check_attention`] and
-/// [`check_attention_scaled`] on each pool type.
-pub(crate) fn check_prefill_all(c: &mut Ctx) -> R<()> {
-    for kv in [KvDtype::Bf16, KvDtype::Fp8E4m3, KvDtype::Fp8E5m2] {
-        check_prefill(c, 128, 32, 8, kv, KvScales::ONE)?;
-        check_prefill(c, 64, 8, 4, kv, KvScales::ONE)?;
-        check_prefill_rows(c, kv)?;
-        if kv != KvDtype::Bf16 {
-            for scales in SCALES {
-                check_prefill(c, 128, 32, 8, kv, scales)?;
-                check_prefill(c, 64, 8, 4, kv, scales)?;
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The store, decode (every form) and prefill attention with each of [`SCALES`].

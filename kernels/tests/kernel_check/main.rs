@@ -28,6 +28,7 @@ mod fp8;
 mod fp8_fused;
 mod gemm;
 mod layers;
+mod prefill;
 mod sampling;
 
 use attention::*;
@@ -38,6 +39,7 @@ use fp8::*;
 use fp8_fused::*;
 use gemm::*;
 use layers::*;
+use prefill::*;
 use sampling::*;
 
 /// The modes an argument selects (none: every check).
