@@ -92,8 +92,10 @@ pub fn scaled_object(
             format!(
                 "(clamp_max(sum(rate(sglang:cached_tokens_total{{{engines}}}[2m])) \
                  / (sum(rate(sglang:prompt_tokens_total{{{engines}}}[2m])) > 0), 1) \
-                 * avg(avg_over_time(((sglang:num_running_reqs{{{engines}}} > bool 0) \
+                 * (sum(sum_over_time(((sglang:num_running_reqs{{{engines}}} > bool 0) \
                  and on (namespace, pod) (sglang:num_requests_total{{{engines}}} > 0))[2m:5s])) \
+                 / sum(count_over_time(((sglang:num_running_reqs{{{engines}}} > bool 0) \
+                 and on (namespace, pod) (sglang:num_requests_total{{{engines}}} > 0))[2m:5s]))) \
                  * count(sglang:token_usage{{{engines}}})) \
                  or vector(0)"
             ),
