@@ -32,13 +32,6 @@
 // keys per tile: 16 per warp (one MMA k-step of P V)
 #define DTC_BK (DTC_WARPS * 16)
 
-__device__ __forceinline__ void dtc_cp_async16(void* smem, const void* gmem, bool valid) {
-    // 16 bytes from global to shared without a register round trip; zero-filled when !valid
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)),
-                 "l"(gmem), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-
 // bf16 MMA on a bf16 pool, f16 on an FP8 one
 template <bool BF16>
 __device__ __forceinline__ void dtc_mma(float* d, const unsigned int* a, unsigned int b0,
@@ -157,8 +150,8 @@ __device__ __forceinline__ void decode_attn_tc_impl(
             const int r = tid / CH + i * RPP;
             const size_t row = slot[i] >= 0 ? (size_t)slot[i] * kv_stride + head_off : 0;
             if constexpr (BF16) {
-                dtc_cp_async16(sK + r * LD + c * EPC, k_cache + row, slot[i] >= 0);
-                dtc_cp_async16(sV + r * LD + c * EPC, v_cache + row, slot[i] >= 0);
+                pf_cp_async16(sK + r * LD + c * EPC, k_cache + row, slot[i] >= 0);
+                pf_cp_async16(sV + r * LD + c * EPC, v_cache + row, slot[i] >= 0);
             } else {
                 const uint4 z = make_uint4(0u, 0u, 0u, 0u);
                 rk[i] = slot[i] >= 0 ? *(const uint4*)(k_cache + row) : z;
