@@ -168,9 +168,14 @@ async fn l1_two_operators_elect_one_leader_and_the_follower_takes_over_when_it_d
         Ok(follower_before),
         "the follower reconciled while another replica led"
     );
-    // Kill the leader and keep it dead: the Deployment goes down to one replica and the
-    // ReplicaSet removes the leader (lowest deletion cost), so the follower is the only
-    // candidate left and must take over once the dead leader's lease runs out.
+    // Kill the leader and keep it dead. Scaling the Deployment down alone is not enough: the
+    // ReplicaSet picks the pod to remove from its own cache, ranking a pod that is not ready
+    // (a probe timing out on a busy machine) or whose deletion cost it has not seen yet ahead
+    // of the cost, and once removed the follower instead (the leader kept the lease and
+    // the test waited in vain). So the leader is deleted first: the ReplicaSet no longer
+    // counts it, and the replacement it may start is newer and not yet ready, so the scale
+    // down removes that one. The deletion costs stay for the case where the scale reaches the
+    // ReplicaSet before the deletion does.
     let deployment = operator_deployment(&client).await.name_any();
     for (pod, cost) in [(&leader, "-100"), (&follower, "100")] {
         c.kubectl(&[
@@ -183,6 +188,14 @@ async fn l1_two_operators_elect_one_leader_and_the_follower_takes_over_when_it_d
             "--overwrite",
         ]);
     }
+    c.kubectl(&[
+        "delete",
+        "pod",
+        "-n",
+        CHART_NS,
+        &leader.name_any(),
+        "--wait=false",
+    ]);
     c.kubectl(&[
         "scale",
         "deployment",
