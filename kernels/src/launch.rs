@@ -951,11 +951,16 @@ impl Kernels {
 
     /// Partial-sum buffers for every [`Kernels::gemv_plan`] on this device.
     pub fn gemv_workspace(&self, s: &Arc<CudaStream>) -> Result<GemvWorkspace> {
-        let sms = self.num_sms as usize;
         // split plans only arise with fewer tiles than multiprocessors (see gemv_plan)
+        self.gemv_workspace_for(s, self.num_sms as usize)
+    }
+
+    /// Partial-sum buffers for split plans of up to `tiles` row tiles (32 rows) of
+    /// [`GEMV_MAX_SPLITS`] splits: for [`Kernels::gemv_with_plan`] with plans of its own.
+    pub fn gemv_workspace_for(&self, s: &Arc<CudaStream>, tiles: usize) -> Result<GemvWorkspace> {
         Ok(GemvWorkspace {
-            partials: s.alloc_zeros::<f32>(sms * GEMV_MAX_SPLITS * 2 * 128)?,
-            counters: s.alloc_zeros::<u32>(sms)?,
+            partials: s.alloc_zeros::<f32>(tiles.max(1) * GEMV_MAX_SPLITS * 2 * 128)?,
+            counters: s.alloc_zeros::<u32>(tiles.max(1))?,
         })
     }
 
@@ -1023,8 +1028,53 @@ impl Kernels {
         epilogue: GemvEpilogue,
         ws: &GemvWorkspace,
     ) -> Result<()> {
+        let plan = self.gemv_plan(k, n, epilogue);
         // SAFETY: the caller's guarantees, passed on.
-        unsafe { self.gemv_inner(s, y, x, w.into(), None, tokens, k, n, epilogue, ws) }
+        unsafe { self.gemv_inner(s, y, x, w.into(), None, tokens, k, n, epilogue, plan, ws) }
+    }
+
+    /// [`Kernels::gemv`] with a plan of the caller's (benchmarks comparing plans): 16 or 32
+    /// rows per block, and a workspace large enough for a split plan's tiles
+    /// ([`Kernels::gemv_workspace_for`]); `Unsupported` otherwise.
+    ///
+    /// # Safety
+    /// As [`Kernels::gemv`].
+    pub unsafe fn gemv_with_plan(
+        &self,
+        s: &CudaStream,
+        y: Dptr<bf16>,
+        x: Dptr<bf16>,
+        w: impl Into<WeightRef>,
+        tokens: usize,
+        k: usize,
+        n: usize,
+        epilogue: GemvEpilogue,
+        plan: GemvPlan,
+        ws: &GemvWorkspace,
+    ) -> Result<()> {
+        let per = if epilogue == GemvEpilogue::SwiGlu {
+            n / 2
+        } else {
+            n
+        };
+        let rows_ok = matches!(plan.rows_per_block, 16 | 32);
+        let unit = plan.rows_per_block as usize
+            / if epilogue == GemvEpilogue::SwiGlu {
+                2
+            } else {
+                1
+            };
+        if !rows_ok
+            || plan.tiles as usize != per.div_ceil(unit.max(1))
+            || plan.splits == 0
+            || plan.splits as usize > GEMV_MAX_SPLITS
+        {
+            return Err(KernelError::Unsupported(format!(
+                "GEMV plan {plan:?} for n {n}"
+            )));
+        }
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe { self.gemv_inner(s, y, x, w.into(), None, tokens, k, n, epilogue, plan, ws) }
     }
 
     /// [`Kernels::gemv`] of `rmsnorm(x) · wᵀ`: x is the raw residual stream (tokens x k) and
@@ -1050,8 +1100,23 @@ impl Kernels {
         ws: &GemvWorkspace,
     ) -> Result<()> {
         let w = w.into();
+        let plan = self.gemv_plan(k, n, epilogue);
         // SAFETY: the caller's guarantees, passed on.
-        unsafe { self.gemv_inner(s, y, x, w, Some((norm_w, eps)), tokens, k, n, epilogue, ws) }
+        unsafe {
+            self.gemv_inner(
+                s,
+                y,
+                x,
+                w,
+                Some((norm_w, eps)),
+                tokens,
+                k,
+                n,
+                epilogue,
+                plan,
+                ws,
+            )
+        }
     }
 
     /// # Safety
@@ -1067,6 +1132,7 @@ impl Kernels {
         k: usize,
         n: usize,
         epilogue: GemvEpilogue,
+        plan: GemvPlan,
         ws: &GemvWorkspace,
     ) -> Result<()> {
         if tokens == 0 {
@@ -1089,7 +1155,6 @@ impl Kernels {
                 norm.map(|(nw, _)| nw)
             )));
         }
-        let plan = self.gemv_plan(k, n, epilogue);
         let per_block = plan.rows_per_block as usize / 16 * 128;
         let (tiles, splits) = (plan.tiles as usize, plan.splits as usize);
         if splits > 1

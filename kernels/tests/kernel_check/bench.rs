@@ -115,6 +115,102 @@ pub(crate) fn bench_gemv_fp8(c: &mut Ctx) -> R<()> {
             100.0 * floor / us
         );
     }
+    gemv_plan_sweep(c, copy_bw)
+}
+
+/// One token's GEMV on the FP8 8B shapes and the bf16 shapes of a rank at tensor parallelism
+/// 2, under every plan (16 or 32 rows per block, 1 to 4 blocks along k) and weight steps
+/// prefetched into L2 before the PDL wait (`SGL_GEMV_PREFETCH`): which plan the weight stream
+/// prefers where a shape fills less than a wave or two.
+fn gemv_plan_sweep(c: &mut Ctx, copy_bw: f64) -> R<()> {
+    use GemvEpilogue::*;
+    use sgl_kernels::GemvPlan;
+    let s = c.s.clone();
+    let sweep_ws = c.k.gemv_workspace_for(&s, 2048)?;
+    let shapes = [
+        ("fp8 qkv", true, 4096usize, 6144usize, Store),
+        ("fp8 o", true, 4096, 4096, Store),
+        ("fp8 gate_up", true, 4096, 28672, SwiGlu),
+        ("fp8 down", true, 14336, 4096, Store),
+        ("bf16 tp2 qkv", false, 4096, 3072, Store),
+        ("bf16 tp2 o", false, 2048, 4096, Store),
+        ("bf16 tp2 gate_up", false, 4096, 14336, SwiGlu),
+        ("bf16 tp2 down", false, 7168, 4096, Store),
+    ];
+    let default_pf = c.k.gemv_prefetch();
+    println!(
+        "\n| shape | plan | default plan | µs by L2 prefetch steps 0 / 1 / 2 / 4 | best of copy |"
+    );
+    println!("|---|---|---|---|---|");
+    for (name, fp8, k, n, epi) in shapes {
+        let bytes = if fp8 { n * k } else { 2 * n * k };
+        let copies = (256usize << 20).div_ceil(bytes).max(1);
+        let host: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8 & 0x37).collect();
+        let scale = c.up(&vec![1e-3f32; n])?;
+        let ws: Vec<CudaSlice<u8>> = (0..copies)
+            .map(|_| s.clone_htod(&host))
+            .collect::<Result<_, _>>()?;
+        drop(host);
+        let xh = bf(&(0..8 * k).map(|_| c.rng.sym()).collect::<Vec<_>>());
+        let x = c.up(&xh)?;
+        let y = s.alloc_zeros::<bf16>(8 * n)?;
+        let iters = (4usize << 30).div_ceil(bytes).clamp(10, 400);
+        let units = if epi == SwiGlu { n / 2 } else { n };
+        let default = c.k.gemv_plan(k, n, epi);
+        for rows in [16u32, 32] {
+            let per = if epi == SwiGlu { rows / 2 } else { rows } as usize;
+            let tiles = units.div_ceil(per) as u32;
+            for splits in 1u32..=4 {
+                let plan = GemvPlan {
+                    rows_per_block: rows,
+                    tiles,
+                    splits,
+                };
+                let mut cells = Vec::new();
+                let mut best = f64::MAX;
+                for pf in [0u32, 1, 2, 4] {
+                    c.k.set_gemv_prefetch(pf);
+                    let us = time_us(c, iters, |i| {
+                        let wp = dptr(&ws[i % copies], &s);
+                        let w = if fp8 {
+                            WeightRef::Fp8 {
+                                w: wp,
+                                scale: dptr(&scale, &s),
+                            }
+                        } else {
+                            // SAFETY: the same allocation, read as bf16 (bytes = 2 n k).
+                            WeightRef::Bf16(unsafe { Dptr::from_raw(wp.addr()) })
+                        };
+                        // SAFETY: shapes as allocated; the sweep's workspace fits 2048 tiles.
+                        unsafe {
+                            c.k.gemv_with_plan(
+                                &s,
+                                dptr(&y, &s),
+                                dptr(&x, &s),
+                                w,
+                                1,
+                                k,
+                                n,
+                                epi,
+                                plan,
+                                &sweep_ws,
+                            )?
+                        };
+                        Ok(())
+                    })?;
+                    best = best.min(us);
+                    cells.push(format!("{us:.1}"));
+                }
+                println!(
+                    "| {name} | {rows}r x {tiles} x {splits} | {} | {} | {:.1}% |",
+                    if plan == default { "yes" } else { "" },
+                    cells.join(" / "),
+                    100.0 * bytes as f64 / (best * 1e-6) / copy_bw
+                );
+            }
+        }
+    }
+    c.k.set_gemv_prefetch(default_pf);
     Ok(())
 }
 
