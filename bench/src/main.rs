@@ -1,18 +1,22 @@
 //! `sgl-bench`: the benchmarks of the engine and the router, one binary with subcommands.
 //!
 //! - GPU (build with `--features cuda`): `bench-one-batch` (SGLang's bench_one_batch: static
-//!   batch, TTFT and decode against the roofline), `bench-offline-throughput` (SGLang's
-//!   bench_offline_throughput through the real engine in process), `check-reference` (greedy
-//!   runs for the transformers comparison) and `bench-all-reduce` (the tensor-parallel
-//!   all-reduce alone). Their flags are those `scripts/gpu/*.sh` pass; see `gpu/`.
+//!   batch, TTFT and decode against the roofline), `check-reference` (greedy runs for the
+//!   transformers comparison) and `bench-all-reduce` (the tensor-parallel all-reduce alone).
+//!   Their flags are those `scripts/gpu/*.sh` pass; see `gpu/`.
+//! - `bench-offline-throughput`: SGLang's bench_offline_throughput through the real engine in
+//!   process, on the GPU or with `--device cpu` on the CPU, with a breakdown of the engine's
+//!   forward passes (see `offline`); `--backend-loop` is the GPU-only loop without the engine.
 //! - `cpu-kernels`: the CPU matmul kernels and the CPU forward pass on the default model.
 //! - `grammar`: compile and per-step mask cost of the structured-output backends.
 //! - `router`: routing decision time, proxy overhead, cache-aware vs round robin.
 
+mod args;
 mod cpu_kernels;
 #[cfg(feature = "cuda")]
 mod gpu;
 mod grammar;
+mod offline;
 mod router;
 
 use std::process::ExitCode;
@@ -37,16 +41,24 @@ struct Passed {
     args: Vec<String>,
 }
 
+impl Passed {
+    /// `bench-offline-throughput --backend-loop`: the GPU loop without the engine.
+    fn backend_loop(&self) -> bool {
+        self.args.iter().any(|a| a == "--backend-loop")
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Static-batch latency benchmark on the GPU backend (SGLang's bench_one_batch):
     /// `--model DIR [--batch N] [--input N] [--output N] [--gemv on|off|both|ablate]
     /// [--ttft-input N] [--attn-sweep 1,8,64]`.
     BenchOneBatch(Passed),
-    /// Offline throughput benchmark through the engine on the GPU (SGLang's
-    /// bench_offline_throughput): `--model DIR [--dataset-name random|generated-shared-prefix]
-    /// [--num-prompts N] [--random-input-len N] [--random-output-len N] [serve flags]`, or
-    /// `--backend-loop` for the benchmark's own batching loop on the backend.
+    /// Offline throughput benchmark through the engine (SGLang's bench_offline_throughput), with
+    /// where the engine's time went: `--model PATH [--dataset-name
+    /// random|generated-shared-prefix] [--num-prompts N] [--random-input-len N]
+    /// [--random-output-len N] [--timeline-secs N] [serve flags, e.g. --device cpu]`, or
+    /// `--backend-loop` for the benchmark's own batching loop on the GPU backend.
     BenchOfflineThroughput(Passed),
     /// Greedy run of reference prompts on the GPU backend, for the comparison with
     /// transformers (`scripts/gpu/hf_ref.py` writes the prompts, `compare.py` scores):
@@ -119,16 +131,21 @@ fn main() -> ExitCode {
         #[cfg(feature = "cuda")]
         Command::BenchOneBatch(p) => gpu(gpu::one_batch, p),
         #[cfg(feature = "cuda")]
-        Command::BenchOfflineThroughput(p) => gpu(gpu::offline_throughput, p),
+        Command::BenchOfflineThroughput(p) if p.backend_loop() => gpu(gpu::offline_backend_loop, p),
+        #[cfg(not(feature = "cuda"))]
+        Command::BenchOfflineThroughput(p) if p.backend_loop() => gpu_missing(),
+        Command::BenchOfflineThroughput(p) => {
+            init_logging("info");
+            report(offline::run(&p.args))
+        }
         #[cfg(feature = "cuda")]
         Command::CheckReference(p) => gpu(gpu::check_reference, p),
         #[cfg(feature = "cuda")]
         Command::BenchAllReduce(p) => gpu(gpu::all_reduce, p),
         #[cfg(not(feature = "cuda"))]
-        Command::BenchOneBatch(_)
-        | Command::BenchOfflineThroughput(_)
-        | Command::CheckReference(_)
-        | Command::BenchAllReduce(_) => gpu_missing(),
+        Command::BenchOneBatch(_) | Command::CheckReference(_) | Command::BenchAllReduce(_) => {
+            gpu_missing()
+        }
         Command::CpuKernels(p) => report(cpu_kernels::run(p.args)),
         Command::Grammar { model } => report(grammar::run(model)),
         Command::Router(args) => {

@@ -21,6 +21,7 @@ use crate::error::{EngineError, Result, RetryAfter};
 use crate::grammar::GrammarBackend;
 use crate::metrics::Metrics;
 use crate::request::{GenerateRequest, StreamEvent};
+use crate::scheduler::PassStats;
 use crate::tokenizer::Tokenizer;
 
 /// What the API reports about the served model.
@@ -68,6 +69,12 @@ pub enum SchedulerMsg {
     Abort(u64),
     /// Reply true when the cache was flushed (only possible while no request runs).
     FlushCache(oneshot::Sender<bool>),
+    /// Reply with the forward-pass statistics of the current window; with `reset`, start a
+    /// new window right after.
+    PassStats {
+        reset: bool,
+        reply: oneshot::Sender<PassStats>,
+    },
 }
 
 struct Inner {
@@ -257,6 +264,29 @@ impl EngineHandle {
             return false;
         }
         rx.await.unwrap_or(false)
+    }
+
+    /// Where the scheduler's time went since the engine started or since the last
+    /// [`EngineHandle::take_pass_stats`]: its forward passes by kind (decode, prefill, both),
+    /// the time with none running, and a timeline (see [`PassStats`]). Answered between two
+    /// scheduler steps; `None` when the scheduler is gone.
+    pub async fn pass_stats(&self) -> Option<PassStats> {
+        self.request_pass_stats(false).await
+    }
+
+    /// As [`EngineHandle::pass_stats`], and start a new window: a benchmark calls it before
+    /// its measured run so that the warm-up is left out.
+    pub async fn take_pass_stats(&self) -> Option<PassStats> {
+        self.request_pass_stats(true).await
+    }
+
+    async fn request_pass_stats(&self, reset: bool) -> Option<PassStats> {
+        let (reply, rx) = oneshot::channel();
+        self.inner
+            .tx
+            .send(SchedulerMsg::PassStats { reset, reply })
+            .ok()?;
+        rx.await.ok()
     }
 }
 

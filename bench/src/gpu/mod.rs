@@ -1,13 +1,14 @@
 //! GPU benchmarks and the end-to-end check driver on the CUDA backend (`--features cuda`).
 //!
 //! - `bench-one-batch`: [`one_batch`] (SGLang's bench_one_batch, static batch).
-//! - `bench-offline-throughput`: [`offline`] (SGLang's bench_offline_throughput through the
-//!   real engine, or `--backend-loop` straight on the backend).
+//! - `bench-offline-throughput --backend-loop`: [`offline`] (the benchmark's own batching loop
+//!   straight on the backend; through the engine, on any device, it is `crate::offline`).
 //! - `check-reference`: [`check`] (greedy runs for the transformers comparison).
 //! - `bench-all-reduce`: the tensor-parallel all-reduce alone
 //!   (`sgl_core::backend::cuda::all_reduce_bench`).
 //!
-//! Flags are read by name (`--model DIR`, `--batch N`, ...) as the GPU scripts pass them.
+//! Flags are read by name (`--model DIR`, `--batch N`, ...) as the GPU scripts pass them
+//! ([`crate::args`]).
 
 mod check;
 mod offline;
@@ -15,13 +16,13 @@ mod one_batch;
 
 use std::path::PathBuf;
 
-use rand::Rng;
 use sgl_core::backend::BackendError;
 use sgl_core::backend::cuda::{CudaBackend, CudaOptions};
 use sgl_core::error::{EngineError, Result};
 
+pub(crate) use crate::args::{arg, arg_usize, random_tokens};
 pub use check::run as check_reference;
-pub use offline::run as offline_throughput;
+pub use offline::run as offline_backend_loop;
 pub use one_batch::run as one_batch;
 
 /// `bench-all-reduce --tp-size N` (default 2).
@@ -32,22 +33,6 @@ pub fn all_reduce(args: &[String]) -> Result<()> {
 /// A failed CUDA call as the engine's error.
 fn cuda_err(e: impl Into<BackendError>) -> EngineError {
     EngineError::from(e.into())
-}
-
-pub(crate) fn arg<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(|s| s.as_str())
-}
-
-pub(crate) fn arg_usize(args: &[String], name: &str, default: usize) -> Result<usize> {
-    match arg(args, name) {
-        None => Ok(default),
-        Some(v) => v
-            .parse()
-            .map_err(|_| EngineError::InvalidArgument(format!("{name} expects a number, got {v}"))),
-    }
 }
 
 pub(crate) fn open(args: &[String]) -> Result<CudaBackend> {
@@ -106,8 +91,4 @@ impl Slots {
         self.next += n as u32;
         Ok(v)
     }
-}
-
-pub(crate) fn random_tokens(rng: &mut impl Rng, n: usize, vocab: usize) -> Vec<u32> {
-    (0..n).map(|_| rng.random_range(0..vocab as u32)).collect()
 }

@@ -18,9 +18,13 @@
 //! sample. The masks of the step's sampling requests are computed on a worker thread while
 //! the forward pass runs: their grammar states are taken out of the requests for the pass and
 //! put back before sampling (see [`req`]).
+//!
+//! The scheduler keeps an account of its forward passes and of the time with none running,
+//! which [`crate::engine::EngineHandle::pass_stats`] reads (see [`PassStats`]).
 
 mod lease;
 mod order;
+mod pass_stats;
 mod req;
 mod step;
 #[cfg(test)]
@@ -43,6 +47,8 @@ use crate::engine::{PendingRequest, SchedulerMsg, SchedulerStats};
 use crate::metrics::Metrics;
 use crate::request::FinishReason;
 use crate::tokenizer::Tokenizer;
+use pass_stats::PassRecorder;
+pub use pass_stats::{PassKindStats, PassStats, TimelineRow};
 use req::Req;
 use step::Flight;
 
@@ -102,6 +108,7 @@ pub struct Scheduler {
     /// Serial numbers of launched passes and of admissions.
     passes: u64,
     admissions: u64,
+    pass_stats: PassRecorder,
 }
 
 /// Tokens of `r` the radix cache holds now (what admission would match).
@@ -151,6 +158,7 @@ impl Scheduler {
             flight: None,
             passes: 0,
             admissions: 0,
+            pass_stats: PassRecorder::new(Instant::now()),
         }
     }
 
@@ -160,7 +168,10 @@ impl Scheduler {
         loop {
             if self.waiting.is_empty() && self.running.is_empty() {
                 self.publish_stats();
-                match self.rx.recv() {
+                let idle_from = Instant::now();
+                let msg = self.rx.recv();
+                self.pass_stats.idle(idle_from, Instant::now());
+                match msg {
                     Ok(msg) => self.handle(msg),
                     Err(_) => break,
                 }
@@ -225,6 +236,13 @@ impl Scheduler {
                     tracing::info!("Cache flushed successfully!");
                 }
                 let _ = reply.send(ok);
+            }
+            SchedulerMsg::PassStats { reset, reply } => {
+                let now = Instant::now();
+                let _ = reply.send(self.pass_stats.snapshot(now));
+                if reset {
+                    self.pass_stats.reset(now);
+                }
             }
         }
     }

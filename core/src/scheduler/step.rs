@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use super::pass_stats::PassRecord;
 use super::req::{GrammarState, Req};
 use super::{Planned, Scheduler};
 use crate::backend::{DeviceSampling, LogitEdit, SampleInput, SeqInput};
@@ -71,6 +72,16 @@ pub(super) struct Flight {
     entries: Vec<Entry>,
     stats: PrefillStats,
     started: Instant,
+    /// Launched while the pass before it was still in flight.
+    overlapped: bool,
+}
+
+/// When a pass ran (see [`PassRecord`]).
+#[derive(Clone, Copy)]
+struct Timing {
+    launched: Instant,
+    completed: Instant,
+    overlapped: bool,
 }
 
 /// A planned batch with its slots and inputs.
@@ -306,6 +317,7 @@ impl Scheduler {
             entries: prep.entries,
             stats: prep.stats,
             started,
+            overlapped: self.flight.is_some(),
         };
         match self.flight.replace(flight) {
             Some(prev) => self.land(prev),
@@ -332,13 +344,17 @@ impl Scheduler {
             ));
         };
         let tokens = overlap.collect()?;
-        let secs = f.started.elapsed().as_secs_f64();
+        let timing = Timing {
+            launched: f.started,
+            completed: Instant::now(),
+            overlapped: f.overlapped,
+        };
         self.process(
             &f.entries,
             Sampled::Tokens(tokens),
             Some(f.pass),
             f.stats,
-            secs,
+            timing,
         );
         Ok(())
     }
@@ -402,6 +418,7 @@ impl Scheduler {
             };
             (forward, jobs)
         });
+        let completed = Instant::now();
         drop(inputs);
         for (id, g) in grammar_jobs {
             if let Some(&i) = at.get(&id) {
@@ -409,8 +426,12 @@ impl Scheduler {
             }
         }
         let result = forward?;
-        let secs = started.elapsed().as_secs_f64();
-        self.process(&prep.entries, result, None, prep.stats, secs);
+        let timing = Timing {
+            launched: started,
+            completed,
+            overlapped: false,
+        };
+        self.process(&prep.entries, result, None, prep.stats, timing);
         Ok(())
     }
 
@@ -423,9 +444,10 @@ impl Scheduler {
         result: Sampled,
         pass: Option<u64>,
         stats: PrefillStats,
-        step_secs: f64,
+        timing: Timing,
     ) {
         let at = self.running_index();
+        let (running, queued) = (self.running.len(), self.waiting.len());
         let vocab = self.backend.vocab_size();
         let (mut logits, device_tokens) = match result {
             Sampled::Logits(l) => (l, None),
@@ -567,7 +589,43 @@ impl Scheduler {
             }
             self.release(&mut r);
         }
+        self.record_pass(entries, timing, generated, running, queued);
+        let step_secs = timing
+            .completed
+            .saturating_duration_since(timing.launched)
+            .as_secs_f64();
         self.log_step(stats, step_secs);
+    }
+
+    /// Account for a processed pass in the pass statistics.
+    fn record_pass(
+        &mut self,
+        entries: &[Entry],
+        timing: Timing,
+        sampled: u64,
+        running: usize,
+        queued: usize,
+    ) {
+        let mut p = PassRecord {
+            launched: timing.launched,
+            completed: timing.completed,
+            overlapped: timing.overlapped,
+            decode_seqs: 0,
+            prefill_tokens: 0,
+            prefill_seqs: 0,
+            sampled_tokens: sampled,
+            running: running as u64,
+            queued: queued as u64,
+        };
+        for e in entries {
+            if e.prefill {
+                p.prefill_tokens += e.n as u64;
+                p.prefill_seqs += 1;
+            } else {
+                p.decode_seqs += 1;
+            }
+        }
+        self.pass_stats.record(&p);
     }
 
     fn log_step(&mut self, stats: PrefillStats, step_secs: f64) {

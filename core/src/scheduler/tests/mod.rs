@@ -1,6 +1,6 @@
 //! Scheduler tests on a fake model ([`fake`]): admission, chunked prefill, retraction, the
 //! waiting-queue orders (`lpm`, `random`, `lof`, `dfs-weight`) and their age bound, in-batch
-//! prefix sharing, the overlap schedule, aborts, shared prefills.
+//! prefix sharing, the overlap schedule, aborts, shared prefills, the pass statistics.
 //!
 //! A [`Harness`] drives the scheduler one step at a time, as its thread does, and after every
 //! step checks that each KV slot is in exactly one place (the pool's free list, the radix
@@ -11,6 +11,7 @@
 
 mod aging;
 mod fake;
+mod pass_stats;
 mod scheduling;
 
 use std::collections::HashSet;
