@@ -101,6 +101,12 @@ pub struct ServerArgs {
     pub chunked_prefill_size: Option<i64>,
     #[arg(long, value_enum, default_value = "lpm")]
     pub schedule_policy: SchedulePolicy,
+    /// How much room admission keeps for the running requests' future output: it scales the
+    /// estimated share of `max_new_tokens` they will use (0.7 at first, falling to 0.1 as
+    /// decoding goes on, SGLang's defaults); larger retracts fewer requests on a full KV cache,
+    /// smaller admits more at once; 0 admits whatever prompt fits now.
+    #[arg(long, default_value_t = 1.0)]
+    pub schedule_conservativeness: f64,
     #[arg(long)]
     pub disable_radix_cache: bool,
     /// Serve Prometheus metrics at /metrics.
@@ -255,6 +261,12 @@ impl ServerArgs {
         }
         if self.context_length == Some(0) {
             return bad("--context-length must be positive".into());
+        }
+        if !self.schedule_conservativeness.is_finite() || self.schedule_conservativeness < 0.0 {
+            return bad(format!(
+                "--schedule-conservativeness must be a number >= 0, not {}",
+                self.schedule_conservativeness
+            ));
         }
         if !(0.0..=1.0).contains(&self.mem_fraction_static) || self.mem_fraction_static == 0.0 {
             return bad("--mem-fraction-static must be in (0, 1]".into());

@@ -256,6 +256,7 @@ pub fn launch(mut args: ServerArgs) -> Result<EngineHandle> {
         disable_overlap_schedule: args.disable_overlap_schedule,
         queue_timeout: (args.queue_timeout_secs > 0)
             .then(|| Duration::from_secs(args.queue_timeout_secs)),
+        schedule_conservativeness: args.schedule_conservativeness,
     };
     let (tx, rx) = mpsc::channel();
     let scheduler = Scheduler::new(

@@ -69,6 +69,9 @@ pub struct SchedulerConfig {
     /// `--queue-timeout-secs` (`None`: no timeout); bounds how long a reordering policy
     /// keeps a request waiting behind newer ones (see [`order::age_limit`]).
     pub queue_timeout: Option<Duration>,
+    /// `--schedule-conservativeness`: how much of the running requests' future output
+    /// admission keeps room for (see [`TokenRatio`]); 0 admits whatever fits now.
+    pub schedule_conservativeness: f64,
 }
 
 /// Waiting queues longer than this are served first-come-first-served even under `lpm` and
@@ -81,6 +84,54 @@ const IN_BATCH_PREFIX_MIN: usize = 32;
 
 /// Mixed into `--random-seed` for the generator of the `random` policy.
 const ORDER_SEED_MIX: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// Admission's estimate of the output a request will still generate, as a fraction of what
+/// it may (SGLang's new-token ratio). A request is admitted when its uncached prompt plus its
+/// own estimate fits beside the running requests' estimates, so the KV cache keeps room for
+/// the tokens they are about to decode instead of filling with prompts and then retracting
+/// requests (whose KV is lost to later prompts and computed again when they resume). The
+/// ratio starts at 0.7 x conservativeness, falls by steps over [`RATIO_DECAY_STEPS`] decode
+/// steps to 0.1 x conservativeness (requests often stop early), and after a retraction
+/// rises to the share the running requests have already used of their `max_new_tokens`.
+struct TokenRatio {
+    now: f64,
+    min: f64,
+    decay: f64,
+}
+
+/// Decode steps over which the new-token ratio falls from its start to its floor.
+const RATIO_DECAY_STEPS: f64 = 600.0;
+/// A request's remaining output counts at most this much in the estimate (a request asking
+/// for the whole context would otherwise hold back every admission).
+const RATIO_CLIP_NEW_TOKENS: usize = 4096;
+/// Decode steps a retraction's new ratio adds for each running request.
+const RATIO_RETRACT_STEPS: usize = 20;
+
+impl TokenRatio {
+    fn new(conservativeness: f64) -> Self {
+        let c = if conservativeness.is_finite() {
+            conservativeness.max(0.0)
+        } else {
+            1.0
+        };
+        let init = (0.7 * c).min(1.0);
+        let min = (0.1 * c).min(init);
+        TokenRatio {
+            now: init,
+            min,
+            decay: (init - min) / RATIO_DECAY_STEPS,
+        }
+    }
+
+    /// Tokens admission keeps free for a request that may still generate `remaining`.
+    fn reserve(&self, remaining: usize) -> usize {
+        (remaining.min(RATIO_CLIP_NEW_TOKENS) as f64 * self.now).ceil() as usize
+    }
+
+    fn decayed(&mut self) {
+        self.now = (self.now - self.decay).max(self.min);
+    }
+}
 
 /// Decode steps between two "Decode batch" log lines.
 const DECODE_LOG_INTERVAL: u64 = 40;
@@ -109,6 +160,7 @@ pub struct Scheduler {
     passes: u64,
     admissions: u64,
     pass_stats: PassRecorder,
+    token_ratio: TokenRatio,
 }
 
 /// Tokens of `r` the radix cache holds now (what admission would match).
@@ -139,6 +191,7 @@ impl Scheduler {
         stats: Arc<SchedulerStats>,
     ) -> Self {
         let capacity = backend.kv_capacity();
+        let token_ratio = TokenRatio::new(cfg.schedule_conservativeness);
         Scheduler {
             pool: KvPool::new(capacity),
             cache: RadixCache::new(cfg.disable_radix_cache),
@@ -159,6 +212,7 @@ impl Scheduler {
             passes: 0,
             admissions: 0,
             pass_stats: PassRecorder::new(Instant::now()),
+            token_ratio,
         }
     }
 
@@ -417,12 +471,29 @@ impl Scheduler {
         let Some(mut r) = self.running.pop() else {
             return false;
         };
-        tracing::info!(
-            "KV cache full: retracting request {} ({} tokens) to the waiting queue",
-            r.id,
-            r.total_len()
-        );
         self.release(&mut r);
+        // Admission was too hopeful: expect the running requests to use as much of their
+        // output as they have so far, and a little more.
+        let ctx = self.cfg.context_length;
+        let (used, may) = self.running.iter().fold((0usize, 0usize), |(u, m), q| {
+            let left = q.remaining_new(ctx).min(RATIO_CLIP_NEW_TOKENS);
+            (
+                u + q.output.len() + RATIO_RETRACT_STEPS,
+                m + q.output.len() + left,
+            )
+        });
+        let before = self.token_ratio.now;
+        if may > 0 && self.token_ratio.now > 0.0 {
+            let seen = (used as f64 / may as f64).min(1.0);
+            self.token_ratio.now = self.token_ratio.now.max(seen);
+        }
+        tracing::info!(
+            "KV cache full: retracting request {} ({} tokens) to the waiting queue; new-token ratio {:.3} -> {:.3}",
+            r.id,
+            r.total_len(),
+            before,
+            self.token_ratio.now
+        );
         self.waiting.push_front(r);
         true
     }
@@ -493,7 +564,16 @@ impl Scheduler {
                 prefill: true,
             });
         }
-        // New requests.
+        // New requests, each with room for its estimated output beside the running ones'.
+        let ratio_on = self.token_ratio.now > 0.0;
+        let mut reserved: usize = if ratio_on {
+            self.running
+                .iter()
+                .map(|r| self.token_ratio.reserve(r.remaining_new(ctx)))
+                .sum()
+        } else {
+            0
+        };
         self.order_waiting();
         // Requests that wait for a running request to compute the prompt prefix they share.
         let mut deferred = Vec::new();
@@ -516,6 +596,14 @@ impl Scheduler {
             if room == 0 || (need > room && need <= budget) {
                 break;
             }
+            let future = if ratio_on {
+                self.token_ratio.reserve(front.remaining_new(ctx))
+            } else {
+                0
+            };
+            if ratio_on && !self.running.is_empty() && need + future + reserved > avail {
+                break;
+            }
             let Some(r) = self.waiting.pop_front() else {
                 break;
             };
@@ -533,6 +621,7 @@ impl Scheduler {
             }
             budget -= n;
             avail -= n + 1;
+            reserved += future;
             let completes = n == r.pending();
             self.running.push(r);
             plan.push(Planned {

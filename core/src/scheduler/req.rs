@@ -198,6 +198,13 @@ impl Req {
         self.prompt.len() + self.output.len()
     }
 
+    /// Output tokens this request may still generate: up to `max_new_tokens` and the context
+    /// length.
+    pub fn remaining_new(&self, context_length: usize) -> usize {
+        let by_max = self.params.max_new_tokens.saturating_sub(self.output.len());
+        by_max.min(context_length.saturating_sub(self.total_len()))
+    }
+
     /// Tokens still without KV. After each sampled token this is 1 (the token itself, fed in
     /// the next decode step); more while a prompt (or a retracted request) is being prefilled.
     pub fn pending(&self) -> usize {

@@ -643,6 +643,7 @@ impl Scheduler {
             return;
         }
         self.decode_steps += 1;
+        self.token_ratio.decayed();
         if self.decode_steps.is_multiple_of(super::DECODE_LOG_INTERVAL) {
             let secs = self.log_since.elapsed().as_secs_f64().max(1e-9);
             let tput = self.log_tokens as f64 / secs;

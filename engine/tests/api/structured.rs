@@ -549,7 +549,16 @@ async fn outlines_backend_serves_json_schema_and_regex() {
 async fn grammar_state_survives_retraction() {
     // A KV cache too small for all requests at once: the scheduler retracts running requests
     // and resumes them later; their grammar state goes with them.
-    let s = Server::start("grammar-retract", &["--max-total-tokens", "128"]);
+    // (conservativeness 0: admission takes every prompt that fits, so requests are retracted)
+    let s = Server::start(
+        "grammar-retract",
+        &[
+            "--max-total-tokens",
+            "128",
+            "--schedule-conservativeness",
+            "0",
+        ],
+    );
     let schema = pet_schema();
     let client = s.client();
     let tasks: Vec<_> = (0..8)

@@ -58,6 +58,8 @@ pub(super) struct Setup {
     pub random_seed: u64,
     /// `--queue-timeout-secs`.
     pub queue_timeout: Option<Duration>,
+    /// 0 unless a test sets it: most tests count on admission taking whatever fits now.
+    pub schedule_conservativeness: f64,
 }
 
 impl Default for Setup {
@@ -74,6 +76,7 @@ impl Default for Setup {
             shape_dependent_kv: false,
             random_seed: 1,
             queue_timeout: None,
+            schedule_conservativeness: 0.0,
         }
     }
 }
@@ -103,6 +106,7 @@ impl Setup {
             log_requests: false,
             disable_overlap_schedule: false,
             queue_timeout: self.queue_timeout,
+            schedule_conservativeness: self.schedule_conservativeness,
         };
         let (tx, rx) = mpsc::channel();
         let metrics = Arc::new(Metrics::new("fake").expect("metrics"));

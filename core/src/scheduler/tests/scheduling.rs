@@ -136,6 +136,40 @@ fn a_full_pool_retracts_the_newest_request_which_resumes_with_the_same_tokens() 
 }
 
 #[test]
+fn admission_keeps_room_for_the_running_requests_output() {
+    // Six prompts of 10 tokens, 20 new tokens each, in 100 slots: taking every prompt that
+    // fits (conservativeness 0) retracts requests as they grow (above). The estimate keeps
+    // room for their output instead: at the start ratio 0.7 each asks 10 + 14 slots, so four
+    // start; with conservativeness 1.5 the ratio is 1 (each asks 10 + 20), three start and
+    // nothing is ever retracted.
+    for mode in [Mode::Plain, Mode::Overlap] {
+        for (conservativeness, first, may_retract) in [(1.0, 4, true), (1.5, 3, false)] {
+            let mut h = Setup {
+                capacity: 100,
+                mode,
+                schedule_conservativeness: conservativeness,
+                ..Setup::default()
+            }
+            .build();
+            let prompts: Vec<_> = (0..6u32).map(|i| prompt(10, i + 1)).collect();
+            let mut clients: Vec<Client> = prompts
+                .iter()
+                .map(|p| h.submit(p.clone(), greedy(20)))
+                .collect();
+            h.step();
+            let case = format!("{mode:?}, conservativeness {conservativeness}");
+            assert_eq!(h.running_ids().len(), first, "{case}");
+            let retracted = run_watching_retractions(&mut h);
+            assert!(may_retract || !retracted, "{case}: a request was retracted");
+            for (c, p) in clients.iter_mut().zip(&prompts) {
+                assert_eq!(c.output(), reference(p, 20, h.vocab), "{case}");
+            }
+            h.assert_everything_released();
+        }
+    }
+}
+
+#[test]
 fn lpm_admits_the_longest_cached_prefix_first_and_fcfs_the_oldest() {
     for policy in [SchedulePolicy::Lpm, SchedulePolicy::Fcfs] {
         let mut h = Setup {
