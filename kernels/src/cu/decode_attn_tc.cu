@@ -9,7 +9,9 @@
 // of 16 keys against every head of the group are one MMA per 16 dims, and P V is one MMA per 8
 // dims, the work of prefill_attn with a 16-row query tile.
 //
-// Grid (batch, kv_heads), DTC_THREADS threads. Each tile of DTC_BK keys is fetched by the whole
+// Grid (kv_heads, batch), DTC_THREADS threads: the KV heads of a sequence are neighbouring blocks,
+// so the blocks running at once read every head of the same pool rows (a slot's heads are
+// adjacent in memory) instead of one head's slice of many sequences' rows. Each tile of DTC_BK keys is fetched by the whole
 // block into shared memory (a bf16 pool through cp.async; an FP8 pool through registers, 16
 // bytes a load, widened to f16 with the hardware conversion, two values an instruction, in
 // units of the pool type's F16_UNIT) and each warp takes 16 of its keys: scores, an online
@@ -93,7 +95,7 @@ __device__ __forceinline__ void decode_attn_tc_impl(
 
     pdl_wait();
     pdl_trigger_early();
-    const int b = blockIdx.x, kvh = blockIdx.y;
+    const int kvh = blockIdx.x, b = blockIdx.y;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tig = lane & 3;
     const int beg = kv_indptr[b];

@@ -84,7 +84,13 @@ impl Kernels {
                 arg(&scale_log2),
                 arg(&scales.v),
             ];
-            let grid = (batch as u32, shape.n_kv_heads as u32, 1);
+            // heads along x: a sequence's heads run side by side (see decode_attn_tc.cu)
+            if batch > 65535 {
+                return Err(KernelError::Unsupported(format!(
+                    "tensor-core decode attention of {batch} sequences (grid y holds 65535)"
+                )));
+            }
+            let grid = (shape.n_kv_heads as u32, batch as u32, 1);
             // SAFETY: argument types match the kernel; the caller guarantees the extents.
             return unsafe { self.launch(s, f, grid, 128, &mut a) };
         }
