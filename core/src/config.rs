@@ -105,7 +105,7 @@ pub struct ServerArgs {
     /// estimated share of `max_new_tokens` they will use (0.7 at first, falling to 0.1 as
     /// decoding goes on, SGLang's defaults); larger retracts fewer requests on a full KV cache,
     /// smaller admits more at once; 0 admits whatever prompt fits now.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub schedule_conservativeness: f64,
     #[arg(long)]
     pub disable_radix_cache: bool,

@@ -613,6 +613,7 @@ fn server_args_json(args: &ServerArgs) -> Map<String, Value> {
         "api_key": args.api_key.as_ref().map(|_| "<hidden>"),
         "chunked_prefill_size": args.chunked_prefill_size,
         "schedule_policy": enum_name(&args.schedule_policy),
+        "schedule_conservativeness": args.schedule_conservativeness,
         "disable_radix_cache": args.disable_radix_cache,
         "enable_metrics": args.enable_metrics,
         "enable_cache_report": args.enable_cache_report,

@@ -39,6 +39,7 @@ async fn models_and_server_info() {
         );
     }
     assert_eq!(info["enable_metrics"], json!(true));
+    assert_eq!(info["schedule_conservativeness"], json!(1.0), "{info}");
     assert_ne!(
         info["api_key"],
         json!(API_KEY),
@@ -100,6 +101,12 @@ fn serve_check_validates_without_serving() {
     let (ok, _, stderr) = check(&["--tp-size", "3"]);
     assert!(!ok);
     assert!(stderr.contains("--tp-size"), "{stderr}");
+
+    for bad in ["-1", "nan", "inf"] {
+        let (ok, _, stderr) = check(&["--schedule-conservativeness", bad]);
+        assert!(!ok, "--schedule-conservativeness {bad} was accepted");
+        assert!(stderr.contains("--schedule-conservativeness"), "{stderr}");
+    }
 
     if !cfg!(feature = "cuda") {
         let (ok, _, stderr) = check(&["--device", "cuda"]);
