@@ -96,6 +96,23 @@ pub struct GemvPlan {
     pub splits: u32,
 }
 
+impl GemvPlan {
+    /// Tiles of `rows_per_block` weight rows (16 or 32; SwiGLU tiles hold half as many output
+    /// features) over w's `n` rows, `splits` blocks along k each.
+    pub fn tiled(n: usize, epilogue: GemvEpilogue, rows_per_block: u32, splits: u32) -> Self {
+        let (units, per) = if epilogue == GemvEpilogue::SwiGlu {
+            (n / 2, rows_per_block / 2)
+        } else {
+            (n, rows_per_block)
+        };
+        GemvPlan {
+            rows_per_block,
+            tiles: units.div_ceil(per.max(1) as usize) as u32,
+            splits,
+        }
+    }
+}
+
 /// Split-k partial sums and per-tile arrival counters of the GEMV (one per stream: launches
 /// on one stream run one after another, so they share it). Counters start at zero and every
 /// split launch leaves them at zero.
@@ -976,17 +993,8 @@ impl Kernels {
     pub fn gemv_plan(&self, k: usize, n: usize, epilogue: GemvEpilogue) -> GemvPlan {
         let sms = self.num_sms.max(1) as usize;
         let wave = 2 * sms;
-        let units = if epilogue == GemvEpilogue::SwiGlu {
-            n / 2
-        } else {
-            n
-        };
-        let per16 = if epilogue == GemvEpilogue::SwiGlu {
-            8
-        } else {
-            16
-        };
-        let (t16, t32) = (units.div_ceil(per16), units.div_ceil(2 * per16));
+        let t16 = GemvPlan::tiled(n, epilogue, 16, 1).tiles as usize;
+        let t32 = GemvPlan::tiled(n, epilogue, 32, 1).tiles as usize;
         let (rows, tiles) = if t16 <= wave || (t32 > wave && t32 < 8 * wave) {
             (16, t16)
         } else {
@@ -1052,22 +1060,9 @@ impl Kernels {
         plan: GemvPlan,
         ws: &GemvWorkspace,
     ) -> Result<()> {
-        let per = if epilogue == GemvEpilogue::SwiGlu {
-            n / 2
-        } else {
-            n
-        };
-        let rows_ok = matches!(plan.rows_per_block, 16 | 32);
-        let unit = plan.rows_per_block as usize
-            / if epilogue == GemvEpilogue::SwiGlu {
-                2
-            } else {
-                1
-            };
-        if !rows_ok
-            || plan.tiles as usize != per.div_ceil(unit.max(1))
-            || plan.splits == 0
-            || plan.splits as usize > GEMV_MAX_SPLITS
+        if !matches!(plan.rows_per_block, 16 | 32)
+            || !(1..=GEMV_MAX_SPLITS).contains(&(plan.splits as usize))
+            || plan != GemvPlan::tiled(n, epilogue, plan.rows_per_block, plan.splits)
         {
             return Err(KernelError::Unsupported(format!(
                 "GEMV plan {plan:?} for n {n}"

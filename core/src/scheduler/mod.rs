@@ -109,11 +109,8 @@ const RATIO_RETRACT_STEPS: usize = 20;
 
 impl TokenRatio {
     fn new(conservativeness: f64) -> Self {
-        let c = if conservativeness.is_finite() {
-            conservativeness.max(0.0)
-        } else {
-            1.0
-        };
+        // (the flag is checked at startup; NaN turns to 0 here, infinity to a ratio of 1)
+        let c = conservativeness.max(0.0);
         let init = (0.7 * c).min(1.0);
         let min = (0.1 * c).min(init);
         TokenRatio {

@@ -49,6 +49,34 @@ pub(crate) fn copy_bandwidth(c: &Ctx) -> R<f64> {
     Ok(copy_bw)
 }
 
+/// Buffers to time a GEMV on: copies of `bytes` of weights (byte i is `(i % 251) & mask`),
+/// enough to cycle past L2; x of 8 token rows of k; y of 8 rows of n; and the launches that
+/// read about 4 GiB of weights.
+struct GemvBufs {
+    ws: Vec<CudaSlice<u8>>,
+    x: CudaSlice<bf16>,
+    y: CudaSlice<bf16>,
+    iters: usize,
+}
+
+impl GemvBufs {
+    fn new(c: &mut Ctx, k: usize, n: usize, bytes: usize, mask: u8) -> R<Self> {
+        let copies = (256usize << 20).div_ceil(bytes).max(1);
+        let host: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8 & mask).collect();
+        let ws = (0..copies)
+            .map(|_| c.s.clone_htod(&host))
+            .collect::<Result<_, _>>()?;
+        drop(host);
+        let xh = bf(&(0..8 * k).map(|_| c.rng.sym()).collect::<Vec<_>>());
+        Ok(GemvBufs {
+            ws,
+            x: c.up(&xh)?,
+            y: c.s.alloc_zeros::<bf16>(8 * n)?,
+            iters: (4usize << 30).div_ceil(bytes).clamp(10, 400),
+        })
+    }
+}
+
 /// GEMV vs cuBLASLt on the decode GEMMs of Llama-3.1-8B (weights cycled through enough copies
 /// that none is still in L2), against device-to-device copy bandwidth (read + write).
 /// The FP8-weight GEMV on the 8B decode shapes: µs, GB/s of FP8 weights, share of the copy
@@ -68,27 +96,28 @@ pub(crate) fn bench_gemv_fp8(c: &mut Ctx) -> R<()> {
     let mut step = std::collections::BTreeMap::<usize, (f64, f64)>::new();
     for (name, k, n, epi) in shapes {
         let bytes = n * k;
-        let copies = (256usize << 20).div_ceil(bytes).max(1);
-        let host: Vec<u8> = (0..n * k).map(|i| (i % 251) as u8 & 0x77).collect();
         let scale = c.up(&vec![1e-3f32; n])?;
-        let ws: Vec<CudaSlice<u8>> = (0..copies)
-            .map(|_| s.clone_htod(&host))
-            .collect::<Result<_, _>>()?;
-        drop(host);
-        let xh = bf(&(0..8 * k).map(|_| c.rng.sym()).collect::<Vec<_>>());
-        let x = c.up(&xh)?;
-        let y = s.alloc_zeros::<bf16>(8 * n)?;
-        let iters = (4usize << 30).div_ceil(bytes).clamp(10, 400);
+        let b = GemvBufs::new(c, k, n, bytes, 0x77)?;
         for m in [1usize, 8] {
             let plan = c.k.gemv_plan(k, n, epi);
-            let us = time_us(c, iters, |i| {
+            let us = time_us(c, b.iters, |i| {
                 let w = WeightRef::Fp8 {
-                    w: dptr(&ws[i % copies], &s),
+                    w: dptr(&b.ws[i % b.ws.len()], &s),
                     scale: dptr(&scale, &s),
                 };
                 // SAFETY: shapes as allocated.
                 unsafe {
-                    c.k.gemv(&s, dptr(&y, &s), dptr(&x, &s), w, m, k, n, epi, &c.gemv_ws)?
+                    c.k.gemv(
+                        &s,
+                        dptr(&b.y, &s),
+                        dptr(&b.x, &s),
+                        w,
+                        m,
+                        k,
+                        n,
+                        epi,
+                        &c.gemv_ws,
+                    )?
                 };
                 Ok(())
             })?;
@@ -144,34 +173,19 @@ fn gemv_plan_sweep(c: &mut Ctx, copy_bw: f64) -> R<()> {
     println!("|---|---|---|---|---|");
     for (name, fp8, k, n, epi) in shapes {
         let bytes = if fp8 { n * k } else { 2 * n * k };
-        let copies = (256usize << 20).div_ceil(bytes).max(1);
-        let host: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8 & 0x37).collect();
         let scale = c.up(&vec![1e-3f32; n])?;
-        let ws: Vec<CudaSlice<u8>> = (0..copies)
-            .map(|_| s.clone_htod(&host))
-            .collect::<Result<_, _>>()?;
-        drop(host);
-        let xh = bf(&(0..8 * k).map(|_| c.rng.sym()).collect::<Vec<_>>());
-        let x = c.up(&xh)?;
-        let y = s.alloc_zeros::<bf16>(8 * n)?;
-        let iters = (4usize << 30).div_ceil(bytes).clamp(10, 400);
-        let units = if epi == SwiGlu { n / 2 } else { n };
+        let b = GemvBufs::new(c, k, n, bytes, 0x37)?;
         let default = c.k.gemv_plan(k, n, epi);
         for rows in [16u32, 32] {
-            let per = if epi == SwiGlu { rows / 2 } else { rows } as usize;
-            let tiles = units.div_ceil(per) as u32;
             for splits in 1u32..=4 {
-                let plan = GemvPlan {
-                    rows_per_block: rows,
-                    tiles,
-                    splits,
-                };
+                let plan = GemvPlan::tiled(n, epi, rows, splits);
+                let tiles = plan.tiles;
                 let mut cells = Vec::new();
                 let mut best = f64::MAX;
                 for pf in [0u32, 1, 2, 4] {
                     c.k.set_gemv_prefetch(pf);
-                    let us = time_us(c, iters, |i| {
-                        let wp = dptr(&ws[i % copies], &s);
+                    let us = time_us(c, b.iters, |i| {
+                        let wp = dptr(&b.ws[i % b.ws.len()], &s);
                         let w = if fp8 {
                             WeightRef::Fp8 {
                                 w: wp,
@@ -185,8 +199,8 @@ fn gemv_plan_sweep(c: &mut Ctx, copy_bw: f64) -> R<()> {
                         unsafe {
                             c.k.gemv_with_plan(
                                 &s,
-                                dptr(&y, &s),
-                                dptr(&x, &s),
+                                dptr(&b.y, &s),
+                                dptr(&b.x, &s),
                                 w,
                                 1,
                                 k,
