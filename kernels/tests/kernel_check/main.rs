@@ -22,6 +22,7 @@
 
 mod attention;
 mod bench;
+mod bench_gemv;
 mod common;
 mod decode_step;
 mod fp8;
@@ -33,6 +34,7 @@ mod sampling;
 
 use attention::*;
 use bench::*;
+use bench_gemv::*;
 use common::*;
 use decode_step::*;
 use fp8::*;
