@@ -22,10 +22,12 @@ use half::bf16;
 use crate::source::{KERNEL_NAMES, cached_ptx};
 use crate::{Dptr, KernelError, Result, dptr};
 
-// The FP8 launchers: activation and weight quantization, the GEMMs' rescale, the fused forms.
+// The launchers by family: the all-reduces, attention, FP8.
+mod allreduce;
 mod attention;
 mod fp8;
 
+pub use allreduce::NormOut;
 pub use attention::prefill_tiles;
 
 /// Most sequence splits of one decode attention launch (`DEC_MAX_SPLITS` in decode_attn.cu).
@@ -298,6 +300,7 @@ pub struct Kernels {
     logit_edits: CudaFunction,
     copy_tokens: CudaFunction,
     allreduce: CudaFunction,
+    allreduce_pull: CudaFunction,
     num_sms: u32,
     /// The device supports programmatic dependent launch (sm_90 and newer).
     pdl_supported: bool,
@@ -464,6 +467,7 @@ impl Kernels {
             logit_edits: f("logit_edits_bf16")?,
             copy_tokens: f("copy_tokens_i32")?,
             allreduce: f("allreduce_oneshot_bf16")?,
+            allreduce_pull: f("allreduce_pull_add_rmsnorm")?,
             num_sms,
             pdl_supported,
             pdl,
@@ -915,55 +919,6 @@ impl Kernels {
         let blocks = n.div_ceil(256).min(self.num_sms as usize * 8).max(1) as u32;
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
         unsafe { self.launch(s, &self.copy_tokens, (blocks, 1, 1), 256, &mut a) }
-    }
-
-    /// One-shot all-reduce (sum) of `x[..n]` across the ranks of `peers`, in place, on every
-    /// rank at once (each rank launches it on its own stream); see `cu/allreduce.cu`.
-    ///
-    /// # Safety
-    /// Every rank of the group launches the same sequence of these calls with the same `n`;
-    /// `peers` holds every rank's receive buffer (2 × ranks × `half_elems` bf16) and flags
-    /// (`blocks` × [`AR_MAX_RANKS`] u32, zeroed at first), all reachable from this device
-    /// (peer access on); `epochs` is this rank's `blocks` counters (zeroed at first); the
-    /// same `peers` always take the same `blocks`; `x` holds `n` elements.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn allreduce_oneshot(
-        &self,
-        s: &CudaStream,
-        peers: &ArPeers,
-        x: Dptr<bf16>,
-        epochs: Dptr<u32>,
-        n: usize,
-        rank: usize,
-        half_elems: usize,
-        blocks: usize,
-    ) -> Result<()> {
-        let ranks = peers.ranks;
-        if !n.is_multiple_of(8)
-            || n > half_elems
-            || rank >= ranks
-            || ranks > AR_MAX_RANKS
-            || blocks == 0
-            || blocks > 1024
-        {
-            return Err(KernelError::Unsupported(format!(
-                "one-shot all-reduce of {n} elements (slots of {half_elems}, rank {rank} of {ranks})"
-            )));
-        }
-        let table = peers.table;
-        let (xa, ea) = (x.addr(), epochs.addr());
-        let (ni, ri, rs, hi) = (n as i32, rank as i32, ranks as i32, half_elems as i32);
-        let mut a = [
-            arg(&table),
-            arg(&xa),
-            arg(&ea),
-            arg(&ni),
-            arg(&ri),
-            arg(&rs),
-            arg(&hi),
-        ];
-        // SAFETY: argument types match the kernel; the caller guarantees the rest.
-        unsafe { self.launch(s, &self.allreduce, (blocks as u32, 1, 1), 512, &mut a) }
     }
 
     /// Partial-sum buffers for every [`Kernels::gemv_plan`] on this device.

@@ -24,8 +24,8 @@ pub use gemm::Gemm;
 pub use launch::{
     AR_BLOCKS, AR_LARGE_BLOCKS, AR_MAX_RANKS, ArPeers, AttnShape, DECODE_TC_MIN_BATCH,
     DecodeAttnPlan, GEMV_MAX_SPLITS, GEMV_MAX_TOKENS, GEMV_PREFETCH_STEPS, GemvEpilogue, GemvPlan,
-    GemvWorkspace, Kernels, KvDtype, KvScales, LayerAttn, LogitEdit, MAX_DECODE_SPLITS, WeightRef,
-    prefill_tiles,
+    GemvWorkspace, Kernels, KvDtype, KvScales, LayerAttn, LogitEdit, MAX_DECODE_SPLITS, NormOut,
+    WeightRef, prefill_tiles,
 };
 #[cfg(feature = "cuda")]
 pub use source::{KERNEL_NAMES, SOURCE, compile_ptx, nvrtc_available};

@@ -88,3 +88,184 @@ extern "C" __global__ void __launch_bounds__(512)
     if (tid == 0) epochs[b] = e;
     pdl_trigger_end();
 }
+
+// Rows the fused all-reduce and norm below finish together, and the most ranks it takes (the
+// pull set exists at tp 2 only).
+#define AR_NORM_ROWS 4
+#define AR_PULL_MAX_RANKS 2
+
+// block_sum (common.cuh) of N values at once, each summed in block_sum's order, with one pair
+// of barriers for all; scratch holds N x 32.
+template <int N>
+__device__ __forceinline__ void block_sum_n(float* v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = (blockDim.x + 31) >> 5;
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = warp_sum(v[k]);
+    __syncthreads();
+    if (lane == 0) {
+#pragma unroll
+        for (int k = 0; k < N; ++k) scratch[k * 32 + warp] = v[k];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = warp_sum(lane < nwarps ? scratch[k * 32 + lane] : 0.0f);
+}
+
+// The same for block_max.
+template <int N>
+__device__ __forceinline__ void block_max_n(float* v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = (blockDim.x + 31) >> 5;
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = warp_max(v[k]);
+    __syncthreads();
+    if (lane == 0) {
+#pragma unroll
+        for (int k = 0; k < N; ++k) scratch[k * 32 + warp] = v[k];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = warp_max(lane < nwarps ? scratch[k * 32 + lane] : 0.0f);
+}
+
+// The flag handshake of block b with block b of every peer: thread t < ranks (t != rank) tells
+// peer t that this rank reached epoch e (word `slot` of its flags for this rank) and waits for
+// peer t's word for this rank here; the caller's barrier then holds the block.
+__device__ __forceinline__ void ar_handshake(const ArPeers& peers, int slot, int rank, int ranks,
+                                             unsigned int e) {
+    const int t = threadIdx.x;
+    if (t < ranks && t != rank) {
+        st_release_sys((unsigned int*)peers.flags[t] + slot * AR_MAX_RANKS + rank, e);
+        const unsigned int* f = (const unsigned int*)peers.flags[rank] + slot * AR_MAX_RANKS + t;
+        while ((int)(ld_acquire_sys(f) - e) < 0) {
+        }
+    }
+}
+
+// The all-reduce of a row-parallel GEMM's product fused with the residual add and the next
+// RMSNorm, reading every rank's product where its GEMM wrote it: each rank's GEMM writes into
+// its own area of peer memory, `peers.recv[rank]` (rows x hidden bf16), and this kernel reads
+// the peers' areas over the link while it adds and normalises, so the transfer overlaps the
+// rest. For each row: s = bf16(sum over ranks in rank order, in f32), residual = bf16(residual +
+// s), and the normalised row goes to `out` (bf16) or, when `q` is set, to `q` as e4m3 with its
+// scale in `qscale`: the bits of allreduce_oneshot_bf16 followed by add_rmsnorm_bf16 or
+// add_rmsnorm_quant_fp8.
+//
+// Two handshakes per call between block b of every rank (flags: [blocks][2][AR_MAX_RANKS]
+// words, each carrying the block's call count, kept in `epochs` so graphs can replay it): at
+// the start, after pdl_wait (the GEMM before it has finished, so this rank's area is complete),
+// "my area is ready"; at the end, "I have read your rows", which every block waits for before
+// it exits, so the GEMM after this kernel cannot overwrite an area a peer is still reading.
+// Block b takes rows b, b + gridDim.x, ..., AR_NORM_ROWS at a time. One vector of 8 per
+// thread: the block size is add_rmsnorm_bf16's (hidden / 8 rounded up to whole warps), so the
+// sum of squares adds in the same order, and at most 512 threads (four rows' values in
+// registers): hidden <= 4096, hidden % 8 == 0; ranks <= AR_PULL_MAX_RANKS.
+extern "C" __global__ void __launch_bounds__(512)
+    allreduce_pull_add_rmsnorm(ArPeers peers, bf16_t* __restrict__ residual,
+                               bf16_t* __restrict__ out, unsigned char* __restrict__ q,
+                               float* __restrict__ qscale, const bf16_t* __restrict__ weight,
+                               unsigned int* __restrict__ epochs, int hidden, unsigned int rows,
+                               int rank, int ranks, float eps) {
+    pdl_wait();
+    __shared__ unsigned int epoch_s;
+    __shared__ float scratch[AR_NORM_ROWS * 32];
+    const int b = blockIdx.x, i = threadIdx.x;
+    if (i == 0) epoch_s = epochs[b] + 1;
+    __syncthreads();
+    const unsigned int e = epoch_s;
+    const size_t h = hidden;
+    const bool active = i < hidden / 8;
+    const unsigned int step = gridDim.x;
+    ar_handshake(peers, 2 * b, rank, ranks, e);
+    __syncthreads();
+    float g[8];
+    unpack8(active ? ((const uint4*)weight)[i] : make_uint4(0u, 0u, 0u, 0u), g);
+    for (unsigned int r0 = b; r0 < rows; r0 += AR_NORM_ROWS * step) {
+        // every load of the rows first (the stores below may alias them for the compiler)
+        uint4 res[AR_NORM_ROWS], pv[AR_NORM_ROWS][AR_PULL_MAX_RANKS];
+#pragma unroll
+        for (int k = 0; k < AR_NORM_ROWS; ++k) {
+            const unsigned int row = r0 + k * step;
+            const bool on = active && row < rows;
+            const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+            res[k] = on ? ((const uint4*)(residual + row * h))[i] : zero;
+#pragma unroll
+            for (int p = 0; p < AR_PULL_MAX_RANKS; ++p)
+                pv[k][p] = (on && p < ranks)
+                               ? ld_cg_v4((const uint4*)((const bf16_t*)peers.recv[p] + row * h) + i)
+                               : zero;
+        }
+        float x[AR_NORM_ROWS][8], ss[AR_NORM_ROWS];
+#pragma unroll
+        for (int k = 0; k < AR_NORM_ROWS; ++k) {
+            const unsigned int row = r0 + k * step;
+            float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int p = 0; p < AR_PULL_MAX_RANKS; ++p) {
+                if (p < ranks) {
+                    float f[8];
+                    unpack8(pv[k][p], f);
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) acc[j] += f[j];
+                }
+            }
+            // the all-reduce's bf16 sum, added into the residual stream and rounded
+            round8_bf16(acc);
+            unpack8(res[k], x[k]);
+            ss[k] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) x[k][j] = x[k][j] + acc[j];
+            round8_bf16(x[k]);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) ss[k] += x[k][j] * x[k][j];
+            if (active && row < rows) ((uint4*)(residual + row * h))[i] = pack8_exact(x[k]);
+        }
+        block_sum_n<AR_NORM_ROWS>(ss, scratch);
+        if (q == nullptr) {
+            // add_rmsnorm_bf16's output
+#pragma unroll
+            for (int k = 0; k < AR_NORM_ROWS; ++k) {
+                const unsigned int row = r0 + k * step;
+                const float inv = rsqrtf(ss[k] / (float)hidden + eps);
+                float y[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) y[j] = g[j] * rbf(x[k][j] * inv);
+                if (active && row < rows) ((uint4*)(out + row * h))[i] = pack8(y);
+            }
+        } else {
+            // add_rmsnorm_quant_fp8's (norm_quant_row's arithmetic)
+            float amax[AR_NORM_ROWS];
+#pragma unroll
+            for (int k = 0; k < AR_NORM_ROWS; ++k) {
+                const float inv = rsqrtf(ss[k] / (float)hidden + eps);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) x[k][j] = x[k][j] * inv;
+                round8_bf16(x[k]);
+                amax[k] = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    x[k][j] = g[j] * x[k][j];
+                    amax[k] = fmaxf(amax[k], fabsf(x[k][j]));
+                }
+                round8_bf16(x[k]);
+            }
+            block_max_n<AR_NORM_ROWS>(amax, scratch);
+#pragma unroll
+            for (int k = 0; k < AR_NORM_ROWS; ++k) {
+                const unsigned int row = r0 + k * step;
+                const float s = scale_of(amax[k]);
+                const float r = row_recip(s);
+                if (active && row < rows)
+                    ((uint2*)(q + row * h))[i] =
+                        r != 0.0f ? quant8_e4m3_recip(x[k], s, r) : quant8_e4m3(x[k], s);
+                if (i == 0 && row < rows) qscale[row] = s;
+            }
+        }
+    }
+    // every read of the peers' areas is done: tell them, and wait for them before exiting
+    __syncthreads();
+    ar_handshake(peers, 2 * b + 1, rank, ranks, e);
+    if (i == 0) epochs[b] = e;
+    pdl_trigger_end();
+}

@@ -6,6 +6,7 @@
 //!    compute the expected sum itself.
 //!    The one-shot kernel over peer memory (what decode steps use up to 2 MB) is checked the
 //!    same way, and every rank must get the same bits.
+//!    So is the all-reduce fused with the residual add and RMSNorm (`bench_ar_norm`).
 //! 2. Time per all-reduce and bus bandwidth (`2 (n - 1) / n` × bytes ÷ time, NCCL's definition)
 //!    from 8 KB to 64 MB, queued one after another on the stream and, up to 1 MB (the decode
 //!    sizes), replayed from a CUDA graph as the decode graphs run them; the one-shot kernel
@@ -263,6 +264,27 @@ fn rank_main(
         }
     }
 
+    // The fused all-reduce, add and RMSNorm (tp 2): checked against the one-shot kernel and
+    // the norm, and timed against them.
+    let mut fused_lines = Vec::new();
+    if let Some(c) = &custom {
+        fused_lines = super::bench_ar_norm::check_and_time(&kernels, c, &s, rank)?;
+    }
+    if rank == 0 && !fused_lines.is_empty() {
+        let (checks, rows): (Vec<_>, Vec<_>) =
+            fused_lines.iter().partition(|l| !l.starts_with('|'));
+        for l in checks {
+            println!("{l}");
+        }
+        println!(
+            "| rows | out | one-shot blocks | one-shot + norm µs (graph) | fused µs (graph) | speed-up |"
+        );
+        println!("|---|---|---|---|---|---|");
+        for l in rows {
+            println!("{l}");
+        }
+    }
+
     // 2. timings
     let max_elems = (64 << 20) / 2;
     // SAFETY: contents do not matter for timing; written before read by the collectives.
@@ -377,7 +399,11 @@ fn time_graph(
 
 /// Microseconds per call of `call`, captured `iters` times into one CUDA graph and replayed
 /// (after one replay to warm up).
-fn time_in_graph(s: &Arc<CudaStream>, iters: usize, call: impl Fn() -> Result<()>) -> Result<f64> {
+pub(super) fn time_in_graph(
+    s: &Arc<CudaStream>,
+    iters: usize,
+    call: impl Fn() -> Result<()>,
+) -> Result<f64> {
     s.synchronize().map_err(cuda_err)?;
     s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .map_err(cuda_err)?;

@@ -18,8 +18,12 @@ use crate::backend::{SampleInput, SeqInput};
 use crate::error::{EngineError, Result};
 use crate::model::config::ModelConfig;
 
+// The norms between the GEMMs, with a pending all-reduce folded in under tensor parallelism.
+mod add_norm;
 // The FP8 path's helpers: quantized rows, fused norms, GEMMs left unscaled.
 mod fp8;
+
+pub(super) use add_norm::{NormTo, Pending};
 
 /// Rows of logits computed per LM-head GEMM.
 const LOGIT_ROWS: usize = 256;
@@ -815,7 +819,6 @@ impl CudaBackend {
             dptr(&sc.act, s),
         );
         let k = &self.kernels;
-        let e = c.rms_norm_eps;
         let shape = self.shape();
         // SAFETY: every buffer was sized for at least `t` tokens (Scratch, Graphs); inputs were
         // validated (slots inside the pool, ids inside the vocabulary).
@@ -826,12 +829,13 @@ impl CudaBackend {
             unsafe { comm.broadcast(inp.ids, t, 0, s) }
                 .map_err(|e| EngineError::from(crate::backend::BackendError::Nccl(e)))?;
         }
-        // Weight scales of the FP8 GEMM whose product sits in `delta` unscaled (fused FP8 path).
-        let mut pending: Option<Dptr<f32>> = None;
+        // What `delta` holds until the next norm adds it: FP8 scales to apply, an all-reduce.
+        let mut pending = Pending::default();
         unsafe {
             k.embedding(s, x, dptr(&self.w.embed, s), inp.ids, t, h, c.vocab_size)
                 .map_err(cuda_err)?;
             for (l, lw) in self.w.layers.iter().enumerate() {
+                let last = l + 1 == self.w.layers.len();
                 let f8 = self.fp8_layer(lw, t);
                 // The weight scales of the FP8 qkv GEMM whose product sits in `qkv` unscaled.
                 let mut qkv_scales: Option<Dptr<f32>> = None;
@@ -849,17 +853,15 @@ impl CudaBackend {
                     )?;
                 } else if let Some(f) = &f8 {
                     let first = if l == 0 { None } else { Some(delta) };
-                    self.add_norm_quant(x, first, pending.take(), dptr(&lw.input_norm, s), t, h)?;
+                    let p = std::mem::take(&mut pending);
+                    self.add_norm(x, first, p, dptr(&lw.input_norm, s), NormTo::Fp8, t, h)?;
                     // left unscaled: the RoPE kernel below applies the scales as it reads it
                     self.gemm_fp8_rows(f[0], qkv, t, h, qkv_w, false)?;
                     qkv_scales = Some(f[0].scale);
                 } else {
-                    if let Some(ws) = pending.take() {
-                        self.rescale_delta(delta, ws, t, h)?;
-                    }
                     let first = if l == 0 { None } else { Some(delta) };
-                    k.add_rmsnorm(s, normed, x, first, dptr(&lw.input_norm, s), t, h, e)
-                        .map_err(cuda_err)?;
+                    let (p, to) = (std::mem::take(&mut pending), NormTo::Bf16(normed));
+                    self.add_norm(x, first, p, dptr(&lw.input_norm, s), to, t, h)?;
                     self.linear(normed, lw.qkv.weight(s), qkv, t, h, qkv_w)?;
                 }
                 let (kc, vc) = self.kv_layer(l);
@@ -1007,32 +1009,34 @@ impl CudaBackend {
                     let (xq, xs) = self.fp8_rows(t, q_w)?;
                     k.quantize_rows_fp8(s, xq, xs, attn, t, q_w)
                         .map_err(cuda_err)?;
-                    self.gemm_fp8_rows(f[1], delta, t, q_w, h, false)?;
-                    let o_scales = self.fp8_row_parallel_done(f[1], delta, t, h)?;
-                    self.add_norm_quant(x, Some(delta), o_scales, dptr(&lw.post_norm, s), t, h)?;
+                    let o = self.row_parallel_out(delta, t, h, false);
+                    self.gemm_fp8_rows(f[1], o, t, q_w, h, false)?;
+                    let p = self.row_parallel_pending(o, delta, Some(f[1].scale), t, h)?;
+                    self.add_norm(x, Some(delta), p, dptr(&lw.post_norm, s), NormTo::Fp8, t, h)?;
                     self.gemm_fp8_rows(f[2], gate_up, t, h, 2 * inter, false)?;
                     let (xq, xs) = self.fp8_rows(t, inter)?;
                     k.silu_mul_quant_fp8(s, xq, xs, gate_up, Some((xs, f[2].scale)), t, inter)
                         .map_err(cuda_err)?;
-                    self.gemm_fp8_rows(f[3], delta, t, inter, h, false)?;
-                    pending = self.fp8_row_parallel_done(f[3], delta, t, h)?;
+                    let o = self.row_parallel_out(delta, t, h, last);
+                    self.gemm_fp8_rows(f[3], o, t, inter, h, false)?;
+                    pending = self.row_parallel_pending(o, delta, Some(f[3].scale), t, h)?;
                 } else {
-                    self.linear(attn, lw.o.weight(s), delta, t, q_w, h)?;
-                    self.all_reduce(delta, t * h)?;
-                    k.add_rmsnorm(s, normed, x, Some(delta), dptr(&lw.post_norm, s), t, h, e)
-                        .map_err(cuda_err)?;
+                    let o = self.row_parallel_out(delta, t, h, false);
+                    self.linear(attn, lw.o.weight(s), o, t, q_w, h)?;
+                    let p = self.row_parallel_pending(o, delta, None, t, h)?;
+                    let to = NormTo::Bf16(normed);
+                    self.add_norm(x, Some(delta), p, dptr(&lw.post_norm, s), to, t, h)?;
                     self.gate_up_act(normed, lw.gate_up.weight(s), gate_up, act, t, h, inter)?;
-                    self.linear(act, lw.down.weight(s), delta, t, inter, h)?;
-                    self.all_reduce(delta, t * h)?;
+                    let o = self.row_parallel_out(delta, t, h, last);
+                    self.linear(act, lw.down.weight(s), o, t, inter, h)?;
+                    pending = self.row_parallel_pending(o, delta, None, t, h)?;
                 }
                 if let (Some(d), AttnInputs::Prefill { .. }) = (&self.dump, inp.attn) {
                     self.dump_layer(d, l, x, delta, t)?;
                 }
             }
         }
-        if let Some(ws) = pending {
-            self.rescale_delta(delta, ws, t, h)?;
-        }
+        self.settle(delta, pending, t, h)?;
         if let (Some(d), AttnInputs::Prefill { .. }) = (&self.dump, inp.attn) {
             d.pass.fetch_add(1, Ordering::Relaxed);
         }

@@ -11,6 +11,7 @@
 //! Decode batches of up to `cuda_graph_max_bs` sequences replay a CUDA graph captured per
 //! padded batch size (inputs live at fixed device addresses; padding rows write a spare slot).
 
+mod bench_ar_norm;
 mod bench_comm;
 mod forward;
 mod overlap;
@@ -119,6 +120,11 @@ pub struct CudaBackend {
     /// inside RMSNorm and SiLU-mul and fold each GEMM's rescale into the kernel after it
     /// (`SGL_DISABLE_FP8_FUSION=1`: a quantization and a rescale pass around every GEMM).
     fuse_fp8: bool,
+    /// Under tensor parallelism the all-reduce of o_proj's and down_proj's product is done by
+    /// the next norm's launch where the one-shot kernel takes it (`SGL_DISABLE_AR_NORM_FUSION=1`:
+    /// an all-reduce launch, then the norm; also off while `SGL_CUDA_DUMP_DIR` asks for each
+    /// layer's output). Read from the environment, so the same on every rank.
+    ar_norm_fusion: bool,
     /// Decode batches of at least `DECODE_TC_MIN_BATCH` sequences that need no split take the
     /// tensor-core attention kernel (`SGL_DISABLE_DECODE_TC=1`: the FP32 kernel at every batch).
     /// Off under `--enable-deterministic-inference`, whose decode must not depend on the batch.
@@ -271,6 +277,8 @@ impl CudaBackend {
             fuse_norm: std::env::var("SGL_DISABLE_GEMV_NORM").as_deref() != Ok("1"),
             fuse_attn: std::env::var("SGL_DECODE_ATTN_FUSION").as_deref() != Ok("0"),
             fuse_fp8: std::env::var("SGL_DISABLE_FP8_FUSION").as_deref() != Ok("1"),
+            ar_norm_fusion: std::env::var("SGL_DISABLE_AR_NORM_FUSION").as_deref() != Ok("1")
+                && std::env::var_os("SGL_CUDA_DUMP_DIR").is_none(),
             decode_tc: std::env::var("SGL_DISABLE_DECODE_TC").as_deref() != Ok("1"),
             cfg,
             w: p.w,

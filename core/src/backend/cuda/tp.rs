@@ -40,8 +40,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, sys};
+use half::bf16;
 use sgl_kernels::nccl::{self, UniqueId};
-use sgl_kernels::{AR_BLOCKS, AR_LARGE_BLOCKS, AR_MAX_RANKS, ArPeers};
+use sgl_kernels::{AR_BLOCKS, AR_LARGE_BLOCKS, AR_MAX_RANKS, ArPeers, Dptr};
 
 use super::{CudaBackend, CudaOptions, cuda_err};
 use crate::backend::{BackendError, SeqInput};
@@ -55,7 +56,7 @@ pub(super) struct Join {
     pub size: usize,
     barrier: Barrier,
     slots: Mutex<Vec<Option<std::result::Result<usize, String>>>>,
-    table: Mutex<Vec<[u64; 5]>>,
+    table: Mutex<Vec<[u64; EXCHANGE_WORDS]>>,
 }
 
 impl Join {
@@ -65,7 +66,7 @@ impl Join {
             size,
             barrier: Barrier::new(size),
             slots: Mutex::new(vec![None; size]),
-            table: Mutex::new(vec![[0; 5]; size]),
+            table: Mutex::new(vec![[0; EXCHANGE_WORDS]; size]),
         }
     }
 
@@ -103,8 +104,8 @@ impl Join {
 }
 
 impl Join {
-    /// Every rank publishes five words (buffer addresses, its context) and gets every rank's.
-    pub fn exchange(&self, rank: usize, mine: [u64; 5]) -> Vec<[u64; 5]> {
+    /// Every rank publishes its words (buffer addresses, its context) and gets every rank's.
+    pub fn exchange(&self, rank: usize, mine: [u64; EXCHANGE_WORDS]) -> Vec<[u64; EXCHANGE_WORDS]> {
         if let Ok(mut t) = self.table.lock() {
             t[rank] = mine;
         }
@@ -120,6 +121,10 @@ impl Join {
 pub(super) struct CustomAllReduce {
     pub small: OneShot,
     pub large: Option<OneShot>,
+    /// At tp 2, the areas the row-parallel GEMMs of passes through the GEMMs write their
+    /// products into for the norm after them to all-reduce as it reads them
+    /// (`allreduce_pull_add_rmsnorm`; up to the prefill set's size; used by no other kernel).
+    pub pull: Option<OneShot>,
 }
 
 impl CustomAllReduce {
@@ -150,8 +155,17 @@ pub(super) struct OneShot {
     pub half_elems: usize,
     pub blocks: usize,
     pub epochs: CudaSlice<u32>,
-    _staging: PeerMemory,
+    staging: PeerMemory,
     _flags: PeerMemory,
+}
+
+impl OneShot {
+    /// This rank's staging memory (for the pull set: its area, `half_elems` bf16).
+    pub fn own_area(&self) -> Dptr<bf16> {
+        // SAFETY: the allocation lives as long as `self`, which the backend keeps while it
+        // launches work on it.
+        unsafe { Dptr::from_raw(self.staging.addr()) }
+    }
 }
 
 /// Device memory other GPUs of the process read and write (peer access). Allocated with
@@ -200,6 +214,9 @@ impl Drop for PeerMemory {
 /// Bytes of the largest message the decode set of one-shot buffers takes in one launch (a
 /// decode batch of 256 rows of a 4096-wide model); its staging holds two of them per rank.
 const CUSTOM_AR_MAX_BYTES: usize = 2 << 20;
+/// Words each rank publishes when the all-reduce buffers are set up: the decode set's staging
+/// and flags, its context, the prefill set's staging and flags, the pull set's areas and flags.
+const EXCHANGE_WORDS: usize = 7;
 /// The same for the prefill set (1024 tokens of a 4096-wide model), used at tp 2 only: there
 /// each rank sends its whole message to the other once, as a ring or two-shot all-reduce
 /// would; with more ranks the one-shot kernel sends (ranks - 1) times the message and NCCL
@@ -256,6 +273,22 @@ pub(super) fn custom_all_reduce(
     } else {
         None
     };
+    // The pull set: one area per rank, two flag words per (block, source rank).
+    let pull_on = std::env::var("SGL_DISABLE_AR_NORM_FUSION").as_deref() != Ok("1");
+    let pull = if bufs.is_some() && size == 2 && pull_on {
+        (|| -> Result<_> {
+            let area = PeerMemory::zeroed(ctx, large_elems * 2)?;
+            let flags = PeerMemory::zeroed(ctx, AR_LARGE_BLOCKS * 2 * AR_MAX_RANKS * 4)?;
+            let epochs = stream
+                .alloc_zeros::<u32>(AR_LARGE_BLOCKS)
+                .map_err(cuda_err)?;
+            stream.synchronize().map_err(cuda_err)?;
+            Ok((area, flags, epochs))
+        })()
+        .ok()
+    } else {
+        None
+    };
     let all = join.exchange(
         rank,
         match &bufs {
@@ -265,8 +298,10 @@ pub(super) fn custom_all_reduce(
                 ctx.cu_ctx() as u64,
                 large.as_ref().map_or(0, |l| l.0.addr()),
                 large.as_ref().map_or(0, |l| l.1.addr()),
+                pull.as_ref().map_or(0, |l| l.0.addr()),
+                pull.as_ref().map_or(0, |l| l.1.addr()),
             ],
-            None => [0; 5],
+            None => [0; EXCHANGE_WORDS],
         },
     );
     let mut ok = bufs.is_some() && all.iter().all(|w| w[..3].iter().all(|&x| x != 0));
@@ -312,7 +347,7 @@ pub(super) fn custom_all_reduce(
         half_elems,
         blocks: AR_BLOCKS,
         epochs,
-        _staging: staging,
+        staging,
         _flags: flags,
     };
     // The prefill set where every rank made one (each rank sees the same table).
@@ -325,7 +360,22 @@ pub(super) fn custom_all_reduce(
                 half_elems: large_elems,
                 blocks: large_blocks,
                 epochs,
-                _staging: staging,
+                staging,
+                _flags: flags,
+            })
+        }
+        _ => None,
+    };
+    let pull = match pull {
+        Some((staging, flags, epochs)) if all.iter().all(|w| w[5] != 0 && w[6] != 0) => {
+            let st: Vec<u64> = all.iter().map(|w| w[5]).collect();
+            let fl: Vec<u64> = all.iter().map(|w| w[6]).collect();
+            ArPeers::new(&st, &fl).map(|peers| OneShot {
+                peers,
+                half_elems: large_elems,
+                blocks: AR_LARGE_BLOCKS,
+                epochs,
+                staging,
                 _flags: flags,
             })
         }
@@ -344,7 +394,7 @@ pub(super) fn custom_all_reduce(
             ),
         }
     }
-    Ok(Some(CustomAllReduce { small, large }))
+    Ok(Some(CustomAllReduce { small, large, pull }))
 }
 
 /// One sequence of a pass, owned (sent to the worker threads).

@@ -102,24 +102,6 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// After a row-parallel FP8 GEMM left its product in `delta` unscaled: with tensor
-    /// parallelism scale it and all-reduce it (ranks' row scales differ) and return `None`;
-    /// on one GPU return its weight scales, for the next norm to apply.
-    pub(super) fn fp8_row_parallel_done(
-        &self,
-        w: Fp8W,
-        delta: Dptr<bf16>,
-        tokens: usize,
-        n: usize,
-    ) -> Result<Option<Dptr<f32>>> {
-        if self.comm.is_none() {
-            return Ok(Some(w.scale));
-        }
-        self.rescale_delta(delta, w.scale, tokens, n)?;
-        self.all_reduce(delta, tokens * n)?;
-        Ok(None)
-    }
-
     /// `delta` scaled in place with the scratch's row scales and `ws`.
     pub(super) fn rescale_delta(
         &self,
