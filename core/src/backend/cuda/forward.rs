@@ -1,17 +1,13 @@
 //! The forward pass: scratch buffers, input upload, the layer loop, CUDA graphs for decode,
 //! and getting logits or sampled tokens out.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, result as dres, sys};
+use cudarc::driver::{CudaSlice, CudaStream, result as dres, sys};
 use half::bf16;
-use sgl_kernels::{
-    AttnShape, DecodeAttnPlan, Dptr, GEMV_MAX_TOKENS, GemvEpilogue, KernelError, WeightRef, dptr,
-    prefill_tiles,
-};
+use sgl_kernels::{AttnShape, DecodeAttnPlan, Dptr, GemvEpilogue, dptr, prefill_tiles};
 
 use super::{CudaBackend, DECODE_SPLITS, DETERMINISTIC_DECODE_SPLITS, cuda_err, decode_form};
 use crate::backend::{SampleInput, SeqInput};
@@ -22,8 +18,13 @@ use crate::model::config::ModelConfig;
 mod add_norm;
 // The FP8 path's helpers: quantized rows, fused norms, GEMMs left unscaled.
 mod fp8;
+// CUDA graphs for decode.
+mod graphs;
+// A layer's GEMMs and GEMVs, and the all-reduce.
+mod linear;
 
 pub(super) use add_norm::{NormTo, Pending};
+pub(super) use graphs::Graphs;
 
 /// Rows of logits computed per LM-head GEMM.
 const LOGIT_ROWS: usize = 256;
@@ -123,56 +124,6 @@ impl Scratch {
     }
 }
 
-/// A captured graph, owned by one backend.
-pub(super) struct Graph(CudaGraph);
-
-// SAFETY: a CUDA graph is not tied to the thread that captured it; it is only replayed
-// through `&mut CudaBackend`, so never from two threads at once.
-unsafe impl Send for Graph {}
-
-/// Decode graphs, one per padded batch size, and the fixed input buffer they read.
-pub(super) struct Graphs {
-    pub max_bs: usize,
-    graphs: HashMap<usize, Graph>,
-    /// [ids max_bs | positions max_bs | slots max_bs | kv_indptr max_bs + 1 | kv_indices ...]
-    meta: CudaSlice<i32>,
-    index_cap: usize,
-}
-
-impl Graphs {
-    pub fn new(
-        s: &Arc<CudaStream>,
-        max_bs: usize,
-        capacity: usize,
-        _cfg: &ModelConfig,
-    ) -> Result<Self> {
-        let index_cap = if max_bs == 0 { 0 } else { 2 * capacity + 65536 };
-        Ok(Graphs {
-            max_bs,
-            graphs: HashMap::new(),
-            meta: zeros(s, 4 * max_bs + 1 + index_cap)?,
-            index_cap,
-        })
-    }
-
-    /// Drop every captured graph (they are captured again on next use).
-    pub fn clear(&mut self) {
-        self.graphs.clear();
-    }
-
-    fn bucket(&self, bs: usize) -> Option<usize> {
-        if bs == 0 || bs > self.max_bs {
-            return None;
-        }
-        let b = if bs <= 8 {
-            bs.next_power_of_two()
-        } else {
-            bs.next_multiple_of(16)
-        };
-        Some(b.min(self.max_bs))
-    }
-}
-
 /// Debug dump of per-layer hidden states (`SGL_CUDA_DUMP_DIR=DIR`): prefill pass `p` writes
 /// `DIR/p{p:03}_l{layer:02}.bin`, the residual stream after that layer (bf16, tokens x hidden,
 /// row-major), the tensor transformers returns as `hidden_states[layer + 1]`.
@@ -249,7 +200,7 @@ impl CudaBackend {
     fn grow_scratch(&mut self, tokens: usize) -> Result<()> {
         if tokens > self.scratch.tokens {
             // Graphs hold the old addresses: drop them before the buffers go.
-            self.graphs.graphs.clear();
+            self.graphs.clear();
             self.stream.synchronize().map_err(cuda_err)?;
             let t = tokens.next_multiple_of(1024);
             self.scratch =
@@ -523,283 +474,6 @@ impl CudaBackend {
         self.all_reduce(logits, rows * v)
     }
 
-    /// Tensor parallelism: `buf[..n] = sum over ranks` (nothing on one GPU).
-    fn all_reduce(&self, buf: Dptr<bf16>, n: usize) -> Result<()> {
-        let Some(c) = &self.comm else {
-            return Ok(());
-        };
-        if self.skip_all_reduce {
-            return Ok(());
-        }
-        if let Some(ar) = self
-            .custom_ar
-            .as_ref()
-            .and_then(|ar| ar.pick(n, self.opts.deterministic))
-        {
-            // Messages beyond one launch (deterministic mode only) go in pieces.
-            let mut done = 0;
-            while done < n {
-                let len = (n - done).min(ar.half_elems);
-                // SAFETY: every rank runs the same layer loop, so the calls match; the buffers
-                // were set up for this group (tp::custom_all_reduce); len % 8 == 0 since n and
-                // half_elems are multiples of 8 (pick).
-                unsafe {
-                    self.kernels.allreduce_oneshot(
-                        &self.stream,
-                        &ar.peers,
-                        buf.add(done),
-                        dptr(&ar.epochs, &self.stream),
-                        len,
-                        c.rank(),
-                        ar.half_elems,
-                        ar.blocks,
-                    )
-                }
-                .map_err(cuda_err)?;
-                done += len;
-            }
-            return Ok(());
-        }
-        // SAFETY: buf holds n elements on this rank's device; every rank runs the same layer
-        // loop, so the collectives match.
-        unsafe { c.all_reduce_sum(buf, n, &self.stream) }
-            .map_err(|e| EngineError::from(crate::backend::BackendError::Nccl(e)))
-    }
-
-    /// `x += inp · wᵀ` for a row-parallel weight (o_proj, down_proj): on one GPU the
-    /// accumulating GEMM; with tensor parallelism rank 0 accumulates its partial product into
-    /// `x`, the other ranks store theirs there, and the all-reduce leaves the sum on every rank.
-    fn row_parallel_add(
-        &self,
-        inp: Dptr<bf16>,
-        w: WeightRef,
-        x: Dptr<bf16>,
-        tokens: usize,
-        k: usize,
-        n: usize,
-    ) -> Result<()> {
-        if self.comm.is_none() || self.rank() == 0 {
-            self.linear_add(inp, w, x, tokens, k, n)?;
-        } else {
-            self.linear(inp, w, x, tokens, k, n)?;
-        }
-        self.all_reduce(x, tokens * n)
-    }
-
-    /// Whether a GEMM of `tokens` rows takes the GEMV kernel.
-    fn gemv_for(&self, tokens: usize) -> bool {
-        self.use_gemv && tokens <= GEMV_MAX_TOKENS
-    }
-
-    /// Whether a pass of `tokens` rows runs the decode layer form: RMSNorm inside the qkv and
-    /// gate/up GEMVs, o_proj and down added straight into the residual stream `x` (so no
-    /// separate norm launches and no `delta`). `SGL_DISABLE_GEMV_NORM=1` turns it off.
-    pub(super) fn fused_norm(&self, tokens: usize) -> bool {
-        self.fuse_norm && self.gemv_for(tokens)
-    }
-
-    /// `y = rmsnorm(x) · wᵀ` (Store or SwiGlu epilogue): one GEMV that normalises x as it
-    /// reads it, or, where the GEMV cannot take the shape, the norm into `normed` and the
-    /// unfused path.
-    #[allow(clippy::too_many_arguments)]
-    fn norm_linear(
-        &self,
-        x: Dptr<bf16>,
-        norm_w: Dptr<bf16>,
-        w: WeightRef,
-        y: Dptr<bf16>,
-        scratch: (Dptr<bf16>, Dptr<bf16>),
-        tokens: usize,
-        k: usize,
-        n: usize,
-        epilogue: GemvEpilogue,
-    ) -> Result<()> {
-        let s = &self.stream;
-        let eps = self.cfg.rms_norm_eps;
-        // SAFETY: x: tokens x k, w: n x k, y sized for the epilogue (Scratch sizes).
-        let r = unsafe {
-            self.kernels.gemv_rmsnorm(
-                s,
-                y,
-                x,
-                norm_w,
-                eps,
-                w,
-                tokens,
-                k,
-                n,
-                epilogue,
-                &self.gemv_ws,
-            )
-        };
-        match r {
-            Err(KernelError::Unsupported(_)) => {}
-            other => return other.map_err(cuda_err),
-        }
-        let (normed, gate_up) = scratch;
-        // SAFETY: normed: tokens x k (Scratch).
-        unsafe {
-            self.kernels
-                .add_rmsnorm(s, normed, x, None, norm_w, tokens, k, eps)
-                .map_err(cuda_err)?;
-        }
-        match epilogue {
-            GemvEpilogue::SwiGlu => self.gate_up_act(normed, w, gate_up, y, tokens, k, n / 2),
-            _ => self.linear(normed, w, y, tokens, k, n),
-        }
-    }
-
-    /// `y += x · wᵀ` (the residual add of o_proj and down): the GEMV's accumulate epilogue,
-    /// or cuBLASLt with beta 1.
-    fn linear_add(
-        &self,
-        x: Dptr<bf16>,
-        w: WeightRef,
-        y: Dptr<bf16>,
-        tokens: usize,
-        k: usize,
-        n: usize,
-    ) -> Result<()> {
-        let s = &self.stream;
-        // SAFETY: x: tokens x k, w: n x k, y: tokens x n.
-        let r = unsafe {
-            self.kernels.gemv(
-                s,
-                y,
-                x,
-                w,
-                tokens,
-                k,
-                n,
-                GemvEpilogue::Accumulate,
-                &self.gemv_ws,
-            )
-        };
-        match r {
-            Err(KernelError::Unsupported(_)) => {}
-            other => return other.map_err(cuda_err),
-        }
-        self.gemm(x, w, y, tokens, k, n, true)
-    }
-
-    /// `y = x · wᵀ` (tokens x k times n x k): the GEMV for decode-sized batches, else cuBLASLt.
-    /// Launch parameters depend only on the shape, so either path can be graph-captured.
-    ///
-    /// Every address must cover its shape (x: tokens x k, w: n x k, y: tokens x n).
-    fn linear(
-        &self,
-        x: Dptr<bf16>,
-        w: WeightRef,
-        y: Dptr<bf16>,
-        tokens: usize,
-        k: usize,
-        n: usize,
-    ) -> Result<()> {
-        let s = &self.stream;
-        if self.gemv_for(tokens) {
-            // SAFETY: the caller's buffers cover the shapes; the workspace is this stream's.
-            let r = unsafe {
-                self.kernels
-                    .gemv(s, y, x, w, tokens, k, n, GemvEpilogue::Store, &self.gemv_ws)
-            };
-            match r {
-                Err(KernelError::Unsupported(_)) => {} // nothing launched: take cuBLASLt
-                other => return other.map_err(cuda_err),
-            }
-        }
-        self.gemm(x, w, y, tokens, k, n, false)
-    }
-
-    /// `y = x · wᵀ` (+ y when `accumulate`) through cuBLASLt: bf16, or for FP8 weights x
-    /// quantized per token into the scratch's FP8 rows first.
-    #[allow(clippy::too_many_arguments)]
-    fn gemm(
-        &self,
-        x: Dptr<bf16>,
-        w: WeightRef,
-        y: Dptr<bf16>,
-        tokens: usize,
-        k: usize,
-        n: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        let s = &self.stream;
-        match w {
-            // SAFETY: x: tokens x k, w: n x k, y: tokens x n (the callers' shapes).
-            WeightRef::Bf16(w) => {
-                unsafe { self.gemm.linear(x, w, y, tokens, k, n, accumulate) }.map_err(cuda_err)
-            }
-            WeightRef::Fp8 { w, scale } => {
-                let sc = &self.scratch;
-                let (xq, xs) = self.fp8_rows(tokens, k)?;
-                // The unscaled product goes to y itself, or beside it when y is added to.
-                let d = if accumulate {
-                    if sc.fp8_d.len() < tokens * n {
-                        return Err(EngineError::Internal(format!(
-                            "FP8 accumulate scratch holds {} values, {tokens} x {n} needed",
-                            sc.fp8_d.len()
-                        )));
-                    }
-                    dptr(&sc.fp8_d, s)
-                } else {
-                    y
-                };
-                // SAFETY: xq, xs, d sized for the shapes (checked above); the rest as above.
-                unsafe {
-                    self.kernels
-                        .quantize_rows_fp8(s, xq, xs, x, tokens, k)
-                        .map_err(cuda_err)?;
-                    self.gemm
-                        .linear_fp8(xq, w, d, tokens, k, n)
-                        .map_err(cuda_err)?;
-                    self.kernels
-                        .fp8_rescale(s, y, d, xs, scale, tokens, n, accumulate)
-                        .map_err(cuda_err)
-                }
-            }
-        }
-    }
-
-    /// `act = silu(x · gateᵀ) * (x · upᵀ)` with `w_gate_up` = [gate; up] (2 inter x k): one
-    /// GEMV with the SwiGLU epilogue for decode-sized batches, else the GEMM into `gate_up`
-    /// (tokens x 2 inter) and `silu_mul`. Both round as the unfused bf16 ops do.
-    #[allow(clippy::too_many_arguments)]
-    fn gate_up_act(
-        &self,
-        x: Dptr<bf16>,
-        w_gate_up: WeightRef,
-        gate_up: Dptr<bf16>,
-        act: Dptr<bf16>,
-        tokens: usize,
-        k: usize,
-        inter: usize,
-    ) -> Result<()> {
-        let s = &self.stream;
-        if self.gemv_for(tokens) {
-            // SAFETY: x: tokens x k, w: 2 inter x k, act: tokens x inter (Scratch sizes).
-            let r = unsafe {
-                self.kernels.gemv(
-                    s,
-                    act,
-                    x,
-                    w_gate_up,
-                    tokens,
-                    k,
-                    2 * inter,
-                    GemvEpilogue::SwiGlu,
-                    &self.gemv_ws,
-                )
-            };
-            match r {
-                Err(KernelError::Unsupported(_)) => {}
-                other => return other.map_err(cuda_err),
-            }
-        }
-        self.linear(x, w_gate_up, gate_up, tokens, k, 2 * inter)?;
-        // SAFETY: gate_up: tokens x 2 inter; act: tokens x inter.
-        unsafe { self.kernels.silu_mul(s, act, gate_up, tokens, inter) }.map_err(cuda_err)
-    }
-
     /// Every layer; on return `scratch.x` + `scratch.delta` is the last hidden state.
     fn layers(&self, inp: &Inputs) -> Result<()> {
         let s = &self.stream;
@@ -1064,107 +738,6 @@ impl CudaBackend {
         let path = d.dir.join(format!("p{pass:03}_l{layer:02}.bin"));
         std::fs::write(&path, bytes)
             .map_err(|e| EngineError::Internal(format!("{}: {e}", path.display())))
-    }
-
-    /// Decode through the graph of padded batch size `bs` (captured on first use).
-    fn run_graph(&mut self, batch: &[SeqInput<'_>], bs: usize) -> Result<Vec<usize>> {
-        let s = self.stream.clone();
-        let max_bs = self.graphs.max_bs;
-        let spare = self.capacity as i32;
-        let mut meta = vec![0i32; 4 * max_bs + 1];
-        let mut indices = Vec::new();
-        let (ids_o, pos_o, slot_o, ptr_o, idx_o) =
-            (0, max_bs, 2 * max_bs, 3 * max_bs, 4 * max_bs + 1);
-        for i in 0..bs {
-            if let Some(q) = batch.get(i) {
-                meta[ids_o + i] = q.tokens[0] as i32;
-                meta[pos_o + i] = q.start_pos as i32;
-                meta[slot_o + i] = q.kv_slots[q.start_pos] as i32;
-                indices.extend(q.kv_slots.iter().map(|&x| x as i32));
-            } else {
-                // padding row: token 0 at position 0, attending to (and writing) the spare slot
-                meta[slot_o + i] = spare;
-                indices.push(spare);
-            }
-            meta[ptr_o + i + 1] = indices.len() as i32;
-        }
-        let m = dptr(&self.graphs.meta, &s);
-        self.upload(m, &meta)?;
-        self.upload(m.add(idx_o), &indices)?;
-        let seqs: Vec<usize> = (0..batch.len()).collect();
-        self.apply_prev(m.add(ids_o), &seqs)?;
-        if !self.graphs.graphs.contains_key(&bs) {
-            let g = self.capture(bs)?;
-            self.graphs.graphs.insert(bs, Graph(g));
-        }
-        let Some(g) = self.graphs.graphs.get(&bs) else {
-            return Err(EngineError::Internal(
-                "decode graph missing after capture".into(),
-            ));
-        };
-        g.0.launch().map_err(cuda_err)?;
-        Ok(batch
-            .iter()
-            .enumerate()
-            .filter(|(_, q)| q.num_logits > 0)
-            .map(|(i, _)| i)
-            .collect())
-    }
-
-    fn graph_inputs(&self, bs: usize) -> Result<Inputs> {
-        let max_bs = self.graphs.max_bs;
-        let m = dptr(&self.graphs.meta, &self.stream);
-        // A graph serves every context length; its attention splits are planned for
-        // `SGL_DECODE_GRAPH_PLAN_LEN` keys (default: the model's longest context).
-        let plan_len = std::env::var("SGL_DECODE_GRAPH_PLAN_LEN")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(self.cfg.max_position_embeddings);
-        let plan = self.decode_splits(bs, plan_len)?;
-        // SAFETY: ids are stored as i32 bit patterns of valid token ids.
-        let ids = unsafe { Dptr::<u32>::from_raw(m.addr()) };
-        Ok(Inputs {
-            tokens: bs,
-            ids,
-            positions: m.add(max_bs),
-            slots: m.add(2 * max_bs),
-            attn: AttnInputs::Decode {
-                batch: bs,
-                plan,
-                kv_indptr: m.add(3 * max_bs),
-                kv_indices: m.add(4 * max_bs + 1),
-            },
-        })
-    }
-
-    fn capture(&self, bs: usize) -> Result<CudaGraph> {
-        let s = &self.stream;
-        let inputs = self.graph_inputs(bs)?;
-        // Warm up once outside capture: cuBLASLt plans are made then, not inside the graph.
-        self.layers(&inputs)?;
-        let x = dptr(&self.scratch.x, s);
-        let d = (!self.fused_norm(bs)).then(|| dptr(&self.scratch.delta, s));
-        let n = dptr(&self.scratch.normed, s);
-        // Only rank 0 computes logits (tensor parallelism), unless the vocabulary is split.
-        let logits = self.computes_logits();
-        if logits {
-            self.head(x, d, n, bs, 0)?;
-        }
-        self.wait_stream()?;
-        s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(cuda_err)?;
-        let body = self.layers(&inputs).and_then(|_| {
-            if logits {
-                self.head(x, d, n, bs, 0)
-            } else {
-                Ok(())
-            }
-        });
-        let graph = s
-            .end_capture(sys::CUgraphInstantiate_flags(0))
-            .map_err(cuda_err);
-        body?;
-        graph?.ok_or_else(|| EngineError::Internal("empty decode graph".into()))
     }
 
     pub(super) fn logits_to_host(&self, rows: Vec<usize>) -> Result<Vec<f32>> {

@@ -120,10 +120,11 @@ pub struct CudaBackend {
     /// inside RMSNorm and SiLU-mul and fold each GEMM's rescale into the kernel after it
     /// (`SGL_DISABLE_FP8_FUSION=1`: a quantization and a rescale pass around every GEMM).
     fuse_fp8: bool,
-    /// Under tensor parallelism the all-reduce of o_proj's and down_proj's product is done by
-    /// the next norm's launch where the one-shot kernel takes it (`SGL_DISABLE_AR_NORM_FUSION=1`:
-    /// an all-reduce launch, then the norm; also off while `SGL_CUDA_DUMP_DIR` asks for each
-    /// layer's output). Read from the environment, so the same on every rank.
+    /// At tp 2 o_proj and down_proj write their products into peer memory and the next norm's
+    /// launch all-reduces them as it reads them, where the pull set takes the message
+    /// (`forward/add_norm.rs`; `SGL_DISABLE_AR_NORM_FUSION=1`: an all-reduce launch, then the
+    /// norm; also off while `SGL_CUDA_DUMP_DIR` asks for each layer's output). Read from the
+    /// environment, so the same on every rank.
     ar_norm_fusion: bool,
     /// Decode batches of at least `DECODE_TC_MIN_BATCH` sequences that need no split take the
     /// tensor-core attention kernel (`SGL_DISABLE_DECODE_TC=1`: the FP32 kernel at every batch).
