@@ -146,17 +146,18 @@ __device__ __forceinline__ void ar_handshake(const ArPeers& peers, int slot, int
 // The all-reduce of a row-parallel GEMM's product fused with the residual add and the next
 // RMSNorm, reading every rank's product where its GEMM wrote it: each rank's GEMM writes into
 // its own area of peer memory, `peers.recv[rank]` (rows x hidden bf16), and this kernel reads
-// the peers' areas over the link while it adds and normalises, so the transfer overlaps the
-// rest. For each row: s = bf16(sum over ranks in rank order, in f32), residual = bf16(residual +
-// s), and the normalised row goes to `out` (bf16) or, when `q` is set, to `q` as e4m3 with its
-// scale in `qscale`: the bits of allreduce_oneshot_bf16 followed by add_rmsnorm_bf16 or
-// add_rmsnorm_quant_fp8.
+// the peers' areas over the link while it adds and normalises. For each row: s = bf16(sum over
+// ranks in rank order, in f32), residual = bf16(residual + s), and the normalised row goes to
+// `out` (bf16) or, when `q` is set, to `q` as e4m3 with its scale in `qscale`: the bits of
+// allreduce_oneshot_bf16 followed by add_rmsnorm_bf16 or add_rmsnorm_quant_fp8.
 //
-// Two handshakes per call between block b of every rank (flags: [blocks][2][AR_MAX_RANKS]
-// words, each carrying the block's call count, kept in `epochs` so graphs can replay it): at
-// the start, after pdl_wait (the GEMM before it has finished, so this rank's area is complete),
-// "my area is ready"; at the end, "I have read your rows", which every block waits for before
-// it exits, so the GEMM after this kernel cannot overwrite an area a peer is still reading.
+// One handshake per call between block b of every rank (flags: [blocks][AR_MAX_RANKS] words,
+// each carrying the block's call count, kept in `epochs` so graphs can replay it), after
+// pdl_wait (the GEMM before it has finished, so this rank's area is complete): "my area is
+// ready". Nothing tells a rank when the others have finished reading its area: the engine
+// alternates two areas (o_proj's, down_proj's), and before a GEMM writes an area again the
+// rank has passed the handshake of a call on the other area, which each peer raises only after
+// its previous kernels, these reads included, have completed.
 // Block b takes rows b, b + gridDim.x, ..., AR_NORM_ROWS at a time. One vector of 8 per
 // thread: the block size is add_rmsnorm_bf16's (hidden / 8 rounded up to whole warps), so the
 // sum of squares adds in the same order, and at most 512 threads (four rows' values in
@@ -177,7 +178,7 @@ extern "C" __global__ void __launch_bounds__(512)
     const size_t h = hidden;
     const bool active = i < hidden / 8;
     const unsigned int step = gridDim.x;
-    ar_handshake(peers, 2 * b, rank, ranks, e);
+    ar_handshake(peers, b, rank, ranks, e);
     __syncthreads();
     float g[8];
     unpack8(active ? ((const uint4*)weight)[i] : make_uint4(0u, 0u, 0u, 0u), g);
@@ -263,9 +264,6 @@ extern "C" __global__ void __launch_bounds__(512)
             }
         }
     }
-    // every read of the peers' areas is done: tell them, and wait for them before exiting
-    __syncthreads();
-    ar_handshake(peers, 2 * b + 1, rank, ranks, e);
     if (i == 0) epochs[b] = e;
     pdl_trigger_end();
 }

@@ -84,11 +84,12 @@ impl Kernels {
     ///
     /// # Safety
     /// Every rank of the group launches the same sequence of these calls with the same shape;
-    /// `peers` holds every rank's area (`half_elems` bf16) and flags (`blocks` × 2 ×
-    /// [`AR_MAX_RANKS`] u32, zeroed at first), reachable from this device (peer access on), and
-    /// takes no other kernel; `epochs` is this rank's `blocks` counters (zeroed at first); the
-    /// same `peers` always take the same `blocks`; `residual`: tokens x hidden; `weight`:
-    /// hidden; `out`: tokens x hidden values and tokens scales.
+    /// `peers` holds every rank's area (`half_elems` bf16) and flags (`blocks` ×
+    /// [`AR_MAX_RANKS`] u32, zeroed at first), reachable from this device (peer access on);
+    /// `epochs` is this rank's `blocks` counters (zeroed at first); the same flags always take
+    /// the same `blocks`; no rank writes an area again before it has passed the handshake of a
+    /// later call on another area (so the peers are done reading it); `residual`: tokens x
+    /// hidden; `weight`: hidden; `out`: tokens x hidden values and tokens scales.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn allreduce_pull_add_rmsnorm(
         &self,

@@ -12,7 +12,7 @@ use half::bf16;
 use sgl_kernels::{Kernels, NormOut, dptr};
 
 use super::cuda_err;
-use super::tp::{CustomAllReduce, OneShot};
+use super::tp::{CustomAllReduce, OneShot, PullSet};
 use crate::error::{EngineError, Result};
 
 /// The model width checked and timed (Llama-3.1-8B's).
@@ -74,7 +74,10 @@ struct Case<'a> {
     k: &'a Kernels,
     /// The one-shot set the unfused path takes for this size.
     ar: &'a OneShot,
-    pull: &'a OneShot,
+    pull: &'a PullSet,
+    /// Pull calls made so far: each takes the area after the last one's, as the engine's
+    /// o_proj and down_proj do.
+    calls: std::cell::Cell<usize>,
     s: &'a Arc<CudaStream>,
     rank: usize,
     tokens: usize,
@@ -118,10 +121,11 @@ impl Case<'_> {
         }
     }
 
-    /// This rank's product into its pull area, as its GEMM would write it (scaled, for FP8).
-    fn fill_area(&self, inp: &Inputs, work: &Work) -> Result<()> {
+    /// This rank's product into its pull area `a`, as its GEMM would write it (scaled, for
+    /// FP8).
+    fn fill_area(&self, inp: &Inputs, work: &Work, a: usize) -> Result<()> {
         let s = self.s;
-        let area = self.pull.own_area();
+        let area = self.pull.own_area(a);
         // SAFETY: the area holds half_elems >= tokens x HIDDEN values; the inputs hold them.
         unsafe {
             if self.fp8 {
@@ -151,7 +155,9 @@ impl Case<'_> {
     fn fused(&self, inp: &Inputs, work: &Work, rescale: bool) -> Result<()> {
         let s = self.s;
         let xs = dptr(&work.xs, s);
-        let area = self.pull.own_area();
+        let a = self.calls.get() & 1;
+        self.calls.set(self.calls.get() + 1);
+        let area = self.pull.own_area(a);
         let out = if self.fp8 {
             NormOut::Fp8 {
                 q: dptr(&work.q, s),
@@ -178,7 +184,7 @@ impl Case<'_> {
             }
             self.k.allreduce_pull_add_rmsnorm(
                 s,
-                &self.pull.peers,
+                &self.pull.peers[a],
                 dptr(&self.pull.epochs, s),
                 (self.rank, self.pull.half_elems, self.pull.blocks),
                 dptr(&work.residual, s),
@@ -271,6 +277,7 @@ pub(super) fn check_and_time(
                 k,
                 ar: set_for(tokens)?,
                 pull,
+                calls: std::cell::Cell::new(0),
                 s,
                 rank,
                 tokens,
@@ -280,7 +287,7 @@ pub(super) fn check_and_time(
             case.unfused(&inp, &work)?;
             let want = work.read(s, fp8)?;
             work.reset(s, &inp)?;
-            case.fill_area(&inp, &work)?;
+            case.fill_area(&inp, &work, 0)?;
             case.fused(&inp, &work, false)?;
             let got = work.read(s, fp8)?;
             let out = if fp8 { "FP8" } else { "bf16" };
@@ -308,12 +315,14 @@ pub(super) fn check_and_time(
                 k,
                 ar: set_for(tokens)?,
                 pull,
+                calls: std::cell::Cell::new(0),
                 s,
                 rank,
                 tokens,
                 fp8,
             };
-            case.fill_area(&inp, &work)?;
+            case.fill_area(&inp, &work, 0)?;
+            case.fill_area(&inp, &work, 1)?;
             // (each path runs on its own output: the values drift, the work is the same)
             let iters = 50;
             let a = super::bench_comm::time_in_graph(s, iters, || case.unfused(&inp, &work))?;

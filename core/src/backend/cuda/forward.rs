@@ -23,7 +23,7 @@ mod graphs;
 // A layer's GEMMs and GEMVs, and the all-reduce.
 mod linear;
 
-pub(super) use add_norm::{NormTo, Pending};
+pub(super) use add_norm::{Area, NormTo, Pending};
 pub(super) use graphs::Graphs;
 
 /// Rows of logits computed per LM-head GEMM.
@@ -509,7 +509,8 @@ impl CudaBackend {
             k.embedding(s, x, dptr(&self.w.embed, s), inp.ids, t, h, c.vocab_size)
                 .map_err(cuda_err)?;
             for (l, lw) in self.w.layers.iter().enumerate() {
-                let last = l + 1 == self.w.layers.len();
+                // the last layer's down_proj product stays in `delta` (see `layers`' contract)
+                let mlp_area = (l + 1 < self.w.layers.len()).then_some(Area::Mlp);
                 let f8 = self.fp8_layer(lw, t);
                 // The weight scales of the FP8 qkv GEMM whose product sits in `qkv` unscaled.
                 let mut qkv_scales: Option<Dptr<f32>> = None;
@@ -683,7 +684,7 @@ impl CudaBackend {
                     let (xq, xs) = self.fp8_rows(t, q_w)?;
                     k.quantize_rows_fp8(s, xq, xs, attn, t, q_w)
                         .map_err(cuda_err)?;
-                    let o = self.row_parallel_out(delta, t, h, false);
+                    let o = self.row_parallel_out(delta, t, h, Some(Area::Attn));
                     self.gemm_fp8_rows(f[1], o, t, q_w, h, false)?;
                     let p = self.row_parallel_pending(o, delta, Some(f[1].scale), t, h)?;
                     self.add_norm(x, Some(delta), p, dptr(&lw.post_norm, s), NormTo::Fp8, t, h)?;
@@ -691,17 +692,17 @@ impl CudaBackend {
                     let (xq, xs) = self.fp8_rows(t, inter)?;
                     k.silu_mul_quant_fp8(s, xq, xs, gate_up, Some((xs, f[2].scale)), t, inter)
                         .map_err(cuda_err)?;
-                    let o = self.row_parallel_out(delta, t, h, last);
+                    let o = self.row_parallel_out(delta, t, h, mlp_area);
                     self.gemm_fp8_rows(f[3], o, t, inter, h, false)?;
                     pending = self.row_parallel_pending(o, delta, Some(f[3].scale), t, h)?;
                 } else {
-                    let o = self.row_parallel_out(delta, t, h, false);
+                    let o = self.row_parallel_out(delta, t, h, Some(Area::Attn));
                     self.linear(attn, lw.o.weight(s), o, t, q_w, h)?;
                     let p = self.row_parallel_pending(o, delta, None, t, h)?;
                     let to = NormTo::Bf16(normed);
                     self.add_norm(x, Some(delta), p, dptr(&lw.post_norm, s), to, t, h)?;
                     self.gate_up_act(normed, lw.gate_up.weight(s), gate_up, act, t, h, inter)?;
-                    let o = self.row_parallel_out(delta, t, h, last);
+                    let o = self.row_parallel_out(delta, t, h, mlp_area);
                     self.linear(act, lw.down.weight(s), o, t, inter, h)?;
                     pending = self.row_parallel_pending(o, delta, None, t, h)?;
                 }

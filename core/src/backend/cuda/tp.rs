@@ -123,8 +123,8 @@ pub(super) struct CustomAllReduce {
     pub large: Option<OneShot>,
     /// At tp 2, the areas the row-parallel GEMMs of passes through the GEMMs write their
     /// products into for the norm after them to all-reduce as it reads them
-    /// (`allreduce_pull_add_rmsnorm`; up to the prefill set's size; used by no other kernel).
-    pub pull: Option<OneShot>,
+    /// (`allreduce_pull_add_rmsnorm`; up to the prefill set's size).
+    pub pull: Option<PullSet>,
 }
 
 impl CustomAllReduce {
@@ -155,16 +155,31 @@ pub(super) struct OneShot {
     pub half_elems: usize,
     pub blocks: usize,
     pub epochs: CudaSlice<u32>,
-    staging: PeerMemory,
+    _staging: PeerMemory,
     _flags: PeerMemory,
 }
 
-impl OneShot {
-    /// This rank's staging memory (for the pull set: its area, `half_elems` bf16).
-    pub fn own_area(&self) -> Dptr<bf16> {
-        // SAFETY: the allocation lives as long as `self`, which the backend keeps while it
-        // launches work on it.
-        unsafe { Dptr::from_raw(self.staging.addr()) }
+/// The pull all-reduce's buffers on one rank (see `cu/allreduce.cu`): two areas of
+/// `half_elems` bf16, o_proj's products in area 0 and down_proj's in area 1, so a GEMM never
+/// writes an area the other rank may still be reading (between two uses of an area comes the
+/// other area's all-reduce, whose handshake the other rank passes only once its earlier reads
+/// are done), and one handshake flag per block and source rank.
+pub(super) struct PullSet {
+    /// Every rank's area 0 and area 1, each with the flags, as the kernel takes them.
+    pub peers: [ArPeers; 2],
+    pub half_elems: usize,
+    pub blocks: usize,
+    pub epochs: CudaSlice<u32>,
+    areas: PeerMemory,
+    _flags: PeerMemory,
+}
+
+impl PullSet {
+    /// This rank's area `a` (0 or 1).
+    pub fn own_area(&self, a: usize) -> Dptr<bf16> {
+        // SAFETY: the allocation (2 areas) lives as long as `self`, which the backend keeps
+        // while it launches work on it.
+        unsafe { Dptr::<bf16>::from_raw(self.areas.addr()).add((a & 1) * self.half_elems) }
     }
 }
 
@@ -273,12 +288,12 @@ pub(super) fn custom_all_reduce(
     } else {
         None
     };
-    // The pull set: one area per rank, two flag words per (block, source rank).
+    // The pull set: two areas per rank, one flag word per (block, source rank).
     let pull_on = std::env::var("SGL_DISABLE_AR_NORM_FUSION").as_deref() != Ok("1");
     let pull = if bufs.is_some() && size == 2 && pull_on {
         (|| -> Result<_> {
-            let area = PeerMemory::zeroed(ctx, large_elems * 2)?;
-            let flags = PeerMemory::zeroed(ctx, AR_LARGE_BLOCKS * 2 * AR_MAX_RANKS * 4)?;
+            let area = PeerMemory::zeroed(ctx, 2 * large_elems * 2)?;
+            let flags = PeerMemory::zeroed(ctx, AR_LARGE_BLOCKS * AR_MAX_RANKS * 4)?;
             let epochs = stream
                 .alloc_zeros::<u32>(AR_LARGE_BLOCKS)
                 .map_err(cuda_err)?;
@@ -347,7 +362,7 @@ pub(super) fn custom_all_reduce(
         half_elems,
         blocks: AR_BLOCKS,
         epochs,
-        staging,
+        _staging: staging,
         _flags: flags,
     };
     // The prefill set where every rank made one (each rank sees the same table).
@@ -360,7 +375,7 @@ pub(super) fn custom_all_reduce(
                 half_elems: large_elems,
                 blocks: large_blocks,
                 epochs,
-                staging,
+                _staging: staging,
                 _flags: flags,
             })
         }
@@ -369,15 +384,19 @@ pub(super) fn custom_all_reduce(
     let pull = match pull {
         Some((staging, flags, epochs)) if all.iter().all(|w| w[5] != 0 && w[6] != 0) => {
             let st: Vec<u64> = all.iter().map(|w| w[5]).collect();
+            let st1: Vec<u64> = st.iter().map(|a| a + 2 * large_elems as u64).collect();
             let fl: Vec<u64> = all.iter().map(|w| w[6]).collect();
-            ArPeers::new(&st, &fl).map(|peers| OneShot {
-                peers,
-                half_elems: large_elems,
-                blocks: AR_LARGE_BLOCKS,
-                epochs,
-                staging,
-                _flags: flags,
-            })
+            match (ArPeers::new(&st, &fl), ArPeers::new(&st1, &fl)) {
+                (Some(p0), Some(p1)) => Some(PullSet {
+                    peers: [p0, p1],
+                    half_elems: large_elems,
+                    blocks: AR_LARGE_BLOCKS,
+                    epochs,
+                    areas: staging,
+                    _flags: flags,
+                }),
+                _ => None,
+            }
         }
         _ => None,
     };

@@ -7,13 +7,13 @@
 use half::bf16;
 use sgl_kernels::{Dptr, NormOut, dptr};
 
-use super::super::tp::OneShot;
+use super::super::tp::PullSet;
 use super::super::{CudaBackend, cuda_err};
 use crate::error::Result;
 
-/// Smallest product (elements) the pull kernel takes: below it (decode batches under 128 rows
-/// of a 4096-wide model) the one-shot kernel's single handshake and the norm are faster (2 x
-/// H100: 64 rows 11.5 µs against 13.9, 256 rows 24.2 against 18.7; `bench-all-reduce`).
+/// Smallest product (elements) the pull kernel takes: 128 rows of a 4096-wide model (2 x H100,
+/// `bench-all-reduce`, one-shot + norm against fused: 128 rows 15.7 / 12.4 µs, FP8 out 17.6 /
+/// 15.3; 64 rows 11.9 / 11.0 but FP8 13.5 / 13.7; 16 rows 7.8 / 10.3).
 const PULL_MIN_ELEMS: usize = 128 * 4096;
 
 /// What the product of the last row-parallel GEMM still needs when the next norm adds it into
@@ -27,6 +27,18 @@ pub(in crate::backend::cuda) struct Pending {
     pub reduce: bool,
     /// It sits in this rank's pull area (scaled), for the norm to all-reduce as it reads it.
     pub pulled: bool,
+    /// Which pull area (see [`Area`]).
+    pub area: usize,
+}
+
+/// The pull areas: o_proj writes one, down_proj the other, so no GEMM overwrites an area the
+/// other rank may still be reading (see `tp::PullSet`).
+#[derive(Clone, Copy)]
+pub(in crate::backend::cuda) enum Area {
+    /// o_proj's product.
+    Attn = 0,
+    /// down_proj's product (of every layer but the last, whose product stays in `delta`).
+    Mlp = 1,
 }
 
 /// Where a norm writes the normalised rows.
@@ -43,7 +55,7 @@ impl CudaBackend {
     /// `n` from it: tensor parallelism with the set, fusion on, the message between
     /// [`PULL_MIN_ELEMS`] and the set's size, rows the fused kernel takes. The same answer on every rank (shapes and process-wide
     /// settings only).
-    fn pull_set(&self, tokens: usize, n: usize) -> Option<&OneShot> {
+    fn pull_set(&self, tokens: usize, n: usize) -> Option<&PullSet> {
         let pull = self.custom_ar.as_ref()?.pull.as_ref()?;
         let m = tokens * n;
         let fits =
@@ -53,17 +65,17 @@ impl CudaBackend {
     }
 
     /// Where a row-parallel GEMM of `tokens` x `n` writes its product: this rank's pull area
-    /// when the next norm takes it from there (`last`: no norm of this pass's layers follows,
-    /// so `delta` it is), else `delta`.
+    /// `area` when the next norm takes it from there (`None`: no norm of this pass's layers
+    /// follows, so `delta` it is), else `delta`.
     pub(super) fn row_parallel_out(
         &self,
         delta: Dptr<bf16>,
         tokens: usize,
         n: usize,
-        last: bool,
+        area: Option<Area>,
     ) -> Dptr<bf16> {
-        match self.pull_set(tokens, n) {
-            Some(pull) if !last => pull.own_area(),
+        match (self.pull_set(tokens, n), area) {
+            (Some(pull), Some(a)) => pull.own_area(a as usize),
             _ => delta,
         }
     }
@@ -83,9 +95,11 @@ impl CudaBackend {
         let p = Pending {
             scales,
             reduce: self.comm.is_some(),
-            pulled: false,
+            ..Pending::default()
         };
-        if at.addr() != delta.addr() {
+        if let Some(pull) = self.pull_set(tokens, n)
+            && let Some(area) = (0..2).find(|&a| pull.own_area(a).addr() == at.addr())
+        {
             if let Some(ws) = scales {
                 self.rescale_delta(at, ws, tokens, n)?;
             }
@@ -93,6 +107,7 @@ impl CudaBackend {
                 scales: None,
                 reduce: true,
                 pulled: true,
+                area,
             });
         }
         if p.reduce {
@@ -136,7 +151,7 @@ impl CudaBackend {
     ) -> Result<()> {
         let s = &self.stream;
         if p.pulled {
-            return self.pull_add_norm(x, norm_w, to, tokens, k);
+            return self.pull_add_norm(x, p.area, norm_w, to, tokens, k);
         }
         match to {
             NormTo::Fp8 => self.add_norm_quant(x, delta, p.scales, norm_w, tokens, k),
@@ -167,6 +182,7 @@ impl CudaBackend {
     fn pull_add_norm(
         &self,
         x: Dptr<bf16>,
+        area: usize,
         norm_w: Dptr<bf16>,
         to: NormTo,
         tokens: usize,
@@ -187,12 +203,14 @@ impl CudaBackend {
         };
         // SAFETY: every rank runs the same layer loop and pulls for the same calls (pull_set
         // depends on shapes and process-wide settings only); the pull set's buffers were set
-        // up for this group and take no other kernel; every rank's GEMM wrote its product into
-        // its area (row_parallel_out); x: tokens x k; the FP8 scratch holds tokens x k.
+        // up for this group; every rank's GEMM wrote its product into its area
+        // (row_parallel_out), and o_proj and down_proj alternate the areas, so an area is
+        // written again only after a call on the other one; x: tokens x k; the FP8 scratch
+        // holds tokens x k.
         unsafe {
             self.kernels.allreduce_pull_add_rmsnorm(
                 s,
-                &pull.peers,
+                &pull.peers[area & 1],
                 dptr(&pull.epochs, s),
                 (c.rank(), pull.half_elems, pull.blocks),
                 x,
