@@ -89,9 +89,10 @@ extern "C" __global__ void __launch_bounds__(512)
     pdl_trigger_end();
 }
 
-// Rows the fused all-reduce and norm below finish together, and the most ranks it takes (the
-// pull set exists at tp 2 only).
-#define AR_NORM_ROWS 4
+// Rows the fused all-reduce and norm below finish together (two rows' loads in flight per
+// thread, few enough registers for two blocks of 512 threads on a multiprocessor), and the most
+// ranks it takes (the pull set exists at tp 2 only).
+#define AR_NORM_ROWS 2
 #define AR_PULL_MAX_RANKS 2
 
 // block_sum (common.cuh) of N values at once, each summed in block_sum's order, with one pair
@@ -160,9 +161,9 @@ __device__ __forceinline__ void ar_handshake(const ArPeers& peers, int slot, int
 // its previous kernels, these reads included, have completed.
 // Block b takes rows b, b + gridDim.x, ..., AR_NORM_ROWS at a time. One vector of 8 per
 // thread: the block size is add_rmsnorm_bf16's (hidden / 8 rounded up to whole warps), so the
-// sum of squares adds in the same order, and at most 512 threads (four rows' values in
-// registers): hidden <= 4096, hidden % 8 == 0; ranks <= AR_PULL_MAX_RANKS.
-extern "C" __global__ void __launch_bounds__(512)
+// sum of squares adds in the same order, and at most 512 threads: hidden <= 4096, hidden % 8 ==
+// 0; ranks <= AR_PULL_MAX_RANKS.
+extern "C" __global__ void __launch_bounds__(512, 2)
     allreduce_pull_add_rmsnorm(ArPeers peers, bf16_t* __restrict__ residual,
                                bf16_t* __restrict__ out, unsigned char* __restrict__ q,
                                float* __restrict__ qscale, const bf16_t* __restrict__ weight,

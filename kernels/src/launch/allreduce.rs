@@ -116,8 +116,7 @@ impl Kernels {
                 peers.ranks
             )));
         }
-        // one vector of 8 per thread, blocks of at most 512 threads (so four rows' values fit
-        // the registers)
+        // one vector of 8 per thread, blocks of at most 512 threads (the kernel's bound)
         if !hidden.is_multiple_of(8) || hidden > 8 * 512 {
             return Err(KernelError::Unsupported(format!(
                 "fused all-reduce and RMSNorm of rows of {hidden}"

@@ -11,10 +11,10 @@ use super::super::tp::PullSet;
 use super::super::{CudaBackend, cuda_err};
 use crate::error::Result;
 
-/// Smallest product (elements) the pull kernel takes: 128 rows of a 4096-wide model (2 x H100,
-/// `bench-all-reduce`, one-shot + norm against fused: 128 rows 15.7 / 12.4 µs, FP8 out 17.6 /
-/// 15.3; 64 rows 11.9 / 11.0 but FP8 13.5 / 13.7; 16 rows 7.8 / 10.3).
-const PULL_MIN_ELEMS: usize = 128 * 4096;
+/// Smallest product (elements) the pull kernel takes: 64 rows of a 4096-wide model (2 x H100,
+/// `bench-all-reduce`, one-shot + norm against fused: 64 rows 11.4 / 9.8 µs, FP8 out 13.1 /
+/// 11.9; 16 rows 8.0 / 9.1).
+const PULL_MIN_ELEMS: usize = 64 * 4096;
 
 /// What the product of the last row-parallel GEMM still needs when the next norm adds it into
 /// the residual stream.
