@@ -95,14 +95,15 @@ extern "C" __global__ void __launch_bounds__(512)
 #define AR_NORM_ROWS 2
 #define AR_PULL_MAX_RANKS 2
 
-// block_sum (common.cuh) of N values at once, each summed in block_sum's order, with one pair
-// of barriers for all; scratch holds N x 32.
-template <int N>
-__device__ __forceinline__ void block_sum_n(float* v, float* scratch) {
+// block_sum (MAX false) or block_max (MAX true; common.cuh) of N values at once, each reduced
+// in that function's order, with one pair of barriers for all; scratch holds N x 32.
+template <int N, bool MAX>
+__device__ __forceinline__ void block_reduce_n(float* v, float* scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nwarps = (blockDim.x + 31) >> 5;
+    auto warp_red = [](float x) { return MAX ? warp_max(x) : warp_sum(x); };
 #pragma unroll
-    for (int k = 0; k < N; ++k) v[k] = warp_sum(v[k]);
+    for (int k = 0; k < N; ++k) v[k] = warp_red(v[k]);
     __syncthreads();
     if (lane == 0) {
 #pragma unroll
@@ -110,24 +111,7 @@ __device__ __forceinline__ void block_sum_n(float* v, float* scratch) {
     }
     __syncthreads();
 #pragma unroll
-    for (int k = 0; k < N; ++k) v[k] = warp_sum(lane < nwarps ? scratch[k * 32 + lane] : 0.0f);
-}
-
-// The same for block_max.
-template <int N>
-__device__ __forceinline__ void block_max_n(float* v, float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nwarps = (blockDim.x + 31) >> 5;
-#pragma unroll
-    for (int k = 0; k < N; ++k) v[k] = warp_max(v[k]);
-    __syncthreads();
-    if (lane == 0) {
-#pragma unroll
-        for (int k = 0; k < N; ++k) scratch[k * 32 + warp] = v[k];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < N; ++k) v[k] = warp_max(lane < nwarps ? scratch[k * 32 + lane] : 0.0f);
+    for (int k = 0; k < N; ++k) v[k] = warp_red(lane < nwarps ? scratch[k * 32 + lane] : 0.0f);
 }
 
 // The flag handshake of block b with block b of every peer: thread t < ranks (t != rank) tells
@@ -223,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(512, 2)
             for (int j = 0; j < 8; ++j) ss[k] += x[k][j] * x[k][j];
             if (active && row < rows) ((uint4*)(residual + row * h))[i] = pack8_exact(x[k]);
         }
-        block_sum_n<AR_NORM_ROWS>(ss, scratch);
+        block_reduce_n<AR_NORM_ROWS, false>(ss, scratch);
         if (q == nullptr) {
             // add_rmsnorm_bf16's output
 #pragma unroll
@@ -252,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(512, 2)
                 }
                 round8_bf16(x[k]);
             }
-            block_max_n<AR_NORM_ROWS>(amax, scratch);
+            block_reduce_n<AR_NORM_ROWS, true>(amax, scratch);
 #pragma unroll
             for (int k = 0; k < AR_NORM_ROWS; ++k) {
                 const unsigned int row = r0 + k * step;

@@ -685,33 +685,36 @@ impl CudaBackend {
                     k.quantize_rows_fp8(s, xq, xs, attn, t, q_w)
                         .map_err(cuda_err)?;
                     let o = self.row_parallel_out(delta, t, h, Some(Area::Attn));
-                    self.gemm_fp8_rows(f[1], o, t, q_w, h, false)?;
-                    let p = self.row_parallel_pending(o, delta, Some(f[1].scale), t, h)?;
+                    self.gemm_fp8_rows(f[1], o.at, t, q_w, h, false)?;
+                    let p = self.row_parallel_pending(o, Some(f[1].scale), t, h)?;
                     self.add_norm(x, Some(delta), p, dptr(&lw.post_norm, s), NormTo::Fp8, t, h)?;
                     self.gemm_fp8_rows(f[2], gate_up, t, h, 2 * inter, false)?;
                     let (xq, xs) = self.fp8_rows(t, inter)?;
                     k.silu_mul_quant_fp8(s, xq, xs, gate_up, Some((xs, f[2].scale)), t, inter)
                         .map_err(cuda_err)?;
                     let o = self.row_parallel_out(delta, t, h, mlp_area);
-                    self.gemm_fp8_rows(f[3], o, t, inter, h, false)?;
-                    pending = self.row_parallel_pending(o, delta, Some(f[3].scale), t, h)?;
+                    self.gemm_fp8_rows(f[3], o.at, t, inter, h, false)?;
+                    pending = self.row_parallel_pending(o, Some(f[3].scale), t, h)?;
                 } else {
                     let o = self.row_parallel_out(delta, t, h, Some(Area::Attn));
-                    self.linear(attn, lw.o.weight(s), o, t, q_w, h)?;
-                    let p = self.row_parallel_pending(o, delta, None, t, h)?;
+                    self.linear(attn, lw.o.weight(s), o.at, t, q_w, h)?;
+                    let p = self.row_parallel_pending(o, None, t, h)?;
                     let to = NormTo::Bf16(normed);
                     self.add_norm(x, Some(delta), p, dptr(&lw.post_norm, s), to, t, h)?;
                     self.gate_up_act(normed, lw.gate_up.weight(s), gate_up, act, t, h, inter)?;
                     let o = self.row_parallel_out(delta, t, h, mlp_area);
-                    self.linear(act, lw.down.weight(s), o, t, inter, h)?;
-                    pending = self.row_parallel_pending(o, delta, None, t, h)?;
+                    self.linear(act, lw.down.weight(s), o.at, t, inter, h)?;
+                    pending = self.row_parallel_pending(o, None, t, h)?;
                 }
                 if let (Some(d), AttnInputs::Prefill { .. }) = (&self.dump, inp.attn) {
                     self.dump_layer(d, l, x, delta, t)?;
                 }
             }
         }
-        self.settle(delta, pending, t, h)?;
+        // (the last layer's product is in `delta`: nothing pulled is pending)
+        if let Some(ws) = pending.scales {
+            self.rescale_delta(delta, ws, t, h)?;
+        }
         if let (Some(d), AttnInputs::Prefill { .. }) = (&self.dump, inp.attn) {
             d.pass.fetch_add(1, Ordering::Relaxed);
         }

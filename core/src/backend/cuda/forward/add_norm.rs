@@ -20,15 +20,19 @@ const PULL_MIN_ELEMS: usize = 64 * 4096;
 /// the residual stream.
 #[derive(Clone, Copy, Default)]
 pub(in crate::backend::cuda) struct Pending {
-    /// The weight scales of the FP8 GEMM that left it unscaled (with the scratch's row
-    /// scales).
+    /// The weight scales of the FP8 GEMM that left it unscaled in `delta` (with the scratch's
+    /// row scales; one GPU only).
     pub scales: Option<Dptr<f32>>,
-    /// This rank's share of a row-parallel product, not yet all-reduced.
-    pub reduce: bool,
     /// It sits in this rank's pull area (scaled), for the norm to all-reduce as it reads it.
-    pub pulled: bool,
-    /// Which pull area (see [`Area`]).
-    pub area: usize,
+    pub pulled: Option<Area>,
+}
+
+/// Where a row-parallel GEMM writes its product (see [`CudaBackend::row_parallel_out`]).
+#[derive(Clone, Copy)]
+pub(in crate::backend::cuda) struct RowOut {
+    pub at: Dptr<bf16>,
+    /// The pull area `at` is, or `None` for `delta`.
+    pub area: Option<Area>,
 }
 
 /// The pull areas: o_proj writes one, down_proj the other, so no GEMM overwrites an area the
@@ -53,8 +57,8 @@ pub(in crate::backend::cuda) enum NormTo {
 impl CudaBackend {
     /// The pull set, when the next norm will all-reduce a row-parallel product of `tokens` x
     /// `n` from it: tensor parallelism with the set, fusion on, the message between
-    /// [`PULL_MIN_ELEMS`] and the set's size, rows the fused kernel takes. The same answer on every rank (shapes and process-wide
-    /// settings only).
+    /// [`PULL_MIN_ELEMS`] and the set's size, rows the fused kernel takes. The same answer on
+    /// every rank (shapes and process-wide settings only).
     fn pull_set(&self, tokens: usize, n: usize) -> Option<&PullSet> {
         let pull = self.custom_ar.as_ref()?.pull.as_ref()?;
         let m = tokens * n;
@@ -73,67 +77,46 @@ impl CudaBackend {
         tokens: usize,
         n: usize,
         area: Option<Area>,
-    ) -> Dptr<bf16> {
+    ) -> RowOut {
         match (self.pull_set(tokens, n), area) {
-            (Some(pull), Some(a)) => pull.own_area(a as usize),
-            _ => delta,
+            (Some(pull), Some(a)) => RowOut {
+                at: pull.own_area(a as usize),
+                area: Some(a),
+            },
+            _ => RowOut {
+                at: delta,
+                area: None,
+            },
         }
     }
 
-    /// The state of the product a row-parallel GEMM left at `at` (with `scales`, FP8 weight
-    /// scales still to apply): in the pull area, scaled now and left for the next norm;
-    /// otherwise all-reduced now under tensor parallelism (after its scales), or on one GPU
-    /// left for the next norm to scale.
+    /// What the product a row-parallel GEMM left at `out` (with `scales`, FP8 weight scales
+    /// still to apply) needs from the next norm: in a pull area, scaled now and all-reduced by
+    /// the norm; in `delta` under tensor parallelism, scaled and all-reduced now; on one GPU,
+    /// its scales.
     pub(super) fn row_parallel_pending(
         &self,
-        at: Dptr<bf16>,
-        delta: Dptr<bf16>,
+        out: RowOut,
         scales: Option<Dptr<f32>>,
         tokens: usize,
         n: usize,
     ) -> Result<Pending> {
-        let p = Pending {
-            scales,
-            reduce: self.comm.is_some(),
-            ..Pending::default()
-        };
-        if let Some(pull) = self.pull_set(tokens, n)
-            && let Some(area) = (0..2).find(|&a| pull.own_area(a).addr() == at.addr())
-        {
-            if let Some(ws) = scales {
-                self.rescale_delta(at, ws, tokens, n)?;
-            }
+        if out.area.is_none() && self.comm.is_none() {
             return Ok(Pending {
-                scales: None,
-                reduce: true,
-                pulled: true,
-                area,
+                scales,
+                pulled: None,
             });
         }
-        if p.reduce {
-            self.settle(delta, p, tokens, n)?;
-            return Ok(Pending::default());
+        if let Some(ws) = scales {
+            self.rescale_delta(out.at, ws, tokens, n)?;
         }
-        Ok(p)
-    }
-
-    /// Leaves `delta` as the plain bf16 sum: its scales applied and, where pending, its
-    /// all-reduce done (a pulled product is never pending at the end of the layers: the last
-    /// layer's GEMM writes `delta`).
-    pub(super) fn settle(
-        &self,
-        delta: Dptr<bf16>,
-        p: Pending,
-        tokens: usize,
-        n: usize,
-    ) -> Result<()> {
-        if let Some(ws) = p.scales {
-            self.rescale_delta(delta, ws, tokens, n)?;
+        if out.area.is_none() {
+            self.all_reduce(out.at, tokens * n)?;
         }
-        if p.reduce && !p.pulled {
-            self.all_reduce(delta, tokens * n)?;
-        }
-        Ok(())
+        Ok(Pending {
+            scales: None,
+            pulled: out.area,
+        })
     }
 
     /// `x += delta` (what `p` says done first), then RMSNorm of `x` with `norm_w` into `to`; a
@@ -150,8 +133,8 @@ impl CudaBackend {
         k: usize,
     ) -> Result<()> {
         let s = &self.stream;
-        if p.pulled {
-            return self.pull_add_norm(x, p.area, norm_w, to, tokens, k);
+        if let Some(area) = p.pulled {
+            return self.pull_add_norm(x, area, norm_w, to, tokens, k);
         }
         match to {
             NormTo::Fp8 => self.add_norm_quant(x, delta, p.scales, norm_w, tokens, k),
@@ -182,7 +165,7 @@ impl CudaBackend {
     fn pull_add_norm(
         &self,
         x: Dptr<bf16>,
-        area: usize,
+        area: Area,
         norm_w: Dptr<bf16>,
         to: NormTo,
         tokens: usize,
@@ -210,7 +193,7 @@ impl CudaBackend {
         unsafe {
             self.kernels.allreduce_pull_add_rmsnorm(
                 s,
-                &pull.peers[area & 1],
+                &pull.peers[area as usize],
                 dptr(&pull.epochs, s),
                 (c.rank(), pull.half_elems, pull.blocks),
                 x,
