@@ -247,6 +247,7 @@ pub struct Kernels {
     logit_edits: CudaFunction,
     copy_tokens: CudaFunction,
     allreduce: CudaFunction,
+    allreduce_ll: CudaFunction,
     allreduce_pull: CudaFunction,
     num_sms: u32,
     /// The device supports programmatic dependent launch (sm_90 and newer).
@@ -414,6 +415,7 @@ impl Kernels {
             logit_edits: f("logit_edits_bf16")?,
             copy_tokens: f("copy_tokens_i32")?,
             allreduce: f("allreduce_oneshot_bf16")?,
+            allreduce_ll: f("allreduce_ll_bf16")?,
             allreduce_pull: f("allreduce_pull_add_rmsnorm")?,
             num_sms,
             pdl_supported,

@@ -151,6 +151,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "add_rmsnorm_quant_fp8",
     "silu_mul_quant_fp8",
     "allreduce_oneshot_bf16",
+    "allreduce_ll_bf16",
     "allreduce_pull_add_rmsnorm",
 ];
 

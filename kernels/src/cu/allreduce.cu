@@ -89,6 +89,79 @@ extern "C" __global__ void __launch_bounds__(512)
     pdl_trigger_end();
 }
 
+__device__ __forceinline__ void st_volatile_v4(uint4* p, uint4 v) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x),
+                 "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+__device__ __forceinline__ uint4 ld_volatile_v4(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+// The one-shot all-reduce for small messages without its flags: each 16-byte line a rank
+// stores into a peer's slot carries 8 bytes of data, each 4-byte half with the call's epoch
+// beside it ({d0, e, d1, e}; each 8-byte half is written whole), so a reader spins on its lines
+// until both epochs are this call's and needs no flag, fence or second trip over the link. The
+// sum runs in rank order in f32 and is rounded once: the bits of allreduce_oneshot_bf16.
+// Slots as there, each holding n / 4 lines (4 n bytes <= 2 half_elems). These buffers take only
+// these calls, always with the same grid (a line is always one block's, whose counter in
+// `epochs` numbers its calls), so a line's epoch equals e only once this call wrote it: the
+// last write before it, in the same parity, was call e - 2's. And a rank writes a slot again
+// (call e + 2) only after finishing call e + 1, which needs every peer's lines of e + 1, which
+// a peer sends only once its own call e, its reads of that slot included, has completed.
+// x: n bf16 (n % 4 == 0); epochs: this rank's counters, one per block.
+extern "C" __global__ void __launch_bounds__(512)
+    allreduce_ll_bf16(ArPeers peers, bf16_t* __restrict__ x, unsigned int* __restrict__ epochs,
+                      int n, int rank, int ranks, int half_elems) {
+    pdl_wait();
+    __shared__ unsigned int epoch_s;
+    const int b = blockIdx.x, tid = threadIdx.x;
+    if (tid == 0) epoch_s = epochs[b] + 1;
+    __syncthreads();
+    const unsigned int e = epoch_s;
+    const size_t area = (size_t)(e & 1u) * (size_t)ranks * (size_t)half_elems;
+    const int lines = n >> 2;
+    const int stride = gridDim.x * blockDim.x;
+    for (int i = b * blockDim.x + tid; i < lines; i += stride) {
+        const uint2 v = ((const uint2*)x)[i];
+        const uint4 line = make_uint4(v.x, e, v.y, e);
+        for (int r = 0; r < ranks; ++r) {
+            if (r == rank) continue;
+            bf16_t* slot = (bf16_t*)peers.recv[r] + area + (size_t)rank * half_elems;
+            st_volatile_v4((uint4*)slot + i, line);
+        }
+    }
+    const bf16_t* mine = (const bf16_t*)peers.recv[rank] + area;
+    for (int i = b * blockDim.x + tid; i < lines; i += stride) {
+        const uint2 own = ((const uint2*)x)[i];
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int r = 0; r < ranks; ++r) {
+            uint2 d = own;
+            if (r != rank) {
+                const uint4* p = (const uint4*)(mine + (size_t)r * half_elems) + i;
+                uint4 l = ld_volatile_v4(p);
+                while (l.y != e || l.w != e) l = ld_volatile_v4(p);
+                d = make_uint2(l.x, l.z);
+            }
+            acc[0] += __uint_as_float(d.x << 16);
+            acc[1] += __uint_as_float(d.x & 0xffff0000u);
+            acc[2] += __uint_as_float(d.y << 16);
+            acc[3] += __uint_as_float(d.y & 0xffff0000u);
+        }
+        const unsigned int lo = (unsigned int)f2bf(acc[0]) | ((unsigned int)f2bf(acc[1]) << 16);
+        const unsigned int hi = (unsigned int)f2bf(acc[2]) | ((unsigned int)f2bf(acc[3]) << 16);
+        ((uint2*)x)[i] = make_uint2(lo, hi);
+    }
+    if (tid == 0) epochs[b] = e;
+    pdl_trigger_end();
+}
+
 // Rows the fused all-reduce and norm below finish together (two rows' loads in flight per
 // thread, few enough registers for two blocks of 512 threads on a multiprocessor), and the most
 // ranks it takes (the pull set exists at tp 2 only).

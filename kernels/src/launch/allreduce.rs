@@ -74,6 +74,55 @@ impl Kernels {
         unsafe { self.launch(s, &self.allreduce, (blocks as u32, 1, 1), 512, &mut a) }
     }
 
+    /// [`Self::allreduce_oneshot`] for small messages, with the same bits: the data goes out in
+    /// lines that carry the call's epoch beside it, so no flags are raised or waited for (see
+    /// `allreduce_ll_bf16` in `cu/allreduce.cu`). A slot of `half_elems` takes messages up to
+    /// `half_elems / 2` elements.
+    ///
+    /// # Safety
+    /// As [`Self::allreduce_oneshot`], with `peers`' receive buffers and `epochs` taken by these
+    /// calls alone, always with the same `blocks`; `n % 4 == 0`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn allreduce_ll(
+        &self,
+        s: &CudaStream,
+        peers: &ArPeers,
+        x: Dptr<bf16>,
+        epochs: Dptr<u32>,
+        n: usize,
+        rank: usize,
+        half_elems: usize,
+        blocks: usize,
+    ) -> Result<()> {
+        let ranks = peers.ranks;
+        if !n.is_multiple_of(4)
+            || 2 * n > half_elems
+            || half_elems > i32::MAX as usize
+            || rank >= ranks
+            || ranks > AR_MAX_RANKS
+            || blocks == 0
+            || blocks > 1024
+        {
+            return Err(KernelError::Unsupported(format!(
+                "low-latency all-reduce of {n} elements (slots of {half_elems}, rank {rank} of {ranks})"
+            )));
+        }
+        let table = peers.table;
+        let (xa, ea) = (x.addr(), epochs.addr());
+        let (ni, ri, rs, hi) = (n as i32, rank as i32, ranks as i32, half_elems as i32);
+        let mut a = [
+            arg(&table),
+            arg(&xa),
+            arg(&ea),
+            arg(&ni),
+            arg(&ri),
+            arg(&rs),
+            arg(&hi),
+        ];
+        // SAFETY: argument types match the kernel; the caller guarantees the rest.
+        unsafe { self.launch(s, &self.allreduce_ll, (blocks as u32, 1, 1), 512, &mut a) }
+    }
+
     /// The all-reduce of a row-parallel GEMM's product, then `residual += sum` and RMSNorm of
     /// `residual` with `weight` into `out`, in one launch, with the same values as
     /// [`Self::allreduce_oneshot`] followed by [`Self::add_rmsnorm`] (bf16 out) or

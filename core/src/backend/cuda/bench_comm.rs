@@ -67,6 +67,8 @@ struct Row {
     graph_us: Option<f64>,
     /// The one-shot kernel, replayed from a graph.
     custom_us: Option<f64>,
+    /// The low-latency one-shot kernel (epochs in the lines, no flags), replayed from a graph.
+    ll_us: Option<f64>,
 }
 
 /// Runs the checks and the timings on `size` GPUs; prints a table and JSON lines.
@@ -115,31 +117,33 @@ pub fn all_reduce_bench(size: usize) -> Result<()> {
         peak.map_or("n/a".into(), |p| format!("{p:.1} GB/s"))
     );
     println!(
-        "| size | NCCL µs (stream) | NCCL µs (graph) | one-shot µs (graph) | best bus GB/s | of link peak |"
+        "| size | NCCL µs (stream) | NCCL µs (graph) | one-shot µs (graph) | low-latency µs (graph) | best bus GB/s | of link peak |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     let fmt = |v: Option<f64>| v.map_or("-".to_string(), |g| format!("{g:.1}"));
     for r in &rows {
-        let best = [Some(r.eager_us), r.graph_us, r.custom_us]
+        let best = [Some(r.eager_us), r.graph_us, r.custom_us, r.ll_us]
             .into_iter()
             .flatten()
             .fold(f64::INFINITY, f64::min);
         let bus = factor * r.bytes as f64 / (best * 1e-6) / 1e9;
         println!(
-            "| {} | {:.1} | {} | {} | {:.1} | {} |",
+            "| {} | {:.1} | {} | {} | {} | {:.1} | {} |",
             human(r.bytes),
             r.eager_us,
             fmt(r.graph_us),
             fmt(r.custom_us),
+            fmt(r.ll_us),
             bus,
             peak.map_or("-".into(), |p| format!("{:.0}%", 100.0 * bus / p))
         );
         println!(
-            "{{\"bytes\":{},\"nccl_us\":{:.2},\"nccl_graph_us\":{},\"oneshot_graph_us\":{},\"bus_gb_s\":{:.2},\"ranks\":{size}}}",
+            "{{\"bytes\":{},\"nccl_us\":{:.2},\"nccl_graph_us\":{},\"oneshot_graph_us\":{},\"ll_graph_us\":{},\"bus_gb_s\":{:.2},\"ranks\":{size}}}",
             r.bytes,
             r.eager_us,
             r.graph_us.map_or("null".into(), |g| format!("{g:.2}")),
             r.custom_us.map_or("null".into(), |g| format!("{g:.2}")),
+            r.ll_us.map_or("null".into(), |g| format!("{g:.2}")),
             bus
         );
     }
@@ -264,6 +268,75 @@ fn rank_main(
         }
     }
 
+    // The low-latency kernel: the one-shot kernel's bits on every rank, at sizes up to its
+    // largest, three calls each (both parities, and a call after a larger one).
+    if let Some(ll) = custom.as_ref().and_then(|c| c.ll.as_ref()) {
+        let sizes = [4096usize, 32 << 10, 8, ll.half_elems / 2];
+        let mut checked = 0;
+        for (k, &m) in sizes.iter().cycle().take(3 * sizes.len()).enumerate() {
+            let Some(one) = custom.as_ref().and_then(|c| c.pick(m, false)) else {
+                continue;
+            };
+            let vals: Vec<bf16> = (0..m)
+                .map(|i| bf16::from_f32(float_value(rank + 7 * k, i)))
+                .collect();
+            let (a, b) = (
+                s.clone_htod(&vals).map_err(cuda_err)?,
+                s.clone_htod(&vals).map_err(cuda_err)?,
+            );
+            // SAFETY: m elements each; every rank makes the same calls; buffers from
+            // custom_all_reduce, the low-latency set's taken by these calls alone.
+            unsafe {
+                kernels
+                    .allreduce_oneshot(
+                        &s,
+                        &one.peers,
+                        dptr(&a, &s),
+                        dptr(&one.epochs, &s),
+                        m,
+                        rank,
+                        one.half_elems,
+                        one.blocks,
+                    )
+                    .map_err(cuda_err)?;
+                kernels
+                    .allreduce_ll(
+                        &s,
+                        &ll.peers,
+                        dptr(&b, &s),
+                        dptr(&ll.epochs, &s),
+                        m,
+                        rank,
+                        ll.half_elems,
+                        ll.blocks,
+                    )
+                    .map_err(cuda_err)?;
+            }
+            let (ga, gb) = (
+                s.clone_dtoh(&a).map_err(cuda_err)?,
+                s.clone_dtoh(&b).map_err(cuda_err)?,
+            );
+            let differ = ga
+                .iter()
+                .zip(&gb)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count();
+            if differ > 0 {
+                return Err(EngineError::Internal(format!(
+                    "low-latency all-reduce of {m} elements: {differ} values differ from the one-shot kernel's"
+                )));
+            }
+            checked += 1;
+        }
+        if rank == 0 {
+            println!(
+                "low-latency all-reduce check ({} blocks): the same bits as the one-shot kernel in {checked} calls of 8 to {} elements",
+                ll.blocks,
+                ll.half_elems / 2
+            );
+        }
+    }
+
     // The fused all-reduce, add and RMSNorm (tp 2): checked against the one-shot kernel and
     // the norm, and timed against them.
     let mut fused_lines = Vec::new();
@@ -308,11 +381,16 @@ fn rank_main(
             }
             _ => None,
         };
+        let ll_us = match custom.as_ref().and_then(|c| c.pick_ll(count)) {
+            Some(ll) => Some(time_ll(&kernels, ll, &s, p, count, rank, iters)?),
+            None => None,
+        };
         rows.push(Row {
             bytes,
             eager_us,
             graph_us,
             custom_us,
+            ll_us,
         });
         bytes *= 2;
     }
@@ -425,6 +503,38 @@ pub(super) fn time_in_graph(
     graph.launch().map_err(cuda_err)?;
     s.synchronize().map_err(cuda_err)?;
     Ok(t.elapsed().as_secs_f64() * 1e6 / iters as f64)
+}
+
+fn time_ll(
+    kernels: &sgl_kernels::Kernels,
+    ll: &super::tp::LowLatency,
+    s: &Arc<CudaStream>,
+    p: Dptr<bf16>,
+    count: usize,
+    rank: usize,
+    iters: usize,
+) -> Result<f64> {
+    let call = || {
+        // SAFETY: p holds count elements, 2 count <= half_elems (pick_ll); every rank makes the
+        // same calls.
+        unsafe {
+            kernels.allreduce_ll(
+                s,
+                &ll.peers,
+                p,
+                dptr(&ll.epochs, s),
+                count,
+                rank,
+                ll.half_elems,
+                ll.blocks,
+            )
+        }
+        .map_err(cuda_err)
+    };
+    for _ in 0..5 {
+        call()?;
+    }
+    time_in_graph(s, iters, call)
 }
 
 fn time_custom(

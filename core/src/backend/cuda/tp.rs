@@ -125,9 +125,20 @@ pub(super) struct CustomAllReduce {
     /// products into for the norm after them to all-reduce as it reads them
     /// (`allreduce_pull_add_rmsnorm`; up to the prefill set's size).
     pub pull: Option<PullSet>,
+    /// The low-latency one-shot all-reduce's buffers (`allreduce_ll_bf16`): messages up to
+    /// `LL_MAX_BYTES`, the decode batches of up to 32 rows of a 4096-wide model.
+    pub ll: Option<LowLatency>,
 }
 
 impl CustomAllReduce {
+    /// The low-latency set when it takes a message of `n` elements (the same bits as the
+    /// one-shot kernel, so deterministic mode takes it too).
+    pub fn pick_ll(&self, n: usize) -> Option<&LowLatency> {
+        self.ll
+            .as_ref()
+            .filter(|ll| n.is_multiple_of(4) && 2 * n <= ll.half_elems)
+    }
+
     /// The buffers a message of `n` elements goes through: the decode set up to its size,
     /// then the prefill set where there is one, up to its size (beyond, NCCL is as fast: on
     /// 2 x H200 one 8 MB launch took 35 µs against NCCL's 46, 32 MB in pieces 140 µs against
@@ -157,6 +168,17 @@ pub(super) struct OneShot {
     pub epochs: CudaSlice<u32>,
     _staging: PeerMemory,
     _flags: PeerMemory,
+}
+
+/// The low-latency all-reduce's buffers on one rank and every rank's addresses: slots of
+/// `half_elems` bf16 (messages up to half of that: each line carries its epoch beside the data),
+/// taken by `allreduce_ll_bf16` alone, always with `blocks` blocks.
+pub(super) struct LowLatency {
+    pub peers: ArPeers,
+    pub half_elems: usize,
+    pub blocks: usize,
+    pub epochs: CudaSlice<u32>,
+    _staging: PeerMemory,
 }
 
 /// The pull all-reduce's buffers on one rank (see `cu/allreduce.cu`): two areas of
@@ -230,13 +252,17 @@ impl Drop for PeerMemory {
 /// decode batch of 256 rows of a 4096-wide model); its staging holds two of them per rank.
 const CUSTOM_AR_MAX_BYTES: usize = 2 << 20;
 /// Words each rank publishes when the all-reduce buffers are set up: the decode set's staging
-/// and flags, its context, the prefill set's staging and flags, the pull set's areas and flags.
-const EXCHANGE_WORDS: usize = 7;
+/// and flags, its context, the prefill set's staging and flags, the pull set's areas and flags,
+/// the low-latency set's staging.
+const EXCHANGE_WORDS: usize = 8;
 /// The same for the prefill set (1024 tokens of a 4096-wide model), used at tp 2 only: there
 /// each rank sends its whole message to the other once, as a ring or two-shot all-reduce
 /// would; with more ranks the one-shot kernel sends (ranks - 1) times the message and NCCL
 /// takes large messages. `SGL_DISABLE_ONESHOT_PREFILL=1` leaves them to NCCL at tp 2 too.
 const CUSTOM_AR_LARGE_BYTES: usize = 8 << 20;
+/// The largest message the low-latency set takes (`SGL_DISABLE_LL_ALLREDUCE=1`: none); its
+/// slots hold twice that (the epochs beside the data).
+const LL_MAX_BYTES: usize = 256 << 10;
 
 /// Sets up the one-shot all-reduce on this rank when every pair of the group's GPUs has peer
 /// access; `None` (NCCL for everything) otherwise or when disabled. Every rank calls it.
@@ -304,6 +330,20 @@ pub(super) fn custom_all_reduce(
     } else {
         None
     };
+    // The low-latency set: [2 parities][size source ranks][2 LL_MAX_BYTES / 2] bf16.
+    let ll_half_elems = LL_MAX_BYTES;
+    let ll_on = std::env::var("SGL_DISABLE_LL_ALLREDUCE").as_deref() != Ok("1");
+    let ll = if bufs.is_some() && ll_on {
+        (|| -> Result<_> {
+            let staging = PeerMemory::zeroed(ctx, 2 * size * ll_half_elems * 2)?;
+            let epochs = stream.alloc_zeros::<u32>(AR_BLOCKS).map_err(cuda_err)?;
+            stream.synchronize().map_err(cuda_err)?;
+            Ok((staging, epochs))
+        })()
+        .ok()
+    } else {
+        None
+    };
     let all = join.exchange(
         rank,
         match &bufs {
@@ -315,6 +355,7 @@ pub(super) fn custom_all_reduce(
                 large.as_ref().map_or(0, |l| l.1.addr()),
                 pull.as_ref().map_or(0, |l| l.0.addr()),
                 pull.as_ref().map_or(0, |l| l.1.addr()),
+                ll.as_ref().map_or(0, |l| l.0.addr()),
             ],
             None => [0; EXCHANGE_WORDS],
         },
@@ -400,7 +441,27 @@ pub(super) fn custom_all_reduce(
         }
         _ => None,
     };
+    let ll = match ll {
+        Some((staging, epochs)) if all.iter().all(|w| w[7] != 0) => {
+            let st: Vec<u64> = all.iter().map(|w| w[7]).collect();
+            // the kernel reads no flags: the table's flag words repeat the staging addresses
+            ArPeers::new(&st, &st).map(|peers| LowLatency {
+                peers,
+                half_elems: ll_half_elems,
+                blocks: AR_BLOCKS,
+                epochs,
+                _staging: staging,
+            })
+        }
+        _ => None,
+    };
     if rank == 0 {
+        if ll.is_some() {
+            tracing::info!(
+                "tensor parallel: low-latency all-reduce (no flags) up to {} KB",
+                LL_MAX_BYTES >> 10
+            );
+        }
         match &large {
             Some(_) => tracing::info!(
                 "tensor parallel: one-shot all-reduce over peer memory up to {} KB for decode and {} KB for prefill, NCCL above",
@@ -413,7 +474,12 @@ pub(super) fn custom_all_reduce(
             ),
         }
     }
-    Ok(Some(CustomAllReduce { small, large, pull }))
+    Ok(Some(CustomAllReduce {
+        small,
+        large,
+        pull,
+        ll,
+    }))
 }
 
 /// One sequence of a pass, owned (sent to the worker threads).

@@ -18,6 +18,23 @@ impl CudaBackend {
         if self.skip_all_reduce {
             return Ok(());
         }
+        if let Some(ll) = self.custom_ar.as_ref().and_then(|ar| ar.pick_ll(n)) {
+            // SAFETY: every rank runs the same layer loop, so the calls match; the buffers
+            // were set up for this group (tp::custom_all_reduce) and serve these calls alone.
+            return unsafe {
+                self.kernels.allreduce_ll(
+                    &self.stream,
+                    &ll.peers,
+                    buf,
+                    dptr(&ll.epochs, &self.stream),
+                    n,
+                    c.rank(),
+                    ll.half_elems,
+                    ll.blocks,
+                )
+            }
+            .map_err(cuda_err);
+        }
         if let Some(ar) = self
             .custom_ar
             .as_ref()
