@@ -3,9 +3,9 @@
 # data, no flags) for decode messages up to 256 KB, in one device call on 2 GPUs:
 # `bench-all-reduce` (its bits against the one-shot kernel's on every rank, and every kernel
 # timed per size); greedy runs at tp 2 with it and without (`SGL_DISABLE_LL_ALLREDUCE=1`),
-# bf16 and FP8, byte for byte; batch-1 and batch-16 decode at tp 2 both ways, interleaved over
-# ROUNDS rounds, against tp 1 on the same machine. Expects the binaries in .dev/gpu, writes to
-# $OUT. Knobs: ROUNDS (2), BUDGET_S (540).
+# bf16 and FP8, byte for byte (GREEDY=0: skipped); decode at tp 2 both ways for each of BATCHES
+# (default "1 16"), interleaved over ROUNDS rounds, against tp 1 on the same machine. Expects the
+# binaries in .dev/gpu, writes to $OUT. Knobs: BATCHES, ROUNDS (2), GREEDY, BUDGET_S (540).
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 D=.dev/gpu; W=/tmp/sgl; mkdir -p $W
@@ -22,8 +22,8 @@ if ! ldconfig -p | grep -q 'libnccl.so.2'; then
 fi
 stage "all-reduce, 2 GPUs" 120 $B bench-all-reduce --tp-size 2 2>&1 | grep -v INFO | tee $OUT/all-reduce.txt
 [ -f $W/ckpt/config.json ] || stage "checkpoint" 240 python3 scripts/gpu/make_ckpt.py $W/ckpt 32 || exit 1
-python3 scripts/gpu/tp_compare.py prompts $W/ckpt $W/cmp 32
-for q in bf16 fp8; do
+[ "${GREEDY:-1}" = 0 ] || python3 scripts/gpu/tp_compare.py prompts $W/ckpt $W/cmp 32
+[ "${GREEDY:-1}" = 0 ] || for q in bf16 fp8; do
   Q=""; [ $q = fp8 ] && Q="--quantization fp8"
   for m in ll oneshot; do
     env=""; [ $m = oneshot ] && env="SGL_DISABLE_LL_ALLREDUCE=1"
@@ -38,12 +38,12 @@ decode() {  # LABEL BATCH ENV ARGS...
   stage "decode, $l" 90 env $env $B bench-one-batch --model $W/ckpt --batch $bs --input 128 --output 256 "$@" 2>&1 \
     | grep -E "^\| (NVIDIA|all-reduce)" | sed "s#^#| $l #" | tee -a $OUT/decode.txt
 }
-decode "tp 1, batch 1" 1 ""
+BATCHES=${BATCHES:-1 16}
+for bs in $BATCHES; do decode "tp 1, batch $bs" $bs ""; done
 for r in $(seq ${ROUNDS:-2}); do
-  for bs in 1 16; do
+  for bs in $BATCHES; do
     decode "tp 2, batch $bs, low-latency, round $r" $bs "" --tp-size 2
     decode "tp 2, batch $bs, one-shot, round $r" $bs SGL_DISABLE_LL_ALLREDUCE=1 --tp-size 2
   done
 done
-decode "tp 1, batch 16" 16 ""
 echo "== done in $(elapsed)s"

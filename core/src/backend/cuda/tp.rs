@@ -126,7 +126,8 @@ pub(super) struct CustomAllReduce {
     /// (`allreduce_pull_add_rmsnorm`; up to the prefill set's size).
     pub pull: Option<PullSet>,
     /// The low-latency one-shot all-reduce's buffers (`allreduce_ll_bf16`): messages up to
-    /// `LL_MAX_BYTES`, the decode batches of up to 32 rows of a 4096-wide model.
+    /// `LL_MAX_BYTES`, the decode batches of up to 64 rows of a 4096-wide model (at tp 2 those
+    /// of 64 rows and more take the pull set).
     pub ll: Option<LowLatency>,
 }
 
@@ -262,7 +263,7 @@ const EXCHANGE_WORDS: usize = 8;
 const CUSTOM_AR_LARGE_BYTES: usize = 8 << 20;
 /// The largest message the low-latency set takes (`SGL_DISABLE_LL_ALLREDUCE=1`: none); its
 /// slots hold twice that (the epochs beside the data).
-const LL_MAX_BYTES: usize = 256 << 10;
+const LL_MAX_BYTES: usize = 512 << 10;
 
 /// Sets up the one-shot all-reduce on this rank when every pair of the group's GPUs has peer
 /// access; `None` (NCCL for everything) otherwise or when disabled. Every rank calls it.
