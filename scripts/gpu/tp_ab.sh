@@ -2,9 +2,10 @@
 # This build against earlier ones at tp 2, in one device call on 2 GPUs: `bench-all-reduce`
 # (the fused all-reduce + RMSNorm checked bit for bit against the one-shot kernel and the norm,
 # and timed) for each build; greedy runs at tp 2, bf16 and FP8, this build against BASE, byte
-# for byte; the TTFT of a 1024-token prompt (median of 9) at tp 1 once and at tp 2 for every
-# build, interleaved over ROUNDS rounds. BASE and OTHERS are directories with an sgl-bench.
-# Expects the binaries in .dev/gpu, writes to $OUT. Knobs: BASE, OTHERS, ROUNDS (2), BUDGET_S.
+# for byte; the TTFT of a 1024-token prompt (median of 9) at tp 1 (this build) and at tp 2 for
+# every build, interleaved over ROUNDS rounds. BASE and OTHERS are directories with an
+# sgl-bench. Expects the binaries in .dev/gpu, writes to $OUT. Knobs: BASE, OTHERS, ROUNDS (2),
+# SKIP_AR=1 (no bench-all-reduce), BUDGET_S.
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 D=.dev/gpu; W=/tmp/sgl; mkdir -p $W
@@ -19,7 +20,7 @@ if ! ldconfig -p | grep -q 'libnccl.so.2'; then
   export LD_LIBRARY_PATH=$NCCL_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 BUILDS="$D ${BASE:-} ${OTHERS:-}"
-for b in $BUILDS; do
+[ -n "$SKIP_AR" ] || for b in $BUILDS; do
   stage "all-reduce, $b" 90 $b/sgl-bench bench-all-reduce --tp-size 2 2>&1 | grep -E "fused|^\| (rows|[0-9]+ x)" \
     | sed "s#^#$b #" | tee -a $OUT/all-reduce.txt
 done
@@ -42,8 +43,8 @@ ttft() {  # LABEL BIN ARGS...
   stage "TTFT, $l" 90 $b bench-one-batch --model $W/ckpt --batch 1 --input 128 --output 32 --ttft-input 1024 "$@" \
     2>&1 | grep -A2 "TTFT prompt" | tail -1 | sed "s#^#| $l #" | tee -a $OUT/ttft.txt
 }
-ttft "tp 1, $D" $D/sgl-bench
 for r in $(seq ${ROUNDS:-2}); do
+  ttft "tp 1, $D, round $r" $D/sgl-bench
   for b in $BUILDS; do ttft "tp 2, $b, round $r" $b/sgl-bench --tp-size 2; done
 done
 echo "== done in $(elapsed)s"
