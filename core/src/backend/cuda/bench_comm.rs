@@ -271,7 +271,8 @@ fn rank_main(
     // The low-latency kernel: the one-shot kernel's bits on every rank, at sizes up to its
     // largest, three calls each (both parities, and a call after a larger one).
     if let Some(ll) = custom.as_ref().and_then(|c| c.ll.as_ref()) {
-        let sizes = [4096usize, 32 << 10, 8, ll.half_elems / 2];
+        let max = ll.half_elems / 2;
+        let sizes = [4096usize.min(max), (32 << 10).min(max), 8, max];
         let mut checked = 0;
         for (k, &m) in sizes.iter().cycle().take(3 * sizes.len()).enumerate() {
             let Some(one) = custom.as_ref().and_then(|c| c.pick(m, false)) else {
