@@ -2,7 +2,7 @@
 //! process: the one-shot sum over peer memory, and the sum read from where the GEMMs wrote it,
 //! fused with the residual add and the next RMSNorm.
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaFunction, CudaStream};
 use half::bf16;
 
 use super::{AR_MAX_RANKS, ArPeers, Kernels, arg};
@@ -57,10 +57,43 @@ impl Kernels {
         blocks: usize,
     ) -> Result<()> {
         check(peers, n, rank, half_elems, blocks)?;
-        let ranks = peers.ranks;
+        // SAFETY: checked above; the caller guarantees the rest.
+        unsafe {
+            self.launch_peers(
+                &self.allreduce,
+                s,
+                peers,
+                x,
+                epochs,
+                n,
+                rank,
+                half_elems,
+                blocks,
+            )
+        }
+    }
+
+    /// `f`, a kernel taking (peers, x, epochs, n, rank, ranks, half_elems), as `blocks` blocks
+    /// of 512 threads.
+    ///
+    /// # Safety
+    /// As the kernel's launcher, its extents checked.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch_peers(
+        &self,
+        f: &CudaFunction,
+        s: &CudaStream,
+        peers: &ArPeers,
+        x: Dptr<bf16>,
+        epochs: Dptr<u32>,
+        n: usize,
+        rank: usize,
+        half_elems: usize,
+        blocks: usize,
+    ) -> Result<()> {
         let table = peers.table;
         let (xa, ea) = (x.addr(), epochs.addr());
-        let (ni, ri, rs, hi) = (n as i32, rank as i32, ranks as i32, half_elems as i32);
+        let (ni, ri, rs, hi) = (n as i32, rank as i32, peers.ranks as i32, half_elems as i32);
         let mut a = [
             arg(&table),
             arg(&xa),
@@ -71,7 +104,7 @@ impl Kernels {
             arg(&hi),
         ];
         // SAFETY: argument types match the kernel; the caller guarantees the rest.
-        unsafe { self.launch(s, &self.allreduce, (blocks as u32, 1, 1), 512, &mut a) }
+        unsafe { self.launch(s, f, (blocks as u32, 1, 1), 512, &mut a) }
     }
 
     /// [`Self::allreduce_oneshot`] for small messages, with the same bits: the data goes out in
@@ -107,20 +140,20 @@ impl Kernels {
                 "low-latency all-reduce of {n} elements (slots of {half_elems}, rank {rank} of {ranks})"
             )));
         }
-        let table = peers.table;
-        let (xa, ea) = (x.addr(), epochs.addr());
-        let (ni, ri, rs, hi) = (n as i32, rank as i32, ranks as i32, half_elems as i32);
-        let mut a = [
-            arg(&table),
-            arg(&xa),
-            arg(&ea),
-            arg(&ni),
-            arg(&ri),
-            arg(&rs),
-            arg(&hi),
-        ];
-        // SAFETY: argument types match the kernel; the caller guarantees the rest.
-        unsafe { self.launch(s, &self.allreduce_ll, (blocks as u32, 1, 1), 512, &mut a) }
+        // SAFETY: checked above; the caller guarantees the rest.
+        unsafe {
+            self.launch_peers(
+                &self.allreduce_ll,
+                s,
+                peers,
+                x,
+                epochs,
+                n,
+                rank,
+                half_elems,
+                blocks,
+            )
+        }
     }
 
     /// The all-reduce of a row-parallel GEMM's product, then `residual += sum` and RMSNorm of

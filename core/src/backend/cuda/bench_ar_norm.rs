@@ -98,17 +98,7 @@ impl Case<'_> {
                 k.fp8_rescale(s, d, d, xs, dptr(&inp.ws, s), t, HIDDEN, false)
                     .map_err(cuda_err)?;
             }
-            k.allreduce_oneshot(
-                s,
-                &self.ar.peers,
-                d,
-                dptr(&self.ar.epochs, s),
-                t * HIDDEN,
-                self.rank,
-                self.ar.half_elems,
-                self.ar.blocks,
-            )
-            .map_err(cuda_err)?;
+            self.ar.all_reduce(k, s, d, t * HIDDEN, self.rank)?;
             let res = dptr(&work.residual, s);
             let w = dptr(&inp.weight, s);
             if self.fp8 {

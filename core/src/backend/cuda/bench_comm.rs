@@ -227,20 +227,8 @@ fn rank_main(
             .map(|i| bf16::from_f32(float_value(rank, i)))
             .collect();
         let d = s.clone_htod(&floats).map_err(cuda_err)?;
-        // SAFETY: m elements; every rank makes the same calls; buffers from custom_all_reduce.
-        unsafe {
-            kernels.allreduce_oneshot(
-                &s,
-                &ar.peers,
-                dptr(&d, &s),
-                dptr(&ar.epochs, &s),
-                m,
-                rank,
-                ar.half_elems,
-                ar.blocks,
-            )
-        }
-        .map_err(cuda_err)?;
+        // SAFETY: m = half_elems elements; every rank makes the same calls.
+        unsafe { ar.all_reduce(&kernels, &s, dptr(&d, &s), m, rank) }?;
         let got = s.clone_dtoh(&d).map_err(cuda_err)?;
         // a sum in f32, rounded once
         let worst = rounding_error(&got, size, 1.0);
@@ -285,33 +273,11 @@ fn rank_main(
                 s.clone_htod(&vals).map_err(cuda_err)?,
                 s.clone_htod(&vals).map_err(cuda_err)?,
             );
-            // SAFETY: m elements each; every rank makes the same calls; buffers from
-            // custom_all_reduce, the low-latency set's taken by these calls alone.
+            // SAFETY: m elements each (within both sets' limits); every rank makes the same
+            // calls.
             unsafe {
-                kernels
-                    .allreduce_oneshot(
-                        &s,
-                        &one.peers,
-                        dptr(&a, &s),
-                        dptr(&one.epochs, &s),
-                        m,
-                        rank,
-                        one.half_elems,
-                        one.blocks,
-                    )
-                    .map_err(cuda_err)?;
-                kernels
-                    .allreduce_ll(
-                        &s,
-                        &ll.peers,
-                        dptr(&b, &s),
-                        dptr(&ll.epochs, &s),
-                        m,
-                        rank,
-                        ll.half_elems,
-                        ll.blocks,
-                    )
-                    .map_err(cuda_err)?;
+                one.all_reduce(&kernels, &s, dptr(&a, &s), m, rank)?;
+                ll.all_reduce(&kernels, &s, dptr(&b, &s), m, rank)?;
             }
             let (ga, gb) = (
                 s.clone_dtoh(&a).map_err(cuda_err)?,
@@ -377,13 +343,17 @@ fn rank_main(
             None
         };
         let custom_us = match custom.as_ref().and_then(|c| c.pick(count, false)) {
-            Some(ar) if count <= ar.half_elems => {
-                Some(time_custom(&kernels, ar, &s, p, count, rank, iters)?)
-            }
+            // SAFETY: p holds count <= half_elems elements; every rank makes the same calls.
+            Some(ar) if count <= ar.half_elems => Some(time_warm(&s, iters, || unsafe {
+                ar.all_reduce(&kernels, &s, p, count, rank)
+            })?),
             _ => None,
         };
         let ll_us = match custom.as_ref().and_then(|c| c.pick_ll(count)) {
-            Some(ll) => Some(time_ll(&kernels, ll, &s, p, count, rank, iters)?),
+            // SAFETY: p holds count elements, taken by pick_ll; every rank makes the same calls.
+            Some(ll) => Some(time_warm(&s, iters, || unsafe {
+                ll.all_reduce(&kernels, &s, p, count, rank)
+            })?),
             None => None,
         };
         rows.push(Row {
@@ -506,63 +476,8 @@ pub(super) fn time_in_graph(
     Ok(t.elapsed().as_secs_f64() * 1e6 / iters as f64)
 }
 
-fn time_ll(
-    kernels: &sgl_kernels::Kernels,
-    ll: &super::tp::LowLatency,
-    s: &Arc<CudaStream>,
-    p: Dptr<bf16>,
-    count: usize,
-    rank: usize,
-    iters: usize,
-) -> Result<f64> {
-    let call = || {
-        // SAFETY: p holds count elements, 2 count <= half_elems (pick_ll); every rank makes the
-        // same calls.
-        unsafe {
-            kernels.allreduce_ll(
-                s,
-                &ll.peers,
-                p,
-                dptr(&ll.epochs, s),
-                count,
-                rank,
-                ll.half_elems,
-                ll.blocks,
-            )
-        }
-        .map_err(cuda_err)
-    };
-    for _ in 0..5 {
-        call()?;
-    }
-    time_in_graph(s, iters, call)
-}
-
-fn time_custom(
-    kernels: &sgl_kernels::Kernels,
-    ar: &super::tp::OneShot,
-    s: &Arc<CudaStream>,
-    p: Dptr<bf16>,
-    count: usize,
-    rank: usize,
-    iters: usize,
-) -> Result<f64> {
-    let call = || {
-        // SAFETY: p holds count <= half_elems elements; every rank makes the same calls.
-        unsafe {
-            kernels.allreduce_oneshot(
-                s,
-                &ar.peers,
-                p,
-                dptr(&ar.epochs, s),
-                count,
-                rank,
-                ar.half_elems,
-                ar.blocks,
-            )
-        }
-        .map_err(cuda_err)
-    };
+/// Microseconds per call of `call` in a CUDA graph, after five calls outside one.
+fn time_warm(s: &Arc<CudaStream>, iters: usize, call: impl Fn() -> Result<()>) -> Result<f64> {
     for _ in 0..5 {
         call()?;
     }

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, sys};
 use half::bf16;
 use sgl_kernels::nccl::{self, UniqueId};
-use sgl_kernels::{AR_BLOCKS, AR_LARGE_BLOCKS, AR_MAX_RANKS, ArPeers, Dptr};
+use sgl_kernels::{AR_BLOCKS, AR_LARGE_BLOCKS, AR_MAX_RANKS, ArPeers, Dptr, Kernels, dptr};
 
 use super::{CudaBackend, CudaOptions, cuda_err};
 use crate::backend::{BackendError, SeqInput};
@@ -169,6 +169,50 @@ pub(super) struct OneShot {
     pub epochs: CudaSlice<u32>,
     _staging: PeerMemory,
     _flags: PeerMemory,
+}
+
+impl OneShot {
+    /// One launch of the one-shot kernel: `x[..n]` summed across the ranks in place.
+    ///
+    /// # Safety
+    /// Every rank of the group makes the same calls on its own set; `x` holds `n` elements on
+    /// `s`'s device; `n <= half_elems`, `n % 8 == 0`.
+    pub unsafe fn all_reduce(
+        &self,
+        k: &Kernels,
+        s: &Arc<CudaStream>,
+        x: Dptr<bf16>,
+        n: usize,
+        rank: usize,
+    ) -> Result<()> {
+        let e = dptr(&self.epochs, s);
+        // SAFETY: the buffers were set up for this group (custom_all_reduce); the caller
+        // guarantees the rest.
+        unsafe { k.allreduce_oneshot(s, &self.peers, x, e, n, rank, self.half_elems, self.blocks) }
+            .map_err(cuda_err)
+    }
+}
+
+impl LowLatency {
+    /// One launch of the low-latency kernel: `x[..n]` summed across the ranks in place.
+    ///
+    /// # Safety
+    /// Every rank of the group makes the same calls on its own set; `x` holds `n` elements on
+    /// `s`'s device; `2 n <= half_elems`, `n % 4 == 0` (see [`CustomAllReduce::pick_ll`]).
+    pub unsafe fn all_reduce(
+        &self,
+        k: &Kernels,
+        s: &Arc<CudaStream>,
+        x: Dptr<bf16>,
+        n: usize,
+        rank: usize,
+    ) -> Result<()> {
+        let e = dptr(&self.epochs, s);
+        // SAFETY: the buffers were set up for this group (custom_all_reduce) and serve these
+        // calls alone; the caller guarantees the rest.
+        unsafe { k.allreduce_ll(s, &self.peers, x, e, n, rank, self.half_elems, self.blocks) }
+            .map_err(cuda_err)
+    }
 }
 
 /// The low-latency all-reduce's buffers on one rank and every rank's addresses: slots of

@@ -19,21 +19,8 @@ impl CudaBackend {
             return Ok(());
         }
         if let Some(ll) = self.custom_ar.as_ref().and_then(|ar| ar.pick_ll(n)) {
-            // SAFETY: every rank runs the same layer loop, so the calls match; the buffers
-            // were set up for this group (tp::custom_all_reduce) and serve these calls alone.
-            return unsafe {
-                self.kernels.allreduce_ll(
-                    &self.stream,
-                    &ll.peers,
-                    buf,
-                    dptr(&ll.epochs, &self.stream),
-                    n,
-                    c.rank(),
-                    ll.half_elems,
-                    ll.blocks,
-                )
-            }
-            .map_err(cuda_err);
+            // SAFETY: every rank runs the same layer loop, so the calls match; pick_ll took n.
+            return unsafe { ll.all_reduce(&self.kernels, &self.stream, buf, n, c.rank()) };
         }
         if let Some(ar) = self
             .custom_ar
@@ -44,22 +31,11 @@ impl CudaBackend {
             let mut done = 0;
             while done < n {
                 let len = (n - done).min(ar.half_elems);
-                // SAFETY: every rank runs the same layer loop, so the calls match; the buffers
-                // were set up for this group (tp::custom_all_reduce); len % 8 == 0 since n and
-                // half_elems are multiples of 8 (pick).
+                // SAFETY: every rank runs the same layer loop, so the calls match; len % 8 == 0
+                // since n and half_elems are multiples of 8 (pick).
                 unsafe {
-                    self.kernels.allreduce_oneshot(
-                        &self.stream,
-                        &ar.peers,
-                        buf.add(done),
-                        dptr(&ar.epochs, &self.stream),
-                        len,
-                        c.rank(),
-                        ar.half_elems,
-                        ar.blocks,
-                    )
-                }
-                .map_err(cuda_err)?;
+                    ar.all_reduce(&self.kernels, &self.stream, buf.add(done), len, c.rank())
+                }?;
                 done += len;
             }
             return Ok(());
