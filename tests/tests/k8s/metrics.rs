@@ -245,6 +245,58 @@ pub(crate) struct Scaling {
     pub(crate) scaled_to_zero: Option<String>,
 }
 
+/// What an HPA's status says, as the tests read it.
+#[derive(Debug, Default)]
+pub(crate) struct HpaReading {
+    /// The `ScalingActive` condition's status and reason.
+    pub(crate) active: Option<(String, String)>,
+    /// `desiredReplicas`, only while `ScalingActive` is `True`: a recommendation only once
+    /// metrics were read (it is 0 before the first sync, and while the controller cannot reach
+    /// the scale subresource yet).
+    pub(crate) desired: Option<i32>,
+    /// `currentReplicas`.
+    pub(crate) current: Option<i32>,
+    /// The `ScaledToZero` condition's status (with minReplicas 0).
+    pub(crate) scaled_to_zero: Option<String>,
+    /// Each Pods metric's average per pod as the HPA last read it, as written (`2500m`).
+    pub(crate) pods: BTreeMap<String, String>,
+}
+
+impl HpaReading {
+    pub(crate) fn of(hpa: Option<HorizontalPodAutoscaler>) -> Self {
+        let Some(status) = hpa.and_then(|h| h.status) else {
+            return Self::default();
+        };
+        let condition = |kind: &str| {
+            status
+                .conditions
+                .iter()
+                .flatten()
+                .find(|c| c.type_ == kind)
+                .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
+        };
+        let active = condition("ScalingActive");
+        let valid = active.as_ref().is_some_and(|(status, _)| status == "True");
+        let pods = status
+            .current_metrics
+            .iter()
+            .flatten()
+            .filter_map(|m| {
+                let p = m.pods.as_ref()?;
+                let v = p.current.average_value.as_ref()?;
+                Some((p.metric.name.clone(), v.0.clone()))
+            })
+            .collect();
+        Self {
+            desired: valid.then_some(status.desired_replicas),
+            current: status.current_replicas,
+            scaled_to_zero: condition("ScaledToZero").map(|(s, _)| s),
+            active,
+            pods,
+        }
+    }
+}
+
 /// Samples a service and its HPA once a second, keeping a history of what changed for the
 /// failure messages (with `kubectl describe hpa`: conditions, metrics and events).
 pub(crate) struct ScalingWatch<'a> {
@@ -283,41 +335,13 @@ impl<'a> ScalingWatch<'a> {
             .get_opt(&format!("{}-engine", self.name))
             .await
             .map_err(|e| e.to_string())?;
-        let status = hpa.and_then(|h| h.status);
-        let active = status.as_ref().and_then(|s| {
-            let c = s
-                .conditions
-                .iter()
-                .flatten()
-                .find(|c| c.type_ == "ScalingActive")?;
-            Some((c.status.clone(), c.reason.clone().unwrap_or_default()))
-        });
-        let scaled_to_zero = status.as_ref().and_then(|s| {
-            s.conditions
-                .iter()
-                .flatten()
-                .find(|c| c.type_ == "ScaledToZero")
-                .map(|c| c.status.clone())
-        });
-        let queue = status.as_ref().and_then(|s| {
-            s.current_metrics.iter().flatten().find_map(|m| {
-                let p = m.pods.as_ref()?;
-                (p.metric.name == QUEUE_METRIC)
-                    .then(|| p.current.average_value.as_ref().map(|q| q.0.clone()))?
-            })
-        });
-        // desiredReplicas is a recommendation only once metrics were read (it is 0 before
-        // the first sync, and while the controller cannot reach the scale subresource yet).
-        let valid = active.as_ref().is_some_and(|(status, _)| status == "True");
+        let r = HpaReading::of(hpa);
         let s = Scaling {
             dp_size: svc.spec.dp_size,
-            desired: status
-                .as_ref()
-                .filter(|_| valid)
-                .map(|s| s.desired_replicas),
-            active,
-            queue,
-            scaled_to_zero,
+            desired: r.desired,
+            queue: r.pods.get(QUEUE_METRIC).cloned(),
+            active: r.active,
+            scaled_to_zero: r.scaled_to_zero,
         };
         let line = format!(
             "dpSize {} desired {:?} ScalingActive {:?} queue {:?} ScaledToZero {:?}",

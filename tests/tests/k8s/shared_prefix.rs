@@ -36,7 +36,9 @@ use crate::common::{
     delete_service, ensure_chart, ensure_namespace, pod_ip, ready_pods, router_pods,
     wait_ready_pods, wait_serving,
 };
-use crate::metrics::{QUEUE_METRIC, custom_metrics_served, engine_metrics, engine_value, quantity};
+use crate::metrics::{
+    HpaReading, QUEUE_METRIC, custom_metrics_served, engine_metrics, engine_value, quantity,
+};
 
 /// The scale-down brake the operator's HPA reads (the service's hit rate x its engines' busy
 /// share, served for each engine).
@@ -161,33 +163,18 @@ impl Sampler {
                         deployments.get_opt(&engine).await,
                         hpas.get_opt(&engine).await,
                     ) {
-                        let status = hpa.and_then(|h| h.status);
-                        let active = status.as_ref().is_some_and(|s| {
-                            s.conditions
-                                .iter()
-                                .flatten()
-                                .any(|c| c.type_ == "ScalingActive" && c.status == "True")
-                        });
-                        let metrics: BTreeMap<String, f64> = status
-                            .iter()
-                            .flat_map(|s| s.current_metrics.iter().flatten())
-                            .filter_map(|m| {
-                                let p = m.pods.as_ref()?;
-                                let v = quantity(&p.current.average_value.as_ref()?.0).ok()?;
-                                Some((p.metric.name.clone(), v))
-                            })
-                            .collect();
-                        let current = status.as_ref().and_then(|s| s.current_replicas);
+                        let r = HpaReading::of(hpa);
                         let sample = Sample {
                             at: applied.elapsed().as_secs_f64(),
                             dp_size: svc.spec.dp_size,
                             engines: dep.and_then(|d| d.spec.replicas),
-                            current,
-                            desired: status
-                                .as_ref()
-                                .filter(|_| active)
-                                .map(|s| s.desired_replicas),
-                            metrics,
+                            current: r.current,
+                            desired: r.desired,
+                            metrics: r
+                                .pods
+                                .iter()
+                                .filter_map(|(k, v)| Some((k.clone(), quantity(v).ok()?)))
+                                .collect(),
                             brakes,
                         };
                         samples
