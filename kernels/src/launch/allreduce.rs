@@ -17,18 +17,30 @@ pub enum NormOut {
     Fp8 { q: Dptr<u8>, scale: Dptr<f32> },
 }
 
-/// The shared extent checks of the one-shot kernels.
-fn check(peers: &ArPeers, n: usize, rank: usize, half_elems: usize, blocks: usize) -> Result<()> {
+/// The shared extent checks of the all-reduce kernels: `n` a multiple of `align`, and at most
+/// `cap` elements (what a slot of `half_elems` takes).
+#[allow(clippy::too_many_arguments)]
+fn check(
+    what: &str,
+    peers: &ArPeers,
+    n: usize,
+    rank: usize,
+    half_elems: usize,
+    blocks: usize,
+    align: usize,
+    cap: usize,
+) -> Result<()> {
     let ranks = peers.ranks;
-    if !n.is_multiple_of(8)
-        || n > half_elems
+    if !n.is_multiple_of(align)
+        || n > cap
+        || half_elems > i32::MAX as usize
         || rank >= ranks
         || ranks > AR_MAX_RANKS
         || blocks == 0
         || blocks > 1024
     {
         return Err(KernelError::Unsupported(format!(
-            "one-shot all-reduce of {n} elements (slots of {half_elems}, rank {rank} of {ranks})"
+            "{what} all-reduce of {n} elements (slots of {half_elems}, rank {rank} of {ranks})"
         )));
     }
     Ok(())
@@ -56,7 +68,9 @@ impl Kernels {
         half_elems: usize,
         blocks: usize,
     ) -> Result<()> {
-        check(peers, n, rank, half_elems, blocks)?;
+        check(
+            "one-shot", peers, n, rank, half_elems, blocks, 8, half_elems,
+        )?;
         // SAFETY: checked above; the caller guarantees the rest.
         unsafe {
             self.launch_peers(
@@ -127,19 +141,16 @@ impl Kernels {
         half_elems: usize,
         blocks: usize,
     ) -> Result<()> {
-        let ranks = peers.ranks;
-        if !n.is_multiple_of(4)
-            || 2 * n > half_elems
-            || half_elems > i32::MAX as usize
-            || rank >= ranks
-            || ranks > AR_MAX_RANKS
-            || blocks == 0
-            || blocks > 1024
-        {
-            return Err(KernelError::Unsupported(format!(
-                "low-latency all-reduce of {n} elements (slots of {half_elems}, rank {rank} of {ranks})"
-            )));
-        }
+        check(
+            "low-latency",
+            peers,
+            n,
+            rank,
+            half_elems,
+            blocks,
+            4,
+            half_elems / 2,
+        )?;
         // SAFETY: checked above; the caller guarantees the rest.
         unsafe {
             self.launch_peers(
@@ -191,7 +202,7 @@ impl Kernels {
         let n = tokens
             .checked_mul(hidden)
             .ok_or_else(|| KernelError::Unsupported(format!("{tokens} x {hidden} rows")))?;
-        check(peers, n, rank, half_elems, blocks)?;
+        check("fused", peers, n, rank, half_elems, blocks, 8, half_elems)?;
         if peers.ranks > 2 {
             return Err(KernelError::Unsupported(format!(
                 "fused all-reduce and RMSNorm over {} ranks (2 at most)",
