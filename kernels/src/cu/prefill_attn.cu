@@ -87,6 +87,27 @@ __device__ __forceinline__ void pf_land(bf16_t* dst, const typename KV::Raw8 (&r
     }
 }
 
+// A tile's scores scaled into the log2 domain, with MASK those of keys past kv_end or after
+// the row's query position at -inf, and each row's largest (rows g and g + 8 of the warp).
+template <bool MASK>
+__device__ __forceinline__ void pf_scale_mask(float (&s)[PF_BK / 8][4], int kt, int tig,
+                                              int kv_end, int qpos0, int qpos1, float scale_log2,
+                                              float& mx0, float& mx1) {
+#pragma unroll
+    for (int nb = 0; nb < PF_BK / 8; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int key = kt + nb * 8 + tig * 2 + (e & 1);
+            const int qp = e < 2 ? qpos0 : qpos1;
+            const float v =
+                (!MASK || (key < kv_end && key <= qp)) ? s[nb][e] * scale_log2 : NEG_INF;
+            s[nb][e] = v;
+            if (e < 2) mx0 = fmaxf(mx0, v);
+            else mx1 = fmaxf(mx1, v);
+        }
+    }
+}
+
 template <int D, typename KV>
 __device__ __forceinline__ void prefill_attn_impl(
     bf16_t* __restrict__ out, int out_stride, const bf16_t* __restrict__ qkv, int q_stride,
@@ -181,19 +202,13 @@ __device__ __forceinline__ void prefill_attn_impl(
                 mma_bf16_16816(s[nb], qf[kb + 1], b2, b3);
             }
         }
-        // mask, scale (log2 domain), running max
+        // mask, scale (log2 domain), running max; a tile whose every key is in range and at
+        // or before the block's first query needs no mask
         float mx0 = NEG_INF, mx1 = NEG_INF;
-#pragma unroll
-        for (int nb = 0; nb < PF_BK / 8; ++nb) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = kt + nb * 8 + tig * 2 + (e & 1);
-                const int qp = e < 2 ? qpos0 : qpos1;
-                const float v = (key < kv_end && key <= qp) ? s[nb][e] * scale_log2 : NEG_INF;
-                s[nb][e] = v;
-                if (e < 2) mx0 = fmaxf(mx0, v);
-                else mx1 = fmaxf(mx1, v);
-            }
+        if (kt + PF_BK <= kv_end && kt + PF_BK - 1 <= prefix + qoff) {
+            pf_scale_mask<false>(s, kt, tig, kv_end, qpos0, qpos1, scale_log2, mx0, mx1);
+        } else {
+            pf_scale_mask<true>(s, kt, tig, kv_end, qpos0, qpos1, scale_log2, mx0, mx1);
         }
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
