@@ -22,9 +22,12 @@ mod fp8;
 mod graphs;
 // A layer's GEMMs and GEMVs, and the all-reduce.
 mod linear;
+// Prefill's last layer on the rows that need logits only.
+mod tail;
 
 pub(super) use add_norm::{Area, NormTo, Pending};
 pub(super) use graphs::Graphs;
+use tail::{Tail, TailPlan};
 
 /// Rows of logits computed per LM-head GEMM.
 const LOGIT_ROWS: usize = 256;
@@ -159,6 +162,8 @@ struct Inputs {
     positions: Dptr<i32>,
     slots: Dptr<i32>,
     attn: AttnInputs,
+    /// A prefill pass whose last layer runs on the rows that need logits only.
+    tail: Option<Tail>,
 }
 
 #[derive(Clone, Copy)]
@@ -301,9 +306,14 @@ impl CudaBackend {
         } else {
             prefill_tiles(&q_lens)
         };
-        // one upload: [ids | pos | slots | q_indptr | kv_indptr | prefix | tiles | rows | indices]
+        let tail = (!decode && self.logit_rows_only(tokens, last_rows.len()))
+            .then(|| TailPlan::new(batch));
+        let none = Vec::new();
+        let tp = tail.as_ref();
+        // one upload: [ids | pos | slots | q_indptr | kv_indptr | prefix | tiles | rows |
+        // indices | the tail's q_indptr | prefix | tiles | rows]
         let mut meta: Vec<i32> = Vec::new();
-        let mut offs = [0usize; 9];
+        let mut offs = [0usize; 13];
         for (k, part) in [
             &ids,
             &pos,
@@ -314,6 +324,10 @@ impl CudaBackend {
             &tiles,
             &last_rows,
             &kv_indices,
+            tp.map_or(&none, |t| &t.q_indptr),
+            tp.map_or(&none, |t| &t.prefix),
+            tp.map_or(&none, |t| &t.tiles),
+            tp.map_or(&none, |t| &t.ident),
         ]
         .iter()
         .enumerate()
@@ -350,12 +364,26 @@ impl CudaBackend {
         };
         // SAFETY: ids are token ids < vocab (validated), stored as i32 bit patterns.
         let ids_ptr = unsafe { Dptr::<u32>::from_raw(at(0).addr()) };
+        let tail = tail.map(|t| Tail {
+            rows: at(7),
+            ident: at(12),
+            n: last_rows.len(),
+            attn: AttnInputs::Prefill {
+                tiles: at(11),
+                n_tiles: t.tiles.len() / 2,
+                q_indptr: at(9),
+                kv_indptr: at(4),
+                kv_indices: at(8),
+                prefix_lens: at(10),
+            },
+        });
         let inputs = Inputs {
             tokens,
             ids: ids_ptr,
             positions: at(1),
             slots: at(2),
             attn,
+            tail,
         };
         self.layers(&inputs)?;
         if !self.computes_logits() {
@@ -371,9 +399,11 @@ impl CudaBackend {
         }
         let h = self.cfg.hidden_size;
         let fused = self.fused_norm(tokens);
+        // the rows that need logits: gathered already when the last layer ran on them alone
+        let head_rows = tail.map_or(at(7), |t| t.ident);
         for c0 in (0..n).step_by(LOGIT_ROWS) {
             let c = (n - c0).min(LOGIT_ROWS);
-            let rows = at(7).add(c0);
+            let rows = head_rows.add(c0);
             let sc = &self.scratch;
             // SAFETY: rows index tokens of this pass; selection buffers hold LOGIT_ROWS rows.
             unsafe {
@@ -505,12 +535,15 @@ impl CudaBackend {
         }
         // What `delta` holds until the next norm adds it: FP8 scales to apply, an all-reduce.
         let mut pending = Pending::default();
+        // rows of the last layer's output (fewer than `t` when it runs on the logit rows)
+        let mut out_rows = t;
         unsafe {
             k.embedding(s, x, dptr(&self.w.embed, s), inp.ids, t, h, c.vocab_size)
                 .map_err(cuda_err)?;
             for (l, lw) in self.w.layers.iter().enumerate() {
                 // the last layer's down_proj product stays in `delta` (see `layers`' contract)
                 let mlp_area = (l + 1 < self.w.layers.len()).then_some(Area::Mlp);
+                let tail = inp.tail.filter(|_| l + 1 == self.w.layers.len());
                 let f8 = self.fp8_layer(lw, t);
                 // The weight scales of the FP8 qkv GEMM whose product sits in `qkv` unscaled.
                 let mut qkv_scales: Option<Dptr<f32>> = None;
@@ -613,7 +646,16 @@ impl CudaBackend {
                         ),
                     }
                     .map_err(cuda_err)?;
-                    match inp.attn {
+                    // the last layer on the logit rows: their queries and residual rows
+                    // gathered (K and V of every row are in the pool now)
+                    let (attn_in, q_src) = match &tail {
+                        Some(tl) => {
+                            self.gather_tail(tl, x, qkv, gate_up, normed, qkv_w, h)?;
+                            (tl.attn, gate_up)
+                        }
+                        None => (inp.attn, qkv),
+                    };
+                    match attn_in {
                         AttnInputs::Decode {
                             batch,
                             plan,
@@ -649,7 +691,7 @@ impl CudaBackend {
                                 s,
                                 attn,
                                 q_w,
-                                qkv,
+                                q_src,
                                 qkv_w,
                                 kc,
                                 vc,
@@ -663,6 +705,12 @@ impl CudaBackend {
                             )
                             .map_err(cuda_err)?,
                     }
+                }
+                let t = tail.map_or(t, |tl| tl.n);
+                out_rows = t;
+                if t == 0 {
+                    // no row of this pass needs logits (a prompt chunk that is not the last)
+                    break;
                 }
                 if fused {
                     self.row_parallel_add(attn, lw.o.weight(s), x, t, q_w, h)?;
@@ -713,7 +761,7 @@ impl CudaBackend {
         }
         // (the last layer's product is in `delta`: nothing pulled is pending)
         if let Some(ws) = pending.scales {
-            self.rescale_delta(delta, ws, t, h)?;
+            self.rescale_delta(delta, ws, out_rows, h)?;
         }
         if let (Some(d), AttnInputs::Prefill { .. }) = (&self.dump, inp.attn) {
             d.pass.fetch_add(1, Ordering::Relaxed);

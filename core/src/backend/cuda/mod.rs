@@ -130,6 +130,11 @@ pub struct CudaBackend {
     /// tensor-core attention kernel (`SGL_DISABLE_DECODE_TC=1`: the FP32 kernel at every batch).
     /// Off under `--enable-deterministic-inference`, whose decode must not depend on the batch.
     decode_tc: bool,
+    /// Prefill passes run their last layer past the K/V store on the rows that need logits
+    /// only (`forward/tail.rs`; `SGL_DISABLE_LOGIT_ROWS_ONLY=1`: on every row; also off while
+    /// `SGL_CUDA_DUMP_DIR` asks for each layer's output). Read from the environment, so the
+    /// same on every rank.
+    logit_rows_only: bool,
     cfg: ModelConfig,
     pub(crate) w: weights::Weights,
     /// [layer][k | v][slot][kv_heads * head_dim] elements of `opts.kv`, as bytes; slot
@@ -281,6 +286,8 @@ impl CudaBackend {
             ar_norm_fusion: std::env::var("SGL_DISABLE_AR_NORM_FUSION").as_deref() != Ok("1")
                 && std::env::var_os("SGL_CUDA_DUMP_DIR").is_none(),
             decode_tc: std::env::var("SGL_DISABLE_DECODE_TC").as_deref() != Ok("1"),
+            logit_rows_only: std::env::var("SGL_DISABLE_LOGIT_ROWS_ONLY").as_deref() != Ok("1")
+                && std::env::var_os("SGL_CUDA_DUMP_DIR").is_none(),
             cfg,
             w: p.w,
             kv,

@@ -132,6 +132,7 @@ impl CudaBackend {
                 kv_indptr: m.add(3 * max_bs),
                 kv_indices: m.add(4 * max_bs + 1),
             },
+            tail: None,
         })
     }
 

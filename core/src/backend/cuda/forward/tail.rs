@@ -1,0 +1,106 @@
+//! A prefill pass's last layer on the rows that need logits only. Every row's K and V of the
+//! last layer go to the pool (later passes attend to them), but its attention output, o_proj,
+//! MLP and norms feed nothing but the LM head, which reads only the rows that need logits (a
+//! prompt's last token; every token with prompt logprobs). So after the last layer's K/V store
+//! those rows are gathered, and attention (their queries against every key of their
+//! sequences), o_proj, the post-attention norm and the MLP run on them alone: for a 1024-token
+//! prompt about 1/32 of the pass's work is left out. `SGL_DISABLE_LOGIT_ROWS_ONLY=1` runs the
+//! last layer on every row (for comparisons).
+
+use half::bf16;
+use sgl_kernels::{Dptr, prefill_tiles};
+
+use super::{AttnInputs, CudaBackend};
+use crate::backend::SeqInput;
+use crate::backend::cuda::cuda_err;
+use crate::error::Result;
+
+/// The host-side inputs of the tail's attention: each sequence's queries are its last
+/// `num_logits` positions (after a "prefix" of every earlier position), its keys all of them.
+pub(super) struct TailPlan {
+    /// Query rows per sequence (the logit rows, gathered in order).
+    pub q_indptr: Vec<i32>,
+    /// Positions before each sequence's first gathered row.
+    pub prefix: Vec<i32>,
+    /// Prefill attention's query tiles over the gathered rows.
+    pub tiles: Vec<i32>,
+    /// 0..n: where the head finds the gathered rows.
+    pub ident: Vec<i32>,
+}
+
+impl TailPlan {
+    pub fn new(batch: &[SeqInput<'_>]) -> Self {
+        let mut q_indptr = vec![0i32];
+        let mut prefix = Vec::with_capacity(batch.len());
+        let mut lens = Vec::with_capacity(batch.len());
+        for q in batch {
+            let len = q.tokens.len();
+            let n = q.num_logits.min(len);
+            lens.push(n);
+            q_indptr.push(q_indptr[q_indptr.len() - 1] + n as i32);
+            prefix.push((q.start_pos + len - n) as i32);
+        }
+        let n = q_indptr[q_indptr.len() - 1];
+        TailPlan {
+            q_indptr,
+            prefix,
+            tiles: prefill_tiles(&lens),
+            ident: (0..n).collect(),
+        }
+    }
+}
+
+/// Device addresses of the tail's inputs (uploaded with the pass's other inputs).
+#[derive(Clone, Copy)]
+pub(super) struct Tail {
+    /// The pass's rows that need logits, in order.
+    pub rows: Dptr<i32>,
+    /// 0..n.
+    pub ident: Dptr<i32>,
+    pub n: usize,
+    /// Prefill attention over the gathered queries.
+    pub attn: AttnInputs,
+}
+
+impl CudaBackend {
+    /// Whether a prefill pass of `tokens` rows, `logit_rows` of them needing logits, runs its
+    /// last layer on those rows only: not for the decode layer form (its passes are small and
+    /// graph-captured) and not under `--enable-deterministic-inference` (the last layer's
+    /// GEMMs would then see a row count that depends on the batch). The same answer on every
+    /// rank.
+    pub(super) fn logit_rows_only(&self, tokens: usize, logit_rows: usize) -> bool {
+        self.logit_rows_only
+            && logit_rows < tokens
+            && !self.fused_norm(tokens)
+            && !self.opts.deterministic
+    }
+
+    /// The tail's gathers, after the last layer's K/V store: the rows of `qkv` (queries
+    /// rotated and scaled) that need logits into `q_out` (n x `qkv_w`), and the residual
+    /// stream's into the first n rows of `x` (through `tmp`: a gather in place could overwrite
+    /// a row before it is read).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gather_tail(
+        &self,
+        tail: &Tail,
+        x: Dptr<bf16>,
+        qkv: Dptr<bf16>,
+        q_out: Dptr<bf16>,
+        tmp: Dptr<bf16>,
+        qkv_w: usize,
+        h: usize,
+    ) -> Result<()> {
+        let s = &self.stream;
+        let k = &self.kernels;
+        // SAFETY: q_out holds n x qkv_w and tmp n x h values (the scratch's gate_up and normed
+        // hold a pass's rows at wider widths); rows index the pass's rows, ident 0..n.
+        unsafe {
+            k.gather_rows(s, q_out, qkv, tail.rows, tail.n, qkv_w)
+                .map_err(cuda_err)?;
+            k.gather_rows(s, tmp, x, tail.rows, tail.n, h)
+                .map_err(cuda_err)?;
+            k.gather_rows(s, x, tmp, tail.ident, tail.n, h)
+                .map_err(cuda_err)
+        }
+    }
+}
