@@ -206,8 +206,8 @@ impl Kernels {
             arg(&i),
             arg(&rows),
         ];
-        // SILU_Q_VEC (4) vectors of 8 per thread, at most SILU_Q_THREADS (512) threads (fp8.cu)
-        let threads = (inter / 8).div_ceil(4).clamp(32, 512).next_multiple_of(32) as u32;
+        // SILU_Q_VEC (2) vectors of 8 per thread, at most SILU_Q_THREADS (1024) threads (fp8.cu)
+        let threads = (inter / 8).div_ceil(2).clamp(32, 1024).next_multiple_of(32) as u32;
         let grid = (
             self.row_grid(s, &self.silu_mul_quant_fp8, threads, n_tokens)?,
             1,
