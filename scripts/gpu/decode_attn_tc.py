@@ -10,13 +10,13 @@ bytes measured in the same run; each variant's output against the source as it i
 difference, in bf16 units of the output).
 
 Usage: decode_attn_tc.py [BATCH] [LEN]   (default 256 1000)."""
-import os, sys
+import sys
 import numpy as np
 import cupy as cp
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "kernels", "src", "cu")
-FILES = ["common.cuh", "fp8.cu", "kv.cuh", "prefill_attn.cu", "decode_attn_tc.cu"]
-SRC = "".join(open(os.path.join(ROOT, f)).read() for f in FILES)
+import cupy_kernels
+
+SRC = cupy_kernels.source(["common.cuh", "fp8.cu", "kv.cuh", "prefill_attn.cu", "decode_attn_tc.cu"])
 B = int(sys.argv[1]) if len(sys.argv) > 1 else 256
 L = int(sys.argv[2]) if len(sys.argv) > 2 else 1000
 H, KVH, D = 32, 8, 128
@@ -25,26 +25,11 @@ rng = np.random.default_rng(9)
 
 
 def module(edits=()):
-    src = SRC
-    for old, new in edits:
-        if old not in src:
-            raise ValueError(f"variant edit not found: {old[:60]!r}")
-        src = src.replace(old, new)
-    return cp.RawModule(code=src, options=("--std=c++17",))
+    return cupy_kernels.module(SRC, edits)
 
 
-def timed(fn, n=30):
-    fn()
-    cp.cuda.Device().synchronize()
-    ts = []
-    for _ in range(n):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(a, b) * 1e3)
-    return float(np.median(ts))
+def timed(fn):
+    return cupy_kernels.timed(fn, 30)
 
 
 def bf16(x):

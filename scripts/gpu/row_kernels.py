@@ -8,12 +8,14 @@ as it is (a variant that leaves out work says so and is timed only). Times: medi
 launches (CUDA events), against a plain copy of the same bytes measured in the same run.
 
 Usage: row_kernels.py [ROWS]   (default 1024)."""
-import os, sys
+import sys
 import numpy as np
 import cupy as cp
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "kernels", "src", "cu")
-SRC = open(os.path.join(ROOT, "common.cuh")).read() + open(os.path.join(ROOT, "fp8.cu")).read()
+import cupy_kernels
+from cupy_kernels import timed
+
+SRC = cupy_kernels.source(["common.cuh", "fp8.cu"])
 ROWS = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
 H, INTER = 4096, 14336
 SMS = cp.cuda.Device().attributes["MultiProcessorCount"]
@@ -70,26 +72,7 @@ extern "C" __global__ void copy_bytes(const uint4* __restrict__ a, uint4* __rest
 
 
 def module(edits=()):
-    src = SRC
-    for old, new in edits:
-        if old not in src:
-            raise ValueError(f"variant edit not found: {old[:60]!r}")
-        src = src.replace(old, new)
-    return cp.RawModule(code=src + SILU_NP + COPY, options=("--std=c++17",))
-
-
-def timed(fn, n=50):
-    fn()
-    cp.cuda.Device().synchronize()
-    ts = []
-    for _ in range(n):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(a, b) * 1e3)
-    return float(np.median(ts))
+    return cupy_kernels.module(SRC, edits, SILU_NP + COPY)
 
 
 rng = np.random.default_rng(5)
