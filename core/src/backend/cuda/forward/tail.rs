@@ -104,3 +104,30 @@ impl CudaBackend {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::TailPlan;
+    use crate::backend::SeqInput;
+
+    #[test]
+    fn tail_plan_takes_each_sequences_logit_rows_after_its_other_positions() {
+        let slots: Vec<u32> = (0..100).collect();
+        let toks: Vec<u32> = (0..70).collect();
+        let seq = |start: usize, len: usize, num_logits: usize| SeqInput {
+            tokens: &toks[..len],
+            start_pos: start,
+            kv_slots: &slots[..start + len],
+            num_logits,
+            prompt: true,
+        };
+        // a prompt's last token, a chunk that needs no logits after a cached prefix, a prompt
+        // with every row's logits (prompt logprobs), and more logits asked than tokens run
+        let batch = [seq(0, 5, 1), seq(3, 4, 0), seq(0, 70, 70), seq(10, 2, 5)];
+        let p = TailPlan::new(&batch);
+        assert_eq!(p.q_indptr, vec![0, 1, 1, 71, 73]);
+        assert_eq!(p.prefix, vec![4, 7, 0, 10]);
+        assert_eq!(p.tiles, vec![0, 0, 2, 0, 2, 64, 3, 0]);
+        assert_eq!(p.ident, (0..73).collect::<Vec<i32>>());
+    }
+}
