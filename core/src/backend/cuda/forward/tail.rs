@@ -66,11 +66,15 @@ impl CudaBackend {
     /// Whether a prefill pass of `tokens` rows, `logit_rows` of them needing logits, runs its
     /// last layer on those rows only: not for the decode layer form (its passes are small and
     /// graph-captured) and not under `--enable-deterministic-inference` (the last layer's
-    /// GEMMs would then see a row count that depends on the batch). The same answer on every
-    /// rank.
+    /// GEMMs would then see a row count that depends on the batch); and only where the
+    /// gathered queries fit the gate/up scratch they borrow (always for Llama-family shapes,
+    /// whose MLP is wider than q, k and v together). The same answer on every rank.
     pub(super) fn logit_rows_only(&self, tokens: usize, logit_rows: usize) -> bool {
+        let c = &self.cfg;
+        let qkv_w = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
         self.logit_rows_only
             && logit_rows < tokens
+            && logit_rows * qkv_w <= self.scratch.tokens * 2 * c.intermediate_size
             && !self.fused_norm(tokens)
             && !self.opts.deterministic
     }
