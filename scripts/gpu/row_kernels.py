@@ -105,7 +105,7 @@ dxs0 = cp.asarray(rng.uniform(0.001, 0.01, ROWS).astype(np.float32))
 dws = cp.asarray(rng.uniform(0.0005, 0.002, 2 * INTER).astype(np.float32))
 
 
-def run_silu(mod, threads=None, grid=None, scaled=True, name="silu_mul_quant_fp8"):
+def run_silu(mod, threads=None, grid=None, name="silu_mul_quant_fp8"):
     f = mod.get_function(name)
     nvec = INTER // 8
     if threads is None:
@@ -119,7 +119,7 @@ def run_silu(mod, threads=None, grid=None, scaled=True, name="silu_mul_quant_fp8
 
     def go():
         xs[...] = dxs0  # the kernel overwrites its row scales (`dxs` is `qscale`)
-        f((grid,), (threads,), (q, xs, gate_up, xs if scaled else np.uint64(0), dws, np.int32(INTER), np.uint32(ROWS)))
+        f((grid,), (threads,), (q, xs, gate_up, xs, dws, np.int32(INTER), np.uint32(ROWS)))
 
     go()
     cp.cuda.Device().synchronize()
