@@ -27,7 +27,10 @@ mod fp8;
 mod gemv;
 
 pub use allreduce::NormOut;
-pub use attention::prefill_tiles;
+pub use attention::{
+    PREFILL_ENTRY_INTS, PREFILL_MAX_SPLITS, PrefillPartials, PrefillSeq, prefill_tiles,
+    prefill_work,
+};
 pub use gemv::{
     GEMV_MAX_SPLITS, GEMV_MAX_TOKENS, GEMV_PREFETCH_STEPS, GemvEpilogue, GemvPlan, GemvWorkspace,
 };
@@ -250,6 +253,8 @@ pub struct Kernels {
     allreduce_ll: CudaFunction,
     allreduce_pull: CudaFunction,
     num_sms: u32,
+    /// Prefill attention blocks a multiprocessor holds at once (the fewest of the pool types).
+    prefill_blocks_per_sm: u32,
     /// The device supports programmatic dependent launch (sm_90 and newer).
     pdl_supported: bool,
     /// Launches use programmatic dependent launch.
@@ -418,11 +423,22 @@ impl Kernels {
             allreduce_ll: f("allreduce_ll_bf16")?,
             allreduce_pull: f("allreduce_pull_add_rmsnorm")?,
             num_sms,
+            prefill_blocks_per_sm: 1,
             pdl_supported,
             pdl,
             pdl_early_trigger: false,
             gemv_prefetch,
         };
+        k.prefill_blocks_per_sm = k
+            .prefill
+            .iter()
+            .flatten()
+            .map(|f| f.occupancy_max_active_blocks_per_multiprocessor(128, 0, None))
+            .collect::<std::result::Result<Vec<u32>, _>>()?
+            .into_iter()
+            .min()
+            .unwrap_or(1)
+            .max(1);
         if std::env::var("SGL_PDL_EARLY_TRIGGER").as_deref() == Ok("1") {
             k.set_pdl_early_trigger(true, &ctx.default_stream())?;
         }
@@ -431,6 +447,12 @@ impl Kernels {
 
     pub fn num_sms(&self) -> u32 {
         self.num_sms
+    }
+
+    /// Prefill attention blocks the device runs at once: the `slots` of
+    /// [`prefill_work`](crate::prefill_work).
+    pub fn prefill_slots(&self) -> usize {
+        self.num_sms as usize * self.prefill_blocks_per_sm as usize
     }
 
     /// Whether launches use programmatic dependent launch (on by default on sm_90 and newer,

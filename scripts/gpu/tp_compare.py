@@ -1,7 +1,9 @@
 """Tensor-parallel parity: the engine's greedy run at tp N against its run at tp 1.
 
   tp_compare.py prompts CKPT OUT_DIR STEPS   write OUT_DIR/prompts.json (the cases of hf_ref.py:
-                                             batch 1, 8, 64 and 8 prompts on a cached prefix)
+                                             batch 1, 8, 64 and 8 prompts on a cached prefix;
+                                             LONG=N adds a case of one N-token prompt and one of
+                                             4 prompts of N/2 to N tokens)
   tp_compare.py compare TP1_DIR TPN_DIR      score `sgl-bench check-reference` outputs
 
 Scores: the prefill logits' difference relative to their size (L2, as compare.py measures the
@@ -30,6 +32,11 @@ def prompts(ckpt, out, steps):
         {"name": "prefix8", "shared_prefix": 160,
          "prompts": [prefix + rand(n) for n in rng.integers(1, 40, 8)]},
     ]
+    long = int(os.environ.get("LONG", "0"))
+    if long:
+        cases.append({"name": f"b1-{long}", "prompts": [rand(long)]})
+        cases.append({"name": f"b4-{long}",
+                      "prompts": [rand(n) for n in rng.integers(long // 2, long + 1, 4)]})
     os.makedirs(out, exist_ok=True)
     json.dump({"steps": int(steps), "cases": cases}, open(os.path.join(out, "prompts.json"), "w"))
 

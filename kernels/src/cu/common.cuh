@@ -66,6 +66,22 @@ __device__ __forceinline__ void pdl_trigger_end() {
 #endif
 }
 
+// L2-coherent loads (never from a stale L1 line): partials written by other blocks of the
+// same launch.
+__device__ __forceinline__ float ld_cg_f32(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float4 ld_cg_f32x4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "l"(p));
+    return v;
+}
+
 // Round a float to the nearest bf16 and back: emulates a PyTorch bf16 op's output.
 __device__ __forceinline__ float rbf(float f) { return bf2f(f2bf(f)); }
 

@@ -70,13 +70,6 @@ __device__ __forceinline__ bf16_t dec_merge_one(const float* __restrict__ partia
     return f2bf(l > 0.0f ? o / l : 0.0f);
 }
 
-// An L2-coherent load: partials written by other blocks of the same launch.
-__device__ __forceinline__ float dec_ld_cg(const float* p) {
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-    return v;
-}
-
 // Llama rotate-half RoPE of the pair (x1 = x[i], x2 = x[i + D/2]) at `pos`, rounded as
 // rope_kv_store_bf16 rounds it.
 __device__ __forceinline__ void dec_rope_pair(float pos, float inv_freq, float x1, float x2,
@@ -402,8 +395,8 @@ __device__ __forceinline__ void decode_attn_impl(
     for (int idx = tid; idx < G * active; idx += DEC_THREADS) {
         const int g = idx / active, s = idx % active;
         const float* ml = partial_ml + ((size_t)(b * n_heads + h0 + g) * nsplit + s) * 2;
-        s_sm[g][s] = dec_ld_cg(ml);
-        s_sl[g][s] = dec_ld_cg(ml + 1);
+        s_sm[g][s] = ld_cg_f32(ml);
+        s_sl[g][s] = ld_cg_f32(ml + 1);
     }
     __syncthreads();
     for (int idx = tid; idx < G * D; idx += DEC_THREADS) {
@@ -420,7 +413,7 @@ __device__ __forceinline__ void decode_attn_impl(
             if (ls > 0.0f) {
                 const float w = exp2f(s_sm[g][s] - m);
                 l += ls * w;
-                o += dec_ld_cg(partial_o + (base + s) * D + d) * w;
+                o += ld_cg_f32(partial_o + (base + s) * D + d) * w;
             }
         }
         out[(size_t)b * out_stride + (h0 + g) * D + d] = f2bf(l > 0.0f ? o / l : 0.0f);

@@ -6,9 +6,21 @@
 // cached prefix); its keys are positions 0 .. prefix + q_len - 1, all read from the pool through
 // kv_indices (the new tokens' K/V were written there by rope_kv_store first).
 //
-// Grid (n_tiles, n_heads); each block takes 64 queries of one head: tile i covers sequence
-// tiles[2i] from query offset tiles[2i+1]. Blocks are numbered so that the last tiles (the
-// longest key ranges of a prompt) are dispatched first and short ones fill in behind them.
+// Grid (n_tiles, n_heads); each block takes 64 queries of one head and a run of their keys.
+// Work entry i (4 ints, see prefill_tiles / prefill_work on the host) covers sequence
+// tiles[4i] from query offset tiles[4i+1]; tiles[4i+2] = split + (nsplit << 16) says which of
+// nsplit runs of whole key tiles over the queries' key range the block takes, and tiles[4i+3]
+// is the first partial slot of that query tile's splits. Blocks are numbered so that the last
+// entries (the host orders them by length) are dispatched first and short ones fill in behind.
+//
+// Split key ranges (nsplit > 1): a launch with few query tiles is bound by its longest one (a
+// 1024-token prompt's last tile reads 16 key tiles in a row while the GPU has room for more
+// blocks), so the host may cut the longest tiles' key ranges into runs of whole tiles. Each
+// such block writes its unnormalised output and each row's (max, sum) in the log2 domain to
+// its partial slot; the last of a query tile's splits to finish (an arrival counter per slot
+// group and head, left at zero) merges them in split order, so the result never depends on
+// timing. Partial slot p of head h holds rows ((p * n_heads + h) * 64 + r) of part_o (D
+// floats each) and part_ml (2 floats each).
 // 4 warps, 16 query rows each. K/V tiles of 64 keys in shared memory (rows padded by 8
 // elements: fragment loads free of bank conflicts), fetched with cp.async: the V tile loads
 // while the scores of its K tile are computed, the next K tile while P V is, and the next
@@ -21,6 +33,8 @@
 #define PF_BQ 64
 #define PF_BK 64
 #define PF_THREADS 128
+// Most splits of one query tile's keys (PREFILL_MAX_SPLITS on the host).
+#define PF_MAX_SPLITS 16
 
 __device__ __forceinline__ void pf_cp_async16(bf16_t* smem, const bf16_t* gmem, bool valid) {
     // 16 bytes from global to shared without a register round trip; zero-filled when !valid
@@ -108,6 +122,115 @@ __device__ __forceinline__ void pf_scale_mask(float (&s)[PF_BK / 8][4], int kt, 
     }
 }
 
+// A split block's end (see the top): its unnormalised rows and their (max, sum) to its partial
+// slot; the last of the query tile's nsplit blocks to arrive merges every split's rows in split
+// order and writes the output rows (the first `rows` of the tile; row 0 is token `row0` of the
+// batch). `s_w`: shared memory for PF_MAX_SPLITS + 1 floats per row.
+template <int D>
+__device__ __forceinline__ void pf_split_out(bf16_t* __restrict__ out, int out_stride,
+                                             const float (&o)[D / 8][4], float m0, float m1,
+                                             float l0, float l1, float* __restrict__ part_o,
+                                             float* __restrict__ part_ml,
+                                             unsigned int* __restrict__ counters, int part0,
+                                             int split, int nsplit, int h, int row0, int rows,
+                                             float v_scale, float* s_w, int& s_last) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, tig = lane & 3;
+    const int n_heads = gridDim.y;
+    const int r0 = warp * 16 + g, r1 = r0 + 8;
+    {
+        const size_t base = ((size_t)(part0 + split) * n_heads + h) * PF_BQ;
+#pragma unroll
+        for (int nb = 0; nb < D / 8; ++nb) {
+            const int d = nb * 8 + tig * 2;
+            *(float2*)(part_o + (base + r0) * D + d) = make_float2(o[nb][0], o[nb][1]);
+            *(float2*)(part_o + (base + r1) * D + d) = make_float2(o[nb][2], o[nb][3]);
+        }
+        if (tig == 0) {
+            *(float2*)(part_ml + (base + r0) * 2) = make_float2(m0, l0);
+            *(float2*)(part_ml + (base + r1) * 2) = make_float2(m1, l1);
+        }
+    }
+    __threadfence();
+    __syncthreads();
+    unsigned int* counter = counters + (size_t)part0 * n_heads + h;
+    if (tid == 0) s_last = atomicAdd(counter, 1u) == (unsigned int)(nsplit - 1);
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    if (tid == 0) *counter = 0u;  // ready for the next launch
+    // per row: each split's weight exp2(m_s - m) and v_scale / l
+    const size_t head0 = (size_t)part0 * n_heads + h;  // slot s of this head: head0 + s * n_heads
+    if (tid < PF_BQ) {
+        float ms[PF_MAX_SPLITS], ls[PF_MAX_SPLITS];
+        float m = NEG_INF;
+#pragma unroll
+        for (int s = 0; s < PF_MAX_SPLITS; ++s) {
+            if (s < nsplit) {
+                const float* ml = part_ml + ((head0 + (size_t)s * n_heads) * PF_BQ + tid) * 2;
+                ms[s] = ld_cg_f32(ml);
+                ls[s] = ld_cg_f32(ml + 1);
+                m = fmaxf(m, ms[s]);
+            }
+        }
+        float l = 0.0f;
+#pragma unroll
+        for (int s = 0; s < PF_MAX_SPLITS; ++s) {
+            if (s < nsplit) {
+                const float w = ms[s] == NEG_INF ? 0.0f : exp2f(ms[s] - m);
+                s_w[s * PF_BQ + tid] = w;
+                l += ls[s] * w;
+            }
+        }
+        s_w[PF_MAX_SPLITS * PF_BQ + tid] = l > 0.0f ? v_scale / l : 0.0f;
+    }
+    __syncthreads();
+    // 8 dims of 8 rows a thread: rows tid / CHR + 8 i, dims (tid % CHR) * 8
+    constexpr int CHR = D / 8;          // 8-dim chunks per row
+    constexpr int RS = PF_THREADS / CHR;  // rows a pass
+    const int c = tid % CHR;
+    float acc[PF_BQ / RS][8];
+#pragma unroll
+    for (int i = 0; i < PF_BQ / RS; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+    for (int s = 0; s < nsplit; ++s) {
+        const float* ps = part_o + (head0 + (size_t)s * n_heads) * PF_BQ * D;
+        float4 a[PF_BQ / RS][2];
+#pragma unroll
+        for (int i = 0; i < PF_BQ / RS; ++i) {
+            const float* p = ps + (size_t)(tid / CHR + RS * i) * D + c * 8;
+            a[i][0] = ld_cg_f32x4(p);
+            a[i][1] = ld_cg_f32x4(p + 4);
+        }
+#pragma unroll
+        for (int i = 0; i < PF_BQ / RS; ++i) {
+            const float w = s_w[s * PF_BQ + tid / CHR + RS * i];
+            acc[i][0] += a[i][0].x * w;
+            acc[i][1] += a[i][0].y * w;
+            acc[i][2] += a[i][0].z * w;
+            acc[i][3] += a[i][0].w * w;
+            acc[i][4] += a[i][1].x * w;
+            acc[i][5] += a[i][1].y * w;
+            acc[i][6] += a[i][1].z * w;
+            acc[i][7] += a[i][1].w * w;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < PF_BQ / RS; ++i) {
+        const int r = tid / CHR + RS * i;
+        if (r < rows) {
+            const float inv = s_w[PF_MAX_SPLITS * PF_BQ + r];
+            uint4 v;
+            v.x = pack_bf2(acc[i][0] * inv, acc[i][1] * inv);
+            v.y = pack_bf2(acc[i][2] * inv, acc[i][3] * inv);
+            v.z = pack_bf2(acc[i][4] * inv, acc[i][5] * inv);
+            v.w = pack_bf2(acc[i][6] * inv, acc[i][7] * inv);
+            *(uint4*)(out + (size_t)(row0 + r) * out_stride + h * D + c * 8) = v;
+        }
+    }
+}
+
 template <int D, typename KV>
 __device__ __forceinline__ void prefill_attn_impl(
     bf16_t* __restrict__ out, int out_stride, const bf16_t* __restrict__ qkv, int q_stride,
@@ -115,13 +238,15 @@ __device__ __forceinline__ void prefill_attn_impl(
     int kv_stride,
     const int* __restrict__ tiles, const int* __restrict__ q_indptr,
     const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
-    const int* __restrict__ prefix_lens, int group, float scale_log2, float v_scale) {
+    const int* __restrict__ prefix_lens, int group, float scale_log2, float v_scale,
+    float* __restrict__ part_o, float* __restrict__ part_ml, unsigned int* __restrict__ counters) {
     constexpr int LD = D + 8;
     constexpr int CH = D / 8;               // 16-byte chunks per row
     constexpr int RPP = PF_THREADS / CH;    // rows per pass of the block
     constexpr int NP = PF_BK / RPP;         // passes per tile
     __shared__ __align__(16) bf16_t sK[PF_BK * LD];
     __shared__ __align__(16) bf16_t sV[PF_BK * LD];
+    __shared__ int s_last;
 
     pdl_wait();
     pdl_trigger_early();
@@ -131,18 +256,25 @@ __device__ __forceinline__ void prefill_attn_impl(
     const int lin = blockIdx.y * gridDim.x + blockIdx.x;
     const int tile = gridDim.x - 1 - lin / gridDim.y;
     const int h = lin % gridDim.y, kvh = h / group;
-    const int seq = tiles[2 * tile], qoff = tiles[2 * tile + 1];
+    const int seq = tiles[4 * tile], qoff = tiles[4 * tile + 1];
+    const int split = tiles[4 * tile + 2] & 0xffff, nsplit = tiles[4 * tile + 2] >> 16;
+    const int part0 = tiles[4 * tile + 3];
     const int qbeg = q_indptr[seq], qlen = q_indptr[seq + 1] - qbeg;
     const int prefix = prefix_lens[seq];
     const int kvbeg = kv_indptr[seq];
     const int kvlen = kv_indptr[seq + 1] - kvbeg;
     const int kv_end = min(kvlen, prefix + qoff + PF_BQ);
+    // this block's keys: the split-th of nsplit runs of whole key tiles over [0, kv_end)
+    const int n_kt = (kv_end + PF_BK - 1) / PF_BK;
+    const int per = (n_kt + nsplit - 1) / nsplit;
+    const int kv_lo = min(split * per, n_kt) * PF_BK;
+    const int kv_hi = min(kv_end, (split + 1) * per * PF_BK);
     const size_t head_off = (size_t)kvh * D;
 
     // the first K tile loads while Q is staged through sV into registers (A fragments)
     int slot[NP], slot_next[NP];
     typename KV::Raw8 raw_k[NP], raw_v[NP];  // an FP8 pool's bytes on their way (pf_fetch)
-    pf_slots<NP, RPP, CH>(slot, kv_indices, kvbeg, 0, kv_end, tid);
+    pf_slots<NP, RPP, CH>(slot, kv_indices, kvbeg, kv_lo, kv_end, tid);
     pf_fetch<KV, NP, RPP, CH, LD>(sK, k_cache, slot, kv_stride, head_off, tid, raw_k);
     pf_cp_commit();
     for (int idx = tid; idx < PF_BQ * CH; idx += PF_THREADS) {
@@ -175,8 +307,8 @@ __device__ __forceinline__ void prefill_attn_impl(
     for (int nb = 0; nb < D / 8; ++nb) o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0.0f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
 
-    for (int kt = 0; kt < kv_end; kt += PF_BK) {
-        const bool more = kt + PF_BK < kv_end;
+    for (int kt = kv_lo; kt < kv_hi; kt += PF_BK) {
+        const bool more = kt + PF_BK < kv_hi;
         if (more) pf_slots<NP, RPP, CH>(slot_next, kv_indices, kvbeg, kt + PF_BK, kv_end, tid);
         pf_land<KV, NP, RPP, CH, LD>(sK, raw_k, tid);  // sK is free since the last scores
         pf_fetch<KV, NP, RPP, CH, LD>(sV, v_cache, slot, kv_stride, head_off, tid, raw_v);
@@ -273,11 +405,17 @@ __device__ __forceinline__ void prefill_attn_impl(
         for (int i = 0; i < NP; ++i) slot[i] = slot_next[i];
     }
 
+    pf_cp_wait<0>();  // an empty split's first fetch
     pdl_trigger_end();
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    if (nsplit > 1) {
+        pf_split_out<D>(out, out_stride, o, m0, m1, l0, l1, part_o, part_ml, counters, part0,
+                        split, nsplit, h, qbeg + qoff, qlen - qoff, v_scale, (float*)sK, s_last);
+        return;
+    }
     const float inv0 = l0 > 0.0f ? v_scale / l0 : 0.0f;
     const float inv1 = l1 > 0.0f ? v_scale / l1 : 0.0f;
     const int r0 = qoff + warp * 16 + g, r1 = r0 + 8;
@@ -301,10 +439,11 @@ __device__ __forceinline__ void prefill_attn_impl(
         bf16_t* out, int out_stride, const bf16_t* qkv, int q_stride, const KV::T* kc,         \
         const KV::T* vc, int kv_stride, const int* tiles, const int* q_indptr,                 \
         const int* kv_indptr, const int* kv_indices, const int* prefix_lens, int group,        \
-        float scale_log2, float v_scale) {                                                     \
+        float scale_log2, float v_scale, float* part_o, float* part_ml,                        \
+        unsigned int* counters) {                                                              \
         prefill_attn_impl<D, KV>(out, out_stride, qkv, q_stride, kc, vc, kv_stride, tiles,     \
                                  q_indptr, kv_indptr, kv_indices, prefix_lens, group,          \
-                                 scale_log2, v_scale);                                         \
+                                 scale_log2, v_scale, part_o, part_ml, counters);              \
     }
 
 PREFILL_ATTN(64, , KvBf16)

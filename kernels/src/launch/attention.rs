@@ -356,12 +356,16 @@ impl Kernels {
     }
 
     /// Causal prefill attention for a packed variable-length batch whose queries may start
-    /// after a cached prefix. `tiles` holds (sequence, query offset) pairs, one per 64 queries
-    /// (see [`prefill_tiles`]); q rows come from the fused qkv buffer (rows of q_stride).
+    /// after a cached prefix. `tiles` holds the work list, [`PREFILL_ENTRY_INTS`] per block
+    /// column (see [`prefill_tiles`] and [`prefill_work`]); q rows come from the fused qkv
+    /// buffer (rows of q_stride).
     ///
     /// # Safety
     /// Every index array matches the batch: q_indptr, kv_indptr: batch + 1; prefix_lens: batch;
-    /// kv_indices: kv_indptr[batch]; tiles: 2 n_tiles; out rows of out_stride for every token.
+    /// kv_indices: kv_indptr[batch]; tiles: n_tiles entries made for this batch's sequences
+    /// (prefix + q_len keys each); out rows of out_stride for every token; `parts` hold the
+    /// partial slots the entries name (none for a list without splits), used by no other
+    /// stream, counters at zero.
     pub unsafe fn prefill_attn(
         &self,
         s: &CudaStream,
@@ -377,6 +381,7 @@ impl Kernels {
         kv_indptr: Dptr<i32>,
         kv_indices: Dptr<i32>,
         prefix_lens: Dptr<i32>,
+        parts: PrefillPartials,
         shape: impl Into<LayerAttn>,
     ) -> Result<()> {
         if n_tiles == 0 {
@@ -395,6 +400,7 @@ impl Kernels {
             kv_indices.addr(),
             prefix_lens.addr(),
         );
+        let (po, pml, pc) = (parts.o.addr(), parts.ml.addr(), parts.counters.addr());
         let (os, qs) = (out_stride as i32, q_stride as i32);
         let kvs = (shape.n_kv_heads * shape.head_dim) as i32;
         let group = (shape.n_heads / shape.n_kv_heads) as i32;
@@ -414,6 +420,9 @@ impl Kernels {
             arg(&group),
             arg(&scale_log2),
             arg(&scales.v),
+            arg(&po),
+            arg(&pml),
+            arg(&pc),
         ];
         let grid = (n_tiles as u32, shape.n_heads as u32, 1);
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
@@ -421,14 +430,254 @@ impl Kernels {
     }
 }
 
-/// (sequence, query offset) pairs, one per 64 queries, for [`Kernels::prefill_attn`].
+/// i32s per entry of prefill attention's work list: sequence, query offset, split + (splits
+/// << 16), first partial slot of the query tile's splits.
+pub const PREFILL_ENTRY_INTS: usize = 4;
+/// Most runs one query tile's keys are cut into (`PF_MAX_SPLITS` in `cu/prefill_attn.cu`).
+pub const PREFILL_MAX_SPLITS: usize = 16;
+/// Fewest key tiles (of 64 keys) in a run of a split query tile: a split costs its partial
+/// rows' round trip and the merge, about a tile's work.
+const PREFILL_MIN_RUN: usize = 2;
+const PREFILL_TILE: usize = 64;
+
+/// Where the blocks of split query tiles leave their partial rows: slot p of head h is rows
+/// (p * n_heads + h) * 64 .. + 64 of `o` (head_dim f32 each) and `ml` (2 f32 each); `counters`
+/// holds n_heads per slot group (indexed by its first slot), at zero between launches.
+#[derive(Clone, Copy, Debug)]
+pub struct PrefillPartials {
+    pub o: Dptr<f32>,
+    pub ml: Dptr<f32>,
+    pub counters: Dptr<u32>,
+}
+
+/// One sequence of a prefill launch: `q_len` new queries after `prefix` cached positions; its
+/// keys are all `prefix + q_len` positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefillSeq {
+    pub q_len: usize,
+    pub prefix: usize,
+}
+
+/// One entry per 64 queries, none split, in batch order: the work list of a launch whose
+/// results must not depend on the rest of the batch (deterministic inference).
 pub fn prefill_tiles(q_lens: &[usize]) -> Vec<i32> {
     let mut t = Vec::new();
     for (i, &n) in q_lens.iter().enumerate() {
-        for off in (0..n).step_by(64) {
-            t.push(i as i32);
-            t.push(off as i32);
+        for off in (0..n).step_by(PREFILL_TILE) {
+            t.extend_from_slice(&[i as i32, off as i32, 1 << 16, 0]);
         }
     }
     t
+}
+
+/// The work list of a launch over `seqs` with `n_heads` query heads on a device that runs
+/// `slots` blocks at once, using at most `max_parts` partial slots. A launch takes about as
+/// long as the larger of its longest query tile (its key tiles are read one after another)
+/// and its work spread over the slots; where the longest tiles set the pace (a lone prompt of
+/// a thousand tokens, or one query row after a long prefix) their key ranges are cut into
+/// runs of about the work per slot (at least [`PREFILL_MIN_RUN`] key tiles, at most
+/// [`PREFILL_MAX_SPLITS`] runs), merged by the kernel. Entries are ordered by their key tiles,
+/// fewest first: the kernel dispatches the last entries first.
+pub fn prefill_work(
+    seqs: &[PrefillSeq],
+    n_heads: usize,
+    slots: usize,
+    max_parts: usize,
+) -> Vec<i32> {
+    // (key tiles, sequence, query offset) of every query tile
+    let mut tiles = Vec::new();
+    for (i, q) in seqs.iter().enumerate() {
+        for off in (0..q.q_len).step_by(PREFILL_TILE) {
+            let kv_end = q.prefix + q.q_len.min(off + PREFILL_TILE);
+            tiles.push((kv_end.div_ceil(PREFILL_TILE), i, off));
+        }
+    }
+    let work = tiles.iter().map(|t| t.0).sum::<usize>() * n_heads.max(1);
+    let longest = tiles.iter().map(|t| t.0).max().unwrap_or(0);
+    let runs_of = |units: usize, run: usize| {
+        // runs of at least `run` tiles, at most PREFILL_MAX_SPLITS of them (each non-empty)
+        units.div_ceil(run.max(units.div_ceil(PREFILL_MAX_SPLITS)))
+    };
+    let parts = |run: usize| -> usize {
+        tiles
+            .iter()
+            .filter(|t| t.0 > run)
+            .map(|t| runs_of(t.0, run))
+            .sum()
+    };
+    // the shortest run from the work per slot up whose splits fit the partial slots (the
+    // slots needed fall as the run grows; at `longest` none is split)
+    let (mut run, mut hi) = (work.div_ceil(slots.max(1)).max(PREFILL_MIN_RUN), longest);
+    if run < hi && parts(run) > max_parts {
+        while run + 1 < hi {
+            let mid = run + (hi - run) / 2;
+            if parts(mid) > max_parts {
+                run = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        run = hi;
+    }
+    // (key tiles of the entry, the entry)
+    let mut entries: Vec<(usize, [i32; PREFILL_ENTRY_INTS])> = Vec::new();
+    let mut next_part = 0;
+    for &(units, seq, off) in &tiles {
+        if units <= run {
+            entries.push((units, [seq as i32, off as i32, 1 << 16, 0]));
+            continue;
+        }
+        let n = runs_of(units, run);
+        let per = units.div_ceil(n);
+        for split in 0..n {
+            let len = per.min(units - split * per);
+            let code = (split | n << 16) as i32;
+            entries.push((len, [seq as i32, off as i32, code, next_part as i32]));
+        }
+        next_part += n;
+    }
+    entries.sort_by_key(|e| e.0);
+    entries.into_iter().flat_map(|e| e.1).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PREFILL_ENTRY_INTS, PREFILL_MAX_SPLITS, PrefillSeq, prefill_tiles, prefill_work};
+    use std::collections::BTreeMap;
+
+    /// Decodes a work list as the kernel does and checks that every query tile of `seqs` has
+    /// each of its key tiles in exactly one entry, that a split tile's entries share one group
+    /// of distinct partial slots below `max_parts`, and that entries come fewest key tiles
+    /// first. Returns the largest entry (in key tiles) and the splits of each query tile.
+    fn check(seqs: &[PrefillSeq], list: &[i32], max_parts: usize) -> (usize, Vec<usize>) {
+        assert_eq!(list.len() % PREFILL_ENTRY_INTS, 0);
+        // (seq, qoff) -> (nsplit, first slot, key tiles seen)
+        let mut seen: BTreeMap<(usize, usize), (usize, i32, Vec<usize>)> = BTreeMap::new();
+        let mut lens = Vec::new();
+        let mut slots = Vec::new();
+        for e in list.chunks(PREFILL_ENTRY_INTS) {
+            let (seq, qoff) = (e[0] as usize, e[1] as usize);
+            let (split, nsplit) = ((e[2] & 0xffff) as usize, (e[2] >> 16) as usize);
+            assert!((1..=PREFILL_MAX_SPLITS).contains(&nsplit) && split < nsplit);
+            let q = seqs[seq];
+            let kv_end = q.prefix + q.q_len.min(qoff + 64);
+            let n_kt = kv_end.div_ceil(64);
+            let per = n_kt.div_ceil(nsplit);
+            let (lo, hi) = ((split * per).min(n_kt), ((split + 1) * per).min(n_kt));
+            assert!(
+                lo < hi,
+                "split {split} of {nsplit} over {n_kt} key tiles is empty"
+            );
+            lens.push(hi - lo);
+            if nsplit > 1 {
+                let slot = e[3] as usize + split;
+                assert!(slot < max_parts);
+                slots.push(slot);
+            }
+            let t = seen
+                .entry((seq, qoff))
+                .or_insert((nsplit, e[3], Vec::new()));
+            assert_eq!((t.0, t.1), (nsplit, e[3]), "one query tile, one group");
+            t.2.extend(lo..hi);
+        }
+        let mut tiles = 0;
+        for (i, q) in seqs.iter().enumerate() {
+            for off in (0..q.q_len).step_by(64) {
+                tiles += 1;
+                let mut got = seen[&(i, off)].2.clone();
+                got.sort_unstable();
+                let n_kt = (q.prefix + q.q_len.min(off + 64)).div_ceil(64);
+                assert_eq!(
+                    got,
+                    (0..n_kt).collect::<Vec<_>>(),
+                    "key tiles of ({i}, {off})"
+                );
+            }
+        }
+        assert_eq!(seen.len(), tiles);
+        let n = slots.len();
+        slots.sort_unstable();
+        slots.dedup();
+        assert_eq!(slots.len(), n, "partial slots are distinct");
+        assert!(
+            lens.windows(2).all(|w| w[0] <= w[1]),
+            "fewest key tiles first"
+        );
+        let splits = seen.values().map(|t| t.0).collect();
+        (lens.into_iter().max().unwrap_or(0), splits)
+    }
+
+    fn seq(q_len: usize, prefix: usize) -> PrefillSeq {
+        PrefillSeq { q_len, prefix }
+    }
+
+    #[test]
+    fn a_lone_prompt_has_its_longest_tiles_split_to_the_work_per_slot() {
+        // 1024 tokens, 32 heads, 132 x 3 slots: 136 key tiles x 32 heads / 396 = 11 a slot
+        let s = [seq(1024, 0)];
+        let list = prefill_work(&s, 32, 396, 1000);
+        let (longest, splits) = check(&s, &list, 1000);
+        assert_eq!(longest, 11);
+        assert_eq!(
+            splits.iter().filter(|&&n| n > 1).count(),
+            5,
+            "tiles of 12..16"
+        );
+        // tp 2's 16 heads: 6 a slot
+        let list = prefill_work(&s, 16, 396, 1000);
+        assert_eq!(check(&s, &list, 1000).0, 6);
+    }
+
+    #[test]
+    fn a_work_bound_launch_or_no_partial_room_splits_nothing() {
+        let s = [seq(8192, 0)];
+        let list = prefill_work(&s, 32, 396, 1000);
+        let (_, splits) = check(&s, &list, 1000);
+        assert!(splits.iter().all(|&n| n == 1));
+        let s = [seq(1024, 0)];
+        let list = prefill_work(&s, 32, 396, 0);
+        assert_eq!(check(&s, &list, 0).0, 16);
+        // room for 3 slots: the run grows until the split tiles need no more
+        let list = prefill_work(&s, 32, 396, 3);
+        let (longest, splits) = check(&s, &list, 3);
+        assert_eq!(splits.iter().filter(|&&n| n > 1).sum::<usize>(), 2);
+        // a run of 15: the 16-tile query tile alone is split (in two), the 15-tile one not
+        assert_eq!(longest, 15);
+    }
+
+    #[test]
+    fn one_row_after_a_long_prefix_is_cut_into_short_runs_at_most_the_split_limit() {
+        // the last layer's logit row of a 1024-token prompt: 16 key tiles, 32 blocks
+        let s = [seq(1, 1023)];
+        let list = prefill_work(&s, 32, 396, 1000);
+        let (longest, splits) = check(&s, &list, 1000);
+        assert_eq!((longest, splits[0]), (2, 8));
+        // 1563 key tiles: at most PREFILL_MAX_SPLITS runs
+        let s = [seq(1, 100_000)];
+        let list = prefill_work(&s, 32, 1 << 24, 1000);
+        let (_, splits) = check(&s, &list, 1000);
+        assert_eq!(splits[0], PREFILL_MAX_SPLITS);
+        // several sequences and prefixes
+        let s = [
+            seq(300, 0),
+            seq(70, 150),
+            seq(1, 513),
+            seq(0, 5),
+            seq(640, 37),
+        ];
+        let list = prefill_work(&s, 8, 1 << 24, 1000);
+        check(&s, &list, 1000);
+    }
+
+    #[test]
+    fn whole_tiles_are_in_batch_order() {
+        let s = [seq(70, 0), seq(1, 9)];
+        let list = prefill_tiles(&[70, 1]);
+        let (_, splits) = check(&s[..1], &list[..8], 0);
+        assert_eq!(splits, vec![1, 1]);
+        assert_eq!(
+            list,
+            vec![0, 0, 1 << 16, 0, 0, 64, 1 << 16, 0, 1, 0, 1 << 16, 0]
+        );
+    }
 }

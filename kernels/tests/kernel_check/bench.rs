@@ -321,64 +321,90 @@ pub(crate) fn time_each(s: &CudaStream, n: usize, mut f: impl FnMut() -> R<()>) 
     Ok(per[per.len() / 2])
 }
 
-/// Causal prefill attention at Llama-3.1-8B's attention shape (32 query heads, 8 KV heads,
-/// head_dim 128), one prompt of 1024, 4096 and 8192 tokens with nothing cached, its keys in
-/// consecutive pool slots, on a bf16 and an FP8 e4m3 pool. Median of 25 launches each; causal
-/// TFLOP/s counts 4 L² / 2 · head_dim · heads (the two matmuls over the lower triangle).
+/// Causal prefill attention at Llama-3.1-8B's attention shape (32 query heads over 8 KV heads,
+/// head_dim 128): one prompt of 1024, 4096 and 8192 tokens with nothing cached, a 1024-token
+/// prompt at tp 2's 16/4 heads, and a prompt's last row alone after 1023 cached positions (the
+/// last layer's rows that need logits); keys in consecutive pool slots, bf16 and FP8 e4m3
+/// pools. Each with whole query tiles and with the work list the engine plans for this device
+/// (`prefill_work`: the longest tiles' key ranges split). Median of 25 launches each; causal
+/// TFLOP/s (of the work list) counts 4 · keys · head_dim · heads per query row.
 pub(crate) fn bench_prefill_attn(c: &mut Ctx) -> R<()> {
-    let (nh, nkv, hd) = (32usize, 8usize, 128usize);
-    let q_stride = (nh + 2 * nkv) * hd;
-    println!("\n| tokens | pool | µs | causal TFLOP/s |\n|---|---|---|---|");
-    for n in [1024usize, 4096, 8192] {
-        let flops = 4.0 * (n * n) as f64 / 2.0 * (hd * nh) as f64;
-        let qkv = bf(&(0..n * q_stride).map(|_| c.rng.sym()).collect::<Vec<_>>());
+    let hd = 128usize;
+    println!(
+        "\n{} blocks at once (prefill_slots)\n\n| queries | after | heads | pool | µs, whole query tiles | µs, work list | causal TFLOP/s |\n|---|---|---|---|---|---|---|",
+        c.k.prefill_slots()
+    );
+    // (new queries, cached prefix, query heads): Llama-3.1-8B prompts at tp 1, a prompt at
+    // tp 2 (16 heads a rank), a prompt's last row alone after the rest (the last layer's tail)
+    let cases = [
+        (1024usize, 0usize, 32usize),
+        (4096, 0, 32),
+        (8192, 0, 32),
+        (1024, 0, 16),
+        (1, 1023, 32),
+    ];
+    for (nq, prefix, nh) in cases {
+        let nkv = nh / 4;
+        let n = prefix + nq;
+        let q_stride = (nh + 2 * nkv) * hd;
+        let flops: f64 = (0..nq)
+            .map(|r| 4.0 * (prefix + r + 1) as f64 * (hd * nh) as f64)
+            .sum();
+        let qkv = bf(&(0..nq * q_stride).map(|_| c.rng.sym()).collect::<Vec<_>>());
         let dq = c.up(&qkv)?;
-        let out = c.s.alloc_zeros::<bf16>(n * nh * hd)?;
-        let (q_indptr, kv_indptr, prefix) = ([0, n as i32], [0, n as i32], [0i32]);
+        let out = c.s.alloc_zeros::<bf16>(nq * nh * hd)?;
+        let (q_indptr, kv_indptr, pre) = ([0, nq as i32], [0, n as i32], [prefix as i32]);
         let idx: Vec<i32> = (0..n as i32).collect();
         let (dqi, dki, dix, dp) = (
             c.up(&q_indptr)?,
             c.up(&kv_indptr)?,
             c.up(&idx)?,
-            c.up(&prefix)?,
+            c.up(&pre)?,
         );
+        let parts = PfParts::new(c, nh, hd)?;
         for kv in [KvDtype::Bf16, KvDtype::Fp8E4m3] {
             let (_, _, dk, dv) = random_cache(c, n, nkv, hd, kv, sgl_kernels::KvScales::ONE)?;
-            let tiles = prefill_tiles(&[n]);
-            let dt = c.up(&tiles)?;
             let shape = AttnShape {
                 n_heads: nh,
                 n_kv_heads: nkv,
                 head_dim: hd,
                 kv,
             };
-            let s = c.s.clone();
-            let us = time_each(&s, 25, || {
-                // SAFETY: shapes as allocated.
-                unsafe {
-                    c.k.prefill_attn(
-                        &c.s,
-                        c.p(&out),
-                        nh * hd,
-                        c.p(&dq),
-                        q_stride,
-                        c.p(&dk),
-                        c.p(&dv),
-                        c.p(&dt),
-                        tiles.len() / 2,
-                        c.p(&dqi),
-                        c.p(&dki),
-                        c.p(&dix),
-                        c.p(&dp),
-                        shape,
-                    )?
-                };
-                Ok(())
-            })?;
+            let mut us = [0.0f64; 2];
+            for (i, split) in [None, Some(c.k.prefill_slots())].into_iter().enumerate() {
+                let tiles = work_list(&[(prefix, nq)], nh, split);
+                let dt = c.up(&tiles)?;
+                let s = c.s.clone();
+                us[i] = time_each(&s, 25, || {
+                    // SAFETY: shapes as allocated; the work list is this batch's.
+                    unsafe {
+                        c.k.prefill_attn(
+                            &c.s,
+                            c.p(&out),
+                            nh * hd,
+                            c.p(&dq),
+                            q_stride,
+                            c.p(&dk),
+                            c.p(&dv),
+                            c.p(&dt),
+                            tiles.len() / PREFILL_ENTRY_INTS,
+                            c.p(&dqi),
+                            c.p(&dki),
+                            c.p(&dix),
+                            c.p(&dp),
+                            parts.get(c),
+                            shape,
+                        )?
+                    };
+                    Ok(())
+                })?;
+            }
             println!(
-                "| {n} | {} | {us:.1} | {:.0} |",
+                "| {nq} | {prefix} | {nh}/{nkv} | {} | {:.1} | {:.1} | {:.0} |",
                 kv_name(kv),
-                flops / (us * 1e-6) / 1e12
+                us[0],
+                us[1],
+                flops / (us[1] * 1e-6) / 1e12
             );
         }
     }

@@ -12,7 +12,8 @@
 //! and `bench-decode` (one batch-1 Llama-3.1-8B decode step in a CUDA graph, PDL on and off,
 //! fused and separate norms, against the copy-bandwidth floor of its weights) and
 //! `bench-prefill-attn` (causal prefill attention at Llama-3.1-8B's shape, 1024 to 8192 tokens,
-//! bf16 and FP8 pools) time instead; `kernel-check prefill` runs the prefill attention
+//! tp 2's heads and a last row alone, bf16 and FP8 pools, whole query tiles against the split
+//! work list) time instead; `kernel-check prefill` runs the prefill attention
 //! checks alone.
 //! `kernel-check bench-fp8-rows` times the FP8 prefill's row kernels (the fused SiLU-mul and
 //! RMSNorm quantizations, the activation quantization, the qkv rescale with RoPE, separate and

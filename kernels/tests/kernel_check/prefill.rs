@@ -1,8 +1,63 @@
 //! Prefill attention against the host reference (bf16 and FP8 KV pools, KV-cache scales, cached
-//! prefixes) and the row invariance that deterministic inference relies on.
+//! prefixes; whole and split key ranges) and the row invariance that deterministic inference
+//! relies on.
 
 use super::*;
 use sgl_kernels::KvScales;
+
+/// Partial slots the checks' work lists may use.
+pub(crate) const CHECK_PARTS: usize = 512;
+
+/// Partial buffers of a prefill launch: [`CHECK_PARTS`] slots of `nh` heads of `hd` dims.
+pub(crate) struct PfParts {
+    o: CudaSlice<f32>,
+    ml: CudaSlice<f32>,
+    counters: CudaSlice<u32>,
+}
+
+impl PfParts {
+    pub(crate) fn new(c: &Ctx, nh: usize, hd: usize) -> R<Self> {
+        let rows = CHECK_PARTS * nh * 64;
+        Ok(PfParts {
+            o: c.s.alloc_zeros(rows * hd)?,
+            ml: c.s.alloc_zeros(rows * 2)?,
+            counters: c.s.alloc_zeros(CHECK_PARTS * nh)?,
+        })
+    }
+
+    pub(crate) fn get(&self, c: &Ctx) -> PrefillPartials {
+        PrefillPartials {
+            o: c.p(&self.o),
+            ml: c.p(&self.ml),
+            counters: c.p(&self.counters),
+        }
+    }
+
+    /// Whether every arrival counter is back at zero.
+    pub(crate) fn counters_zero(&self, c: &Ctx) -> R<bool> {
+        c.s.synchronize()?;
+        Ok(c.s.clone_dtoh(&self.counters)?.iter().all(|&x| x == 0))
+    }
+}
+
+/// The work list of a launch over `seqs` (prefix, new queries): whole query tiles, or with
+/// `split` the planner's list for a device of `split` slots (a huge count cuts every query
+/// tile of more than two key tiles).
+pub(crate) fn work_list(seqs: &[(usize, usize)], nh: usize, split: Option<usize>) -> Vec<i32> {
+    match split {
+        None => prefill_tiles(&seqs.iter().map(|s| s.1).collect::<Vec<_>>()),
+        Some(slots) => {
+            let pf: Vec<PrefillSeq> = seqs
+                .iter()
+                .map(|&(prefix, q_len)| PrefillSeq { q_len, prefix })
+                .collect();
+            prefill_work(&pf, nh, slots, CHECK_PARTS)
+        }
+    }
+}
+
+/// Slots that make the planner cut every query tile of more than two key tiles.
+pub(crate) const SPLIT_ALL: usize = 1 << 24;
 
 pub(crate) fn check_prefill(
     c: &mut Ctx,
@@ -33,16 +88,13 @@ pub(crate) fn check_prefill(
     }
     let q_stride = (nh + 2 * nkv) * hd;
     let qkv: Vec<f32> = (0..t * q_stride).map(|_| rbf(c.rng.sym())).collect();
-    let tiles = prefill_tiles(&seqs.iter().map(|s| s.1).collect::<Vec<_>>());
-    let (dq, dt, dqi, dki, dix, dp) = (
+    let (dq, dqi, dki, dix, dp) = (
         c.up(&bf(&qkv))?,
-        c.up(&tiles)?,
         c.up(&q_indptr)?,
         c.up(&kv_indptr)?,
         c.up(&idx)?,
         c.up(&prefix)?,
     );
-    let out = c.poisoned(t * nh * hd)?;
     let shape = AttnShape {
         n_heads: nh,
         n_kv_heads: nkv,
@@ -50,26 +102,36 @@ pub(crate) fn check_prefill(
         kv,
     }
     .with_scales(scales);
-    // SAFETY: shapes as allocated.
-    unsafe {
-        c.k.prefill_attn(
-            &c.s,
-            c.p(&out),
-            nh * hd,
-            c.p(&dq),
-            q_stride,
-            c.p(&dk),
-            c.p(&dv),
-            c.p(&dt),
-            tiles.len() / 2,
-            c.p(&dqi),
-            c.p(&dki),
-            c.p(&dix),
-            c.p(&dp),
-            shape,
-        )?
-    };
-    let got = c.down(&out)?;
+    let parts = PfParts::new(c, nh, hd)?;
+    // whole query tiles; every query tile of more than two key tiles split, launched twice
+    // (the second time on the counters the first left)
+    let mut outs = Vec::new();
+    for split in [None, Some(SPLIT_ALL), Some(SPLIT_ALL)] {
+        let tiles = work_list(&seqs, nh, split);
+        let dt = c.up(&tiles)?;
+        let out = c.poisoned(t * nh * hd)?;
+        // SAFETY: shapes as allocated; the work list is this batch's.
+        unsafe {
+            c.k.prefill_attn(
+                &c.s,
+                c.p(&out),
+                nh * hd,
+                c.p(&dq),
+                q_stride,
+                c.p(&dk),
+                c.p(&dv),
+                c.p(&dt),
+                tiles.len() / PREFILL_ENTRY_INTS,
+                c.p(&dqi),
+                c.p(&dki),
+                c.p(&dix),
+                c.p(&dp),
+                parts.get(c),
+                shape,
+            )?
+        };
+        outs.push(c.down(&out)?);
+    }
     let mut want = Vec::new();
     let mut row = 0;
     for (si, &(p, q)) in seqs.iter().enumerate() {
@@ -90,50 +152,68 @@ pub(crate) fn check_prefill(
             row += 1;
         }
     }
+    let name = format!(
+        "prefill_attn d{hd} {nh}/{nkv} heads, cached prefixes, {} pool{}",
+        kv_name(kv),
+        scales_name(scales)
+    );
+    c.record(&name, rel_err(&outs[0], &want), 1e-2);
+    c.record(
+        &format!("{name}, key ranges split"),
+        rel_err(&outs[1], &want),
+        1e-2,
+    );
+    let differ = outs[1]
+        .iter()
+        .zip(&outs[2])
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    let zero = parts.counters_zero(c)?;
     c.record(
         &format!(
-            "prefill_attn d{hd} {nh}/{nkv} heads, cached prefixes, {} pool{}",
-            kv_name(kv),
-            scales_name(scales)
+            "{name}, key ranges split: a second launch the same bits ({differ} differ), counters left at zero ({zero})"
         ),
-        rel_err(&got, &want),
-        1e-2,
+        if zero { differ as f64 } else { 1.0 },
+        0.0,
     );
     Ok(())
 }
 
 /// One sequence of a prefill launch: `prefix` keys already cached, then one new token per row
 /// of `q` (rows of the fused qkv width); `slots` holds the pool slots of all its keys.
-struct PrefillSeq<'a> {
+struct PfSeq<'a> {
     prefix: usize,
     slots: &'a [usize],
     q: &'a [bf16],
 }
 
 /// The output bits (one row of nh * head_dim per new token, in batch order) of one
-/// `prefill_attn` launch over `seqs`.
+/// `prefill_attn` launch over `seqs`, with whole query tiles or (`split`) the work list
+/// [`work_list`] plans.
 fn prefill_bits(
     c: &Ctx,
-    seqs: &[PrefillSeq],
+    seqs: &[PfSeq],
     (dk, dv): (&CudaSlice<u8>, &CudaSlice<u8>),
     shape: AttnShape,
+    split: Option<usize>,
 ) -> R<Vec<u16>> {
     let q_stride = (shape.n_heads + 2 * shape.n_kv_heads) * shape.head_dim;
     let (mut q_indptr, mut kv_indptr, mut prefix, mut idx, mut qkv) =
         (vec![0i32], vec![0i32], Vec::new(), Vec::new(), Vec::new());
-    let mut q_lens = Vec::new();
+    let mut lens = Vec::new();
     for s in seqs {
         let n = s.q.len() / q_stride;
         assert_eq!(s.slots.len(), s.prefix + n);
-        q_lens.push(n);
+        lens.push((s.prefix, n));
         qkv.extend_from_slice(s.q);
         q_indptr.push(qkv.len() as i32 / q_stride as i32);
         idx.extend(s.slots.iter().map(|&x| x as i32));
         kv_indptr.push(idx.len() as i32);
         prefix.push(s.prefix as i32);
     }
-    let t: usize = q_lens.iter().sum();
-    let tiles = prefill_tiles(&q_lens);
+    let t: usize = lens.iter().map(|l| l.1).sum();
+    let tiles = work_list(&lens, shape.n_heads, split);
+    let parts = PfParts::new(c, shape.n_heads, shape.head_dim)?;
     let (dq, dt, dqi, dki, dix, dp) = (
         c.up(&qkv)?,
         c.up(&tiles)?,
@@ -155,11 +235,12 @@ fn prefill_bits(
             c.p(dk),
             c.p(dv),
             c.p(&dt),
-            tiles.len() / 2,
+            tiles.len() / PREFILL_ENTRY_INTS,
             c.p(&dqi),
             c.p(&dki),
             c.p(&dix),
             c.p(&dp),
+            parts.get(c),
             shape,
         )?
     };
@@ -204,34 +285,38 @@ pub(crate) fn check_prefill_rows(c: &mut Ctx, kv: KvDtype) -> R<()> {
         }
         qs.push(q);
     }
-    let seq = |i: usize, prefix: usize| PrefillSeq {
+    let seq = |i: usize, prefix: usize| PfSeq {
         prefix,
         slots: &slots[i],
         q: &qs[i][prefix * q_stride..],
     };
     let width = nh * hd;
-    let batch: Vec<PrefillSeq> = prompts
+    let batch: Vec<PfSeq> = prompts
         .iter()
         .enumerate()
         .map(|(i, &(_, p))| seq(i, p))
         .collect();
-    let got = prefill_bits(c, &batch, pools, shape)?;
+    let got = prefill_bits(c, &batch, pools, shape, None)?;
+    let got_split = prefill_bits(c, &batch, pools, shape, Some(SPLIT_ALL))?;
     let name = format!(
         "prefill_attn d{hd} {nh}/{nkv} heads, {} pool, prompts 1024, 300 + 1748, 37 + 90",
         kv_name(kv)
     );
 
-    // sampled rows against the host
-    let (mut want, mut have) = (Vec::new(), Vec::new());
+    // sampled rows against the host, whole and split key ranges
+    let (mut want, mut have, mut have_split) = (Vec::new(), Vec::new(), Vec::new());
     let mut row0 = 0;
     for (i, &(len, p)) in prompts.iter().enumerate() {
         for r in (p..len).filter(|&r| r % 11 == 0 || r + 1 == len || r == p) {
             let at = (row0 + r - p) * width;
-            have.extend(
-                got[at..at + width]
+            let row = |bits: &[u16]| -> Vec<f32> {
+                bits[at..at + width]
                     .iter()
-                    .map(|&b| bf16::from_bits(b).to_f32()),
-            );
+                    .map(|&b| bf16::from_bits(b).to_f32())
+                    .collect()
+            };
+            have.extend(row(&got));
+            have_split.extend(row(&got_split));
             for h in 0..nh {
                 let qr: Vec<f32> = qs[i][r * q_stride + h * hd..][..hd]
                     .iter()
@@ -247,13 +332,18 @@ pub(crate) fn check_prefill_rows(c: &mut Ctx, kv: KvDtype) -> R<()> {
         rel_err(&have, &want),
         1e-2,
     );
+    c.record(
+        &format!("{name}: key ranges split, sampled rows vs host"),
+        rel_err(&have_split, &want),
+        1e-2,
+    );
 
     // each sequence alone, and split at other cached prefixes, against the batch and the
     // whole prompt
     let (mut differ, mut compared) = (0usize, 0usize);
     let mut row0 = 0;
     for (i, &(len, p)) in prompts.iter().enumerate() {
-        let alone = prefill_bits(c, &[seq(i, p)], pools, shape)?;
+        let alone = prefill_bits(c, &[seq(i, p)], pools, shape, None)?;
         let in_batch = &got[row0 * width..(row0 + len - p) * width];
         differ += diff_bits(&alone, in_batch);
         compared += alone.len();
@@ -268,13 +358,13 @@ pub(crate) fn check_prefill_rows(c: &mut Ctx, kv: KvDtype) -> R<()> {
     );
     let (mut differ, mut compared) = (0usize, 0usize);
     for (i, &(len, p)) in prompts.iter().enumerate() {
-        let whole = prefill_bits(c, &[seq(i, 0)], pools, shape)?;
+        let whole = prefill_bits(c, &[seq(i, 0)], pools, shape, None)?;
         let mut splits = vec![p.max(1)];
         if len > 1000 {
             splits.push(1000);
         }
         for split in splits {
-            let rest = prefill_bits(c, &[seq(i, split)], pools, shape)?;
+            let rest = prefill_bits(c, &[seq(i, split)], pools, shape, None)?;
             differ += diff_bits(&rest, &whole[split * width..]);
             compared += rest.len();
         }

@@ -7,7 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::driver::{CudaSlice, CudaStream, result as dres};
 use half::bf16;
-use sgl_kernels::{AttnShape, DecodeAttnPlan, Dptr, GemvEpilogue, dptr, prefill_tiles};
+use sgl_kernels::{
+    AttnShape, DecodeAttnPlan, Dptr, GemvEpilogue, PREFILL_ENTRY_INTS, PrefillPartials, PrefillSeq,
+    dptr, prefill_tiles, prefill_work,
+};
 
 use super::{CudaBackend, DECODE_SPLITS, DETERMINISTIC_DECODE_SPLITS, cuda_err, decode_form};
 use crate::backend::SeqInput;
@@ -270,6 +273,19 @@ impl CudaBackend {
         })
     }
 
+    /// Prefill attention's work list for `seqs` ([`prefill_work`]: the key ranges of the
+    /// longest query tiles split where the launch would otherwise wait on them, within the
+    /// partial buffers). Under `--enable-deterministic-inference` none is split: a sequence's
+    /// results must not depend on the rest of the batch (nor with `SGL_DISABLE_PREFILL_SPLIT=1`).
+    fn prefill_work(&self, seqs: &[PrefillSeq]) -> Vec<i32> {
+        if self.opts.deterministic || !self.prefill_split {
+            return prefill_tiles(&seqs.iter().map(|q| q.q_len).collect::<Vec<_>>());
+        }
+        let heads = self.cfg.num_heads.max(1);
+        let parts = (self.scratch.partial_rows / 64).min(self.scratch.attn_counters.len() / heads);
+        prefill_work(seqs, heads, self.kernels.prefill_slots(), parts)
+    }
+
     /// `decode`: every sequence of `batch` runs in the decode form (see `run`).
     fn run_eager(
         &mut self,
@@ -302,14 +318,20 @@ impl CudaBackend {
             prefix.push(q.start_pos as i32);
             max_len = max_len.max(q.kv_slots.len());
         }
-        let q_lens: Vec<usize> = batch.iter().map(|q| q.tokens.len()).collect();
+        let seqs: Vec<PrefillSeq> = batch
+            .iter()
+            .map(|q| PrefillSeq {
+                q_len: q.tokens.len(),
+                prefix: q.start_pos,
+            })
+            .collect();
         let tiles = if decode {
             Vec::new()
         } else {
-            prefill_tiles(&q_lens)
+            self.prefill_work(&seqs)
         };
         let tail = (!decode && self.logit_rows_only(tokens, last_rows.len()))
-            .then(|| TailPlan::new(batch));
+            .then(|| TailPlan::new(batch, |s| self.prefill_work(s)));
         let none = Vec::new();
         let tp = tail.as_ref();
         // one upload: [ids | pos | slots | q_indptr | kv_indptr | prefix | tiles | rows |
@@ -357,7 +379,7 @@ impl CudaBackend {
         } else {
             AttnInputs::Prefill {
                 tiles: at(6),
-                n_tiles: tiles.len() / 2,
+                n_tiles: tiles.len() / PREFILL_ENTRY_INTS,
                 q_indptr: at(3),
                 kv_indptr: at(4),
                 kv_indices: at(8),
@@ -372,7 +394,7 @@ impl CudaBackend {
             n: last_rows.len(),
             attn: AttnInputs::Prefill {
                 tiles: at(11),
-                n_tiles: t.tiles.len() / 2,
+                n_tiles: t.tiles.len() / PREFILL_ENTRY_INTS,
                 q_indptr: at(9),
                 kv_indptr: at(4),
                 kv_indices: at(8),
@@ -630,6 +652,11 @@ impl CudaBackend {
                                 kv_indptr,
                                 kv_indices,
                                 prefix_lens,
+                                PrefillPartials {
+                                    o: dptr(&sc.partial_o, s),
+                                    ml: dptr(&sc.partial_ml, s),
+                                    counters: dptr(&sc.attn_counters, s),
+                                },
                                 shape,
                             )
                             .map_err(cuda_err)?,

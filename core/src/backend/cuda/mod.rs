@@ -135,6 +135,11 @@ pub struct CudaBackend {
     /// `SGL_CUDA_DUMP_DIR` asks for each layer's output). Read from the environment, so the
     /// same on every rank.
     logit_rows_only: bool,
+    /// Prefill attention may split the key ranges of a launch's longest query tiles
+    /// (`forward.rs`, `prefill_work`; `SGL_DISABLE_PREFILL_SPLIT=1`: whole query tiles). Off
+    /// under `--enable-deterministic-inference`. Read from the environment, so the same on
+    /// every rank.
+    prefill_split: bool,
     cfg: ModelConfig,
     pub(crate) w: weights::Weights,
     /// [layer][k | v][slot][kv_heads * head_dim] elements of `opts.kv`, as bytes; slot
@@ -288,6 +293,7 @@ impl CudaBackend {
             decode_tc: std::env::var("SGL_DISABLE_DECODE_TC").as_deref() != Ok("1"),
             logit_rows_only: std::env::var("SGL_DISABLE_LOGIT_ROWS_ONLY").as_deref() != Ok("1")
                 && std::env::var_os("SGL_CUDA_DUMP_DIR").is_none(),
+            prefill_split: std::env::var("SGL_DISABLE_PREFILL_SPLIT").as_deref() != Ok("1"),
             cfg,
             w: p.w,
             kv,

@@ -8,7 +8,7 @@
 //! last layer on every row (for comparisons).
 
 use half::bf16;
-use sgl_kernels::{Dptr, prefill_tiles};
+use sgl_kernels::{Dptr, PrefillSeq};
 
 use super::{AttnInputs, CudaBackend};
 use crate::backend::SeqInput;
@@ -22,29 +22,34 @@ pub(super) struct TailPlan {
     pub q_indptr: Vec<i32>,
     /// Positions before each sequence's first gathered row.
     pub prefix: Vec<i32>,
-    /// Prefill attention's query tiles over the gathered rows.
+    /// Prefill attention's work list over the gathered rows.
     pub tiles: Vec<i32>,
     /// 0..n: where the head finds the gathered rows.
     pub ident: Vec<i32>,
 }
 
 impl TailPlan {
-    pub fn new(batch: &[SeqInput<'_>]) -> Self {
+    /// `work`: prefill attention's work list for sequences (the pass's planner).
+    pub fn new(batch: &[SeqInput<'_>], work: impl FnOnce(&[PrefillSeq]) -> Vec<i32>) -> Self {
         let mut q_indptr = vec![0i32];
         let mut prefix = Vec::with_capacity(batch.len());
-        let mut lens = Vec::with_capacity(batch.len());
+        let mut seqs = Vec::with_capacity(batch.len());
         for q in batch {
             let len = q.tokens.len();
             let n = q.num_logits.min(len);
-            lens.push(n);
+            let before = q.start_pos + len - n;
+            seqs.push(PrefillSeq {
+                q_len: n,
+                prefix: before,
+            });
             q_indptr.push(q_indptr[q_indptr.len() - 1] + n as i32);
-            prefix.push((q.start_pos + len - n) as i32);
+            prefix.push(before as i32);
         }
         let n = q_indptr[q_indptr.len() - 1];
         TailPlan {
             q_indptr,
             prefix,
-            tiles: prefill_tiles(&lens),
+            tiles: work(&seqs),
             ident: (0..n).collect(),
         }
     }
@@ -113,6 +118,7 @@ impl CudaBackend {
 mod tests {
     use super::TailPlan;
     use crate::backend::SeqInput;
+    use sgl_kernels::{PrefillSeq, prefill_tiles};
 
     #[test]
     fn tail_plan_takes_each_sequences_logit_rows_after_its_other_positions() {
@@ -128,10 +134,24 @@ mod tests {
         // a prompt's last token, a chunk that needs no logits after a cached prefix, a prompt
         // with every row's logits (prompt logprobs), and more logits asked than tokens run
         let batch = [seq(0, 5, 1), seq(3, 4, 0), seq(0, 70, 70), seq(10, 2, 5)];
-        let p = TailPlan::new(&batch);
+        let mut planned = Vec::new();
+        let p = TailPlan::new(&batch, |s| {
+            planned = s.to_vec();
+            prefill_tiles(&s.iter().map(|q| q.q_len).collect::<Vec<_>>())
+        });
         assert_eq!(p.q_indptr, vec![0, 1, 1, 71, 73]);
         assert_eq!(p.prefix, vec![4, 7, 0, 10]);
-        assert_eq!(p.tiles, vec![0, 0, 2, 0, 2, 64, 3, 0]);
+        let ps = |q_len, prefix| PrefillSeq { q_len, prefix };
+        assert_eq!(
+            planned,
+            vec![ps(1, 4), ps(0, 7), ps(70, 0), ps(2, 10)],
+            "the work list is planned over the gathered rows"
+        );
+        let one = 1 << 16;
+        assert_eq!(
+            p.tiles,
+            vec![0, 0, one, 0, 2, 0, one, 0, 2, 64, one, 0, 3, 0, one, 0]
+        );
         assert_eq!(p.ident, (0..73).collect::<Vec<i32>>());
     }
 }
