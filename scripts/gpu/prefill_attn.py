@@ -71,7 +71,6 @@ def main():
         ("as it is", (), 64, 128),
         ("registers bounded for 3 blocks/SM",
          ((lb, lb.replace("(PF_THREADS)", "(PF_THREADS, 3)")),), 64, 128),
-        ("32-key tiles", (("#define PF_BK 64", "#define PF_BK 32"),), 64, 128),
     ]
     for name, edits, bq, threads in variants:
         try:

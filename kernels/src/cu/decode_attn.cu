@@ -70,14 +70,10 @@ __device__ __forceinline__ bf16_t dec_merge_one(const float* __restrict__ partia
     return f2bf(l > 0.0f ? o / l : 0.0f);
 }
 
-// Llama rotate-half RoPE of the pair (x1 = x[i], x2 = x[i + D/2]) at `pos`, rounded as
-// rope_kv_store_bf16 rounds it.
-__device__ __forceinline__ void dec_rope_pair(float pos, float inv_freq, float x1, float x2,
-                                              bf16_t& o1, bf16_t& o2) {
-    float s, c;
-    sincosf(pos * inv_freq, &s, &c);
-    c = rbf(c);
-    s = rbf(s);
+// Llama rotate-half RoPE of the pair (x1 = x[i], x2 = x[i + D/2]) by the angle whose cosine
+// and sine (rounded to bf16) are c and s, rounded as rope_kv_store_bf16 rounds it.
+__device__ __forceinline__ void dec_rope_pair(float c, float s, float x1, float x2, bf16_t& o1,
+                                              bf16_t& o2) {
     o1 = f2bf(rbf(x1 * c) + rbf(-x2 * s));
     o2 = f2bf(rbf(x2 * c) + rbf(x1 * s));
 }
@@ -161,15 +157,26 @@ __device__ __forceinline__ void decode_attn_impl(
     const int last = MODE == DEC_ROPE ? len - 1 : -1;
     const size_t head_off = (size_t)kvh * D + sub * 8;
     typename KV::Raw8 kr[KPT], vr[KPT];
+    // rope form: the split holding the new token, its pool row, and this thread's rotation
+    // angle (every pair a thread rotates below has the same i = tid % (D / 2))
+    const bool has_new = MODE == DEC_ROPE && k0 <= last && last < k1;
+    size_t kv_row = 0;
+    float rot_c = 0.0f, rot_s = 0.0f;
     if constexpr (MODE == DEC_ROPE) {
         // Of the rope form's inputs only the qkv row comes from the kernel before it (the qkv
         // GEMV); the indices, positions and the pool's cached keys and values were written
         // before that kernel started (this pass writes only the new token's slot, here). So the
         // first tile is fetched before the wait and its latency hides behind that kernel's
         // tail; the new token's slot read with it is never used (s_knew / s_vnew below).
+        // The angle and the new token's slot come from the positions and indices too, so they
+        // are ready before the wait as well.
         if (k0 < k1) {
             dec_load_tile<KV, KPT, KPP>(k_cache, v_cache, kv_indices, beg, k0, k1, kk, head_off,
                                         kv_stride, kr, vr);
+            if (has_new) kv_row = (size_t)kv_indices[beg + last] * kv_stride + (size_t)kvh * D;
+            sincosf((float)positions[b] * inv_freq[tid % (D / 2)], &rot_s, &rot_c);
+            rot_c = rbf(rot_c);
+            rot_s = rbf(rot_s);
         }
         pdl_wait();
         pdl_trigger_early();
@@ -200,20 +207,36 @@ __device__ __forceinline__ void decode_attn_impl(
     float qr[G][8];
     if constexpr (MODE == DEC_ROPE) {
         // rotate the group's query heads (and, in the split holding the new token, its k) as
-        // rope_kv_store_bf16 does; v is copied as is
+        // rope_kv_store_bf16 does; v is copied as is. Every value this thread needs from the
+        // qkv row is loaded before any is used: one trip to memory after the wait.
         constexpr int HALF = D / 2;
+        static_assert(DEC_THREADS % HALF == 0, "a thread's pairs share one angle");
+        constexpr int ROT = ((G + 1) * HALF + DEC_THREADS - 1) / DEC_THREADS;  // pairs a thread
+        constexpr int VPT = (D + DEC_THREADS - 1) / DEC_THREADS;                // v values a thread
         const bf16_t* row = q + (size_t)b * q_stride;
-        const float pos = (float)positions[b];
-        const bool has_new = k0 <= last && last < k1;
         const int n_rot = (G + (has_new ? 1 : 0)) * HALF;
-        const size_t kv_row =
-            has_new ? (size_t)kv_indices[beg + last] * kv_stride + (size_t)kvh * D : 0;
-        for (int idx = tid; idx < n_rot; idx += DEC_THREADS) {
-            const int g = idx / HALF, i = idx % HALF;
+        const int i = tid % HALF;
+        bf16_t x1[ROT], x2[ROT], vx[VPT];
+#pragma unroll
+        for (int r = 0; r < ROT; ++r) {
+            const int idx = tid + r * DEC_THREADS, g = idx / HALF;
             const int col = g < G ? (h0 + g) * D : (n_heads + kvh) * D;
+            if (idx < n_rot) {
+                x1[r] = row[col + i];
+                x2[r] = row[col + i + HALF];
+            }
+        }
+        const bf16_t* v = row + (size_t)(n_heads + gridDim.y + kvh) * D;
+#pragma unroll
+        for (int r = 0; r < VPT; ++r) {
+            if (has_new && tid + r * DEC_THREADS < D) vx[r] = v[tid + r * DEC_THREADS];
+        }
+#pragma unroll
+        for (int r = 0; r < ROT; ++r) {
+            const int idx = tid + r * DEC_THREADS, g = idx / HALF;
+            if (idx >= n_rot) break;
             bf16_t o1, o2;
-            dec_rope_pair(pos, inv_freq[i], bf2f(row[col + i]), bf2f(row[col + i + HALF]), o1,
-                          o2);
+            dec_rope_pair(rot_c, rot_s, bf2f(x1[r]), bf2f(x2[r]), o1, o2);
             if (g < G) {
                 s_q[g][i] = bf2f(o1);
                 s_q[g][i + HALF] = bf2f(o2);
@@ -227,11 +250,14 @@ __device__ __forceinline__ void decode_attn_impl(
             }
         }
         if (has_new) {
-            const bf16_t* v = row + (size_t)(n_heads + gridDim.y + kvh) * D;
-            for (int i = tid; i < D; i += DEC_THREADS) {
-                const typename KV::T e = KV::enc(v[i], v_inv);
-                v_store[kv_row + i] = e;
-                s_vnew[i] = KV::dec(e);
+#pragma unroll
+            for (int r = 0; r < VPT; ++r) {
+                const int d = tid + r * DEC_THREADS;
+                if (d < D) {
+                    const typename KV::T e = KV::enc(vx[r], v_inv);
+                    v_store[kv_row + d] = e;
+                    s_vnew[d] = KV::dec(e);
+                }
             }
         }
         __syncthreads();
