@@ -82,6 +82,18 @@ __device__ __forceinline__ float4 ld_cg_f32x4(const float* p) {
     return v;
 }
 
+// SiLU of a gate, g / (1 + exp(-g)), with the exponential through ex2.approx (__expf) and the
+// quotient through the approximate reciprocal: within a few f32 units in the last place of the
+// IEEE expression (gates below about -87 give a signed zero, as the IEEE quotient does below
+// -88.7), which the kernels round to bf16 next. Every kernel with a SiLU uses it
+// (silu_mul_bf16, silu_mul_quant_fp8, the decode GEMV's SwiGLU epilogue), so the fused and
+// unfused forms agree bit for bit.
+__device__ __forceinline__ float silu_f32(float g) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + __expf(-g)));
+    return g * r;
+}
+
 // Round a float to the nearest bf16 and back: emulates a PyTorch bf16 op's output.
 __device__ __forceinline__ float rbf(float f) { return bf2f(f2bf(f)); }
 

@@ -192,7 +192,8 @@ ROPE_KV_STORE(bf16, KvBf16)
 ROPE_KV_STORE(e4m3, KvE4m3)
 ROPE_KV_STORE(e5m2, KvE5m2)
 
-// out[t, i] = bf16(bf16(silu(gate[t, i])) * up[t, i]) with gate_up = [gate | up] per row.
+// out[t, i] = bf16(bf16(silu(gate[t, i])) * up[t, i]) with gate_up = [gate | up] per row (SiLU:
+// silu_f32).
 extern "C" __global__ void silu_mul_bf16(bf16_t* __restrict__ out,
                                          const bf16_t* __restrict__ gate_up, int n_tokens,
                                          int inter) {
@@ -208,7 +209,7 @@ extern "C" __global__ void silu_mul_bf16(bf16_t* __restrict__ out,
         unpack8(row[i], g);
         unpack8(row[nvec_row + i], u);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) g[j] = rbf(g[j] / (1.0f + expf(-g[j]))) * u[j];
+        for (int j = 0; j < 8; ++j) g[j] = rbf(silu_f32(g[j])) * u[j];
         ((uint4*)(out + t * inter))[i] = pack8(g);
     }
     pdl_trigger_end();

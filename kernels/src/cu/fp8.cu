@@ -549,43 +549,16 @@ extern "C" __global__ void __launch_bounds__(1024)
 #define SILU_Q_VEC 2
 #define SILU_KEEP 4
 
-// silu(g) = g / (1 + exp(-g)) (silu_mul_bf16's expression) of 8 values, each quotient the
-// IEEE division's. The division compiles to a fast sequence (an approximate reciprocal refined
-// by one Newton step, the quotient corrected once) behind a per-value range check that sends
-// operands near the ends of the exponent range to a slower exact routine; that branch per value
-// keeps the 8 values from overlapping. Here the same fast sequence runs for all 8, and the
-// vector takes the division itself when any gate is outside [-44, 2^64] (beyond it the
-// denominator or the numerator nears the ends of the range; NaN fails too): the same bits, one
-// branch per 8 values. Inside it the check passes: the denominator is in [1, 2^64) and the
-// quotient and the residual stay normal, or the gate is tiny, the denominator exactly 2 and the
-// quotient exact. The residual is formed as d q - g (not g - d q) so a zero gate keeps its sign,
-// which the division's own sequence would lose (that is why its check sends zeros away).
+// silu_f32 (silu_mul_bf16's SiLU) of 8 values.
 __device__ __forceinline__ void silu8(float* g) {
-    float d[8], q[8];
-    bool ok = true;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        d[j] = 1.0f + expf(-g[j]);
-        float y0;
-        asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y0) : "f"(d[j]));
-        const float y = __fmaf_rn(y0, __fmaf_rn(-d[j], y0, 1.0f), y0);
-        const float q0 = __fmul_rn(g[j], y);
-        q[j] = __fmaf_rn(-__fmaf_rn(d[j], q0, -g[j]), y, q0);
-        ok = ok && g[j] >= -44.0f && g[j] <= 0x1p64f;
-    }
-    if (ok) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) g[j] = q[j];
-    } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) g[j] = g[j] / d[j];
-    }
+    for (int j = 0; j < 8; ++j) g[j] = silu_f32(g[j]);
 }
 
 // Eight values of silu_mul_bf16 from a gate and an up vector (with SCALED, an FP8 GEMM's
 // unscaled product, first rescaled as fp8_rescale_bf16 rounds it; wg, wu their scales), packed
 // as bf16; amax takes their magnitudes before the last rounding (see scale_of). The same
-// arithmetic as silu_mul_bf16: bf16(bf16(g / (1 + exp(-g))) * u).
+// arithmetic as silu_mul_bf16: bf16(bf16(silu_f32(g)) * u).
 template <bool SCALED>
 __device__ __forceinline__ uint4 silu_mul8(uint4 graw, uint4 uraw, float sx, const float* wg,
                                            const float* wu, float& amax) {

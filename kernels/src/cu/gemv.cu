@@ -422,7 +422,7 @@ __device__ __forceinline__ void gemv_impl(bf16_t* __restrict__ y, const bf16_t* 
                 }
                 const float gt = rbf(gs);
                 const float up = rbf(us);
-                y[(size_t)m * inter + f] = f2bf(rbf(gt / (1.0f + expf(-gt))) * up);
+                y[(size_t)m * inter + f] = f2bf(rbf(silu_f32(gt)) * up);
             }
         }
         return;

@@ -264,9 +264,9 @@ fn check_quantize_rows(c: &mut Ctx) -> R<()> {
     Ok(())
 }
 
-/// silu_mul_quant_fp8 against silu_mul_bf16 + quantize_rows_fp8 on gates outside the range
-/// where its SiLU skips the division's per-value check (below -44, huge, tiny, zeros of both
-/// signs) mixed into ordinary ones: bytes and scales identical.
+/// silu_mul_quant_fp8 against silu_mul_bf16 + quantize_rows_fp8 on gates at the ends of the
+/// SiLU's range (where the exponential overflows or vanishes, huge, tiny, zeros of both signs)
+/// mixed into ordinary ones: bytes and scales identical.
 fn check_silu_quant_edges(c: &mut Ctx) -> R<()> {
     let (t, inter) = (16usize, 4096usize);
     let edge = [
