@@ -1,6 +1,7 @@
 """Helpers of the CuPy harnesses that time kernels of kernels/src/cu alone (row_kernels.py,
-decode_attn_tc.py): the sources as the engine concatenates them, compiled by NVRTC with textual
-edits per variant, and a CUDA-event timer."""
+decode_attn_tc.py, decode_attn_b1.py, prefill_attn.py, prefill_work.py, silu_exhaustive.py): the
+sources as the engine concatenates them, compiled by NVRTC with textual edits per variant, a
+CUDA-event timer, and bf16 / e4m3 test data."""
 import os
 import numpy as np
 import cupy as cp
@@ -35,3 +36,15 @@ def timed(fn, n=50):
         b.synchronize()
         ts.append(cp.cuda.get_elapsed_time(a, b) * 1e3)
     return float(np.median(ts))
+
+
+def bf16(x):
+    """float32 (CuPy) to bf16 bits, nearest even."""
+    u = x.astype(cp.float32).view(cp.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cp.uint16)
+
+
+def e4m3(shape):
+    """e4m3 bytes of moderate values (any sign, exponent field 3..9, any mantissa): no NaNs."""
+    r = cp.random.randint(0, 1 << 30, shape, dtype=cp.int32)
+    return ((r & 0x80) | ((3 + (r >> 8) % 7) << 3) | ((r >> 12) & 7)).astype(cp.uint8)

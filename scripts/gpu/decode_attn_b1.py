@@ -16,19 +16,10 @@ import numpy as np
 import cupy as cp
 
 import cupy_kernels
+from cupy_kernels import bf16, e4m3
 
 SRC = cupy_kernels.source(["common.cuh", "fp8.cu", "kv.cuh", "decode_attn.cu"])
 H, KVH, D = 32, 8, 128
-
-
-def bf16(x):
-    u = x.astype(cp.float32).view(cp.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cp.uint16)
-
-
-def e4m3(shape):
-    r = cp.random.randint(0, 1 << 30, shape, dtype=cp.int32)
-    return ((r & 0x80) | ((3 + (r >> 8) % 7) << 3) | ((r >> 12) & 7)).astype(cp.uint8)
 
 
 def main():

@@ -11,22 +11,11 @@ import numpy as np
 import cupy as cp
 
 import cupy_kernels
+from cupy_kernels import bf16, e4m3
 
 SRC = cupy_kernels.source(["common.cuh", "fp8.cu", "kv.cuh", "prefill_attn.cu"])
 D = 128
 SMS = cp.cuda.Device().attributes["MultiProcessorCount"]
-
-
-def bf16(x):
-    """float32 (CuPy) to bf16 bits, nearest even."""
-    u = x.astype(cp.float32).view(cp.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cp.uint16)
-
-
-def e4m3(shape):
-    """e4m3 bytes of moderate values (any sign, exponent field 3..9, any mantissa): no NaNs."""
-    r = cp.random.randint(0, 1 << 30, shape, dtype=cp.int32)
-    return ((r & 0x80) | ((3 + (r >> 8) % 7) << 3) | ((r >> 12) & 7)).astype(cp.uint8)
 
 
 def run(mod, n, nh, fp8, bq=64, threads=128):
