@@ -426,22 +426,16 @@ impl Kernels {
             allreduce_ll: f("allreduce_ll_bf16")?,
             allreduce_pull: f("allreduce_pull_add_rmsnorm")?,
             num_sms,
-            prefill_blocks_per_sm: 1,
+            prefill_blocks_per_sm: u32::MAX,
             pdl_supported,
             pdl,
             pdl_early_trigger: false,
             gemv_prefetch,
         };
-        k.prefill_blocks_per_sm = k
-            .prefill
-            .iter()
-            .flatten()
-            .map(|f| f.occupancy_max_active_blocks_per_multiprocessor(128, 0, None))
-            .collect::<std::result::Result<Vec<u32>, _>>()?
-            .into_iter()
-            .min()
-            .unwrap_or(1)
-            .max(1);
+        for f in k.prefill.iter().flatten() {
+            let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(128, 0, None)?;
+            k.prefill_blocks_per_sm = k.prefill_blocks_per_sm.min(per_sm.max(1));
+        }
         if std::env::var("SGL_PDL_EARLY_TRIGGER").as_deref() == Ok("1") {
             k.set_pdl_early_trigger(true, &ctx.default_stream())?;
         }
