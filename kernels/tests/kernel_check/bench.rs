@@ -361,7 +361,6 @@ pub(crate) fn bench_prefill_attn(c: &mut Ctx) -> R<()> {
             c.up(&idx)?,
             c.up(&pre)?,
         );
-        let parts = PfParts::new(c, nh, hd)?;
         for kv in [KvDtype::Bf16, KvDtype::Fp8E4m3] {
             let (_, _, dk, dv) = random_cache(c, n, nkv, hd, kv, sgl_kernels::KvScales::ONE)?;
             let shape = AttnShape {
@@ -371,9 +370,11 @@ pub(crate) fn bench_prefill_attn(c: &mut Ctx) -> R<()> {
                 kv,
             };
             let mut us = [0.0f64; 2];
-            for (i, split) in [None, Some(c.k.prefill_slots())].into_iter().enumerate() {
-                let tiles = work_list(&[(prefix, nq)], nh, split);
-                let dt = c.up(&tiles)?;
+            let lists =
+                [None, Some(c.k.prefill_slots())].map(|s| work_list(&[(prefix, nq)], nh, s));
+            let parts = PfParts::for_list(c, &lists[1], nh, hd)?;
+            for (i, tiles) in lists.iter().enumerate() {
+                let dt = c.up(tiles)?;
                 let s = c.s.clone();
                 us[i] = time_each(&s, 25, || {
                     // SAFETY: shapes as allocated; the work list is this batch's.

@@ -8,7 +8,8 @@ use sgl_kernels::KvScales;
 /// Partial slots the checks' work lists may use.
 pub(crate) const CHECK_PARTS: usize = 512;
 
-/// Partial buffers of a prefill launch: [`CHECK_PARTS`] slots of `nh` heads of `hd` dims.
+/// Partial buffers of a prefill launch: the slots its work list's split query tiles use (one
+/// for a list without splits), for `nh` heads of `hd` dims.
 pub(crate) struct PfParts {
     o: CudaSlice<f32>,
     ml: CudaSlice<f32>,
@@ -16,12 +17,20 @@ pub(crate) struct PfParts {
 }
 
 impl PfParts {
-    pub(crate) fn new(c: &Ctx, nh: usize, hd: usize) -> R<Self> {
-        let rows = CHECK_PARTS * nh * 64;
+    pub(crate) fn for_list(c: &Ctx, tiles: &[i32], nh: usize, hd: usize) -> R<Self> {
+        // a split entry names its tile's first slot and its run count: slots first .. first + n
+        let slots = tiles
+            .chunks(PREFILL_ENTRY_INTS)
+            .filter(|e| e[2] >> 16 > 1)
+            .map(|e| (e[3] + (e[2] >> 16)) as usize)
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let rows = slots * nh * 64;
         Ok(PfParts {
             o: c.s.alloc_zeros(rows * hd)?,
             ml: c.s.alloc_zeros(rows * 2)?,
-            counters: c.s.alloc_zeros(CHECK_PARTS * nh)?,
+            counters: c.s.alloc_zeros(slots * nh)?,
         })
     }
 
@@ -102,13 +111,13 @@ pub(crate) fn check_prefill(
         kv,
     }
     .with_scales(scales);
-    let parts = PfParts::new(c, nh, hd)?;
     // whole query tiles; every query tile of more than two key tiles split, launched twice
     // (the second time on the counters the first left)
+    let lists = [None, Some(SPLIT_ALL), Some(SPLIT_ALL)].map(|split| work_list(&seqs, nh, split));
+    let parts = PfParts::for_list(c, &lists[1], nh, hd)?;
     let mut outs = Vec::new();
-    for split in [None, Some(SPLIT_ALL), Some(SPLIT_ALL)] {
-        let tiles = work_list(&seqs, nh, split);
-        let dt = c.up(&tiles)?;
+    for tiles in &lists {
+        let dt = c.up(tiles)?;
         let out = c.poisoned(t * nh * hd)?;
         // SAFETY: shapes as allocated; the work list is this batch's.
         unsafe {
@@ -213,7 +222,7 @@ fn prefill_bits(
     }
     let t: usize = lens.iter().map(|l| l.1).sum();
     let tiles = work_list(&lens, shape.n_heads, split);
-    let parts = PfParts::new(c, shape.n_heads, shape.head_dim)?;
+    let parts = PfParts::for_list(c, &tiles, shape.n_heads, shape.head_dim)?;
     let (dq, dt, dqi, dki, dix, dp) = (
         c.up(&qkv)?,
         c.up(&tiles)?,
