@@ -237,6 +237,8 @@ pub struct Kernels {
     merge: CudaFunction,
     /// [KV pool type] x [head_dim 64, 128]
     prefill: [[CudaFunction; 2]; 3],
+    /// Paired heads (`_h2`) for the FP8 pools: [e4m3, e5m2] x [head_dim 64, 128]
+    prefill_h2: [[CudaFunction; 2]; 2],
     sample: CudaFunction,
     /// [16 rows per block, 32 rows per block]
     gemv: [CudaFunction; 2],
@@ -258,6 +260,8 @@ pub struct Kernels {
     num_sms: u32,
     /// Prefill attention blocks a multiprocessor holds at once (the fewest of the pool types).
     prefill_blocks_per_sm: u32,
+    /// The same for the paired-head entries.
+    prefill_h2_blocks_per_sm: u32,
     /// The device supports programmatic dependent launch (sm_90 and newer).
     pdl_supported: bool,
     /// Launches use programmatic dependent launch.
@@ -410,6 +414,10 @@ impl Kernels {
             decode_tc: decode_set("decode_attn_tc")?,
             merge: f("attn_merge_splits")?,
             prefill: [prefill_pair(pa)?, prefill_pair(pb)?, prefill_pair(pc)?],
+            prefill_h2: [
+                prefill_pair(&format!("{pb}_h2"))?,
+                prefill_pair(&format!("{pc}_h2"))?,
+            ],
             sample: f("sample_bf16")?,
             gemv: [f("gemv_bf16_r16")?, f("gemv_bf16_r32")?],
             gemv_rms: [f("gemv_rms_bf16_r16")?, f("gemv_rms_bf16_r32")?],
@@ -427,6 +435,7 @@ impl Kernels {
             allreduce_pull: f("allreduce_pull_add_rmsnorm")?,
             num_sms,
             prefill_blocks_per_sm: u32::MAX,
+            prefill_h2_blocks_per_sm: u32::MAX,
             pdl_supported,
             pdl,
             pdl_early_trigger: false,
@@ -435,6 +444,10 @@ impl Kernels {
         for f in k.prefill.iter().flatten() {
             let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(128, 0, None)?;
             k.prefill_blocks_per_sm = k.prefill_blocks_per_sm.min(per_sm.max(1));
+        }
+        for f in k.prefill_h2.iter().flatten() {
+            let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None)?;
+            k.prefill_h2_blocks_per_sm = k.prefill_h2_blocks_per_sm.min(per_sm.max(1));
         }
         if std::env::var("SGL_PDL_EARLY_TRIGGER").as_deref() == Ok("1") {
             k.set_pdl_early_trigger(true, &ctx.default_stream())?;
@@ -450,6 +463,12 @@ impl Kernels {
     /// [`prefill_work`](crate::prefill_work).
     pub fn prefill_slots(&self) -> usize {
         self.num_sms as usize * self.prefill_blocks_per_sm as usize
+    }
+
+    /// The same for the paired-head form ([`Kernels::prefill_attn_paired`]), each block
+    /// taking two heads.
+    pub fn prefill_paired_slots(&self) -> usize {
+        self.num_sms as usize * self.prefill_h2_blocks_per_sm as usize
     }
 
     /// Whether launches use programmatic dependent launch (on by default on sm_90 and newer,

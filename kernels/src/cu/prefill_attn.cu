@@ -26,6 +26,12 @@
 // while the scores of its K tile are computed, the next K tile while P V is, and the next
 // tile's pool indices are read a step ahead.
 //
+// Paired heads (the _h2 entries, FP8 pools): a block of 8 warps takes the same 64 queries of
+// two query heads of one KV group (warps 0-3 head 2 blockIdx.y, warps 4-7 the next), so each
+// K/V tile is fetched and widened to bf16 once for both; grid (n_tiles, n_heads / 2). Every
+// row's arithmetic is the single head's, so the output is the same bits. The host uses it only
+// for work lists without splits and groups of an even number of heads.
+//
 // KV scales (an FP8 pool: kv.cuh): keys and values are used as stored; the layer's K scale is
 // folded into scale_log2 by the host and its V scale into the final normalisation
 // (o * v_scale / l); a bf16 pool gets v_scale = 1.
@@ -231,7 +237,7 @@ __device__ __forceinline__ void pf_split_out(bf16_t* __restrict__ out, int out_s
     }
 }
 
-template <int D, typename KV>
+template <int D, typename KV, int HPB>
 __device__ __forceinline__ void prefill_attn_impl(
     bf16_t* __restrict__ out, int out_stride, const bf16_t* __restrict__ qkv, int q_stride,
     const typename KV::T* __restrict__ k_cache, const typename KV::T* __restrict__ v_cache,
@@ -242,7 +248,8 @@ __device__ __forceinline__ void prefill_attn_impl(
     float* __restrict__ part_o, float* __restrict__ part_ml, unsigned int* __restrict__ counters) {
     constexpr int LD = D + 8;
     constexpr int CH = D / 8;               // 16-byte chunks per row
-    constexpr int RPP = PF_THREADS / CH;    // rows per pass of the block
+    constexpr int THREADS = PF_THREADS * HPB;
+    constexpr int RPP = THREADS / CH;       // rows per pass of the block
     constexpr int NP = PF_BK / RPP;         // passes per tile
     __shared__ __align__(16) bf16_t sK[PF_BK * LD];
     __shared__ __align__(16) bf16_t sV[PF_BK * LD];
@@ -255,7 +262,8 @@ __device__ __forceinline__ void prefill_attn_impl(
     // heads vary fastest in dispatch order, tiles from the last
     const int lin = blockIdx.y * gridDim.x + blockIdx.x;
     const int tile = gridDim.x - 1 - lin / gridDim.y;
-    const int h = lin % gridDim.y, kvh = h / group;
+    const int wr = warp & 3;  // the warp's 16 rows of the tile
+    const int h = (lin % gridDim.y) * HPB + (warp >> 2), kvh = h / group;
     const int seq = tiles[4 * tile], qoff = tiles[4 * tile + 1];
     const int split = tiles[4 * tile + 2] & 0xffff, nsplit = tiles[4 * tile + 2] >> 16;
     const int part0 = tiles[4 * tile + 3];
@@ -277,30 +285,34 @@ __device__ __forceinline__ void prefill_attn_impl(
     pf_slots<NP, RPP, CH>(slot, kv_indices, kvbeg, kv_lo, kv_end, tid);
     pf_fetch<KV, NP, RPP, CH, LD>(sK, k_cache, slot, kv_stride, head_off, tid, raw_k);
     pf_cp_commit();
-    for (int idx = tid; idx < PF_BQ * CH; idx += PF_THREADS) {
-        const int r = idx / CH, c = idx % CH;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (qoff + r < qlen) {
-            v = *(const uint4*)(qkv + (size_t)(qbeg + qoff + r) * q_stride + h * D + c * 8);
-        }
-        *(uint4*)(sV + r * LD + c * 8) = v;
-    }
-    __syncthreads();
+    // Q (each head of the block in turn) staged through sV into registers (A fragments)
     unsigned int qf[D / 16][4];
-    {
-        const int r = warp * 16 + g;
-#pragma unroll
-        for (int kb = 0; kb < D / 16; ++kb) {
-            const int c = kb * 16 + tig * 2;
-            qf[kb][0] = *(const unsigned int*)(sV + r * LD + c);
-            qf[kb][1] = *(const unsigned int*)(sV + (r + 8) * LD + c);
-            qf[kb][2] = *(const unsigned int*)(sV + r * LD + c + 8);
-            qf[kb][3] = *(const unsigned int*)(sV + (r + 8) * LD + c + 8);
+    for (int hh = 0; hh < HPB; ++hh) {
+        const int hq = (lin % gridDim.y) * HPB + hh;
+        for (int idx = tid; idx < PF_BQ * CH; idx += THREADS) {
+            const int r = idx / CH, c = idx % CH;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (qoff + r < qlen) {
+                v = *(const uint4*)(qkv + (size_t)(qbeg + qoff + r) * q_stride + hq * D + c * 8);
+            }
+            *(uint4*)(sV + r * LD + c * 8) = v;
         }
+        __syncthreads();
+        if ((warp >> 2) == hh) {
+            const int r = wr * 16 + g;
+#pragma unroll
+            for (int kb = 0; kb < D / 16; ++kb) {
+                const int c = kb * 16 + tig * 2;
+                qf[kb][0] = *(const unsigned int*)(sV + r * LD + c);
+                qf[kb][1] = *(const unsigned int*)(sV + (r + 8) * LD + c);
+                qf[kb][2] = *(const unsigned int*)(sV + r * LD + c + 8);
+                qf[kb][3] = *(const unsigned int*)(sV + (r + 8) * LD + c + 8);
+            }
+        }
+        __syncthreads();
     }
-    __syncthreads();
 
-    const int qpos0 = prefix + qoff + warp * 16 + g;
+    const int qpos0 = prefix + qoff + wr * 16 + g;
     const int qpos1 = qpos0 + 8;
     float o[D / 8][4];
 #pragma unroll
@@ -411,14 +423,14 @@ __device__ __forceinline__ void prefill_attn_impl(
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    if (nsplit > 1) {
+    if (HPB == 1 && nsplit > 1) {
         pf_split_out<D>(out, out_stride, o, m0, m1, l0, l1, part_o, part_ml, counters, part0,
                         split, nsplit, h, qbeg + qoff, qlen - qoff, v_scale, (float*)sK, s_last);
         return;
     }
     const float inv0 = l0 > 0.0f ? v_scale / l0 : 0.0f;
     const float inv1 = l1 > 0.0f ? v_scale / l1 : 0.0f;
-    const int r0 = qoff + warp * 16 + g, r1 = r0 + 8;
+    const int r0 = qoff + wr * 16 + g, r1 = r0 + 8;
 #pragma unroll
     for (int nb = 0; nb < D / 8; ++nb) {
         const int col = h * D + nb * 8 + tig * 2;
@@ -441,9 +453,23 @@ __device__ __forceinline__ void prefill_attn_impl(
         const int* kv_indptr, const int* kv_indices, const int* prefix_lens, int group,        \
         float scale_log2, float v_scale, float* part_o, float* part_ml,                        \
         unsigned int* counters) {                                                              \
-        prefill_attn_impl<D, KV>(out, out_stride, qkv, q_stride, kc, vc, kv_stride, tiles,     \
+        prefill_attn_impl<D, KV, 1>(out, out_stride, qkv, q_stride, kc, vc, kv_stride, tiles,     \
                                  q_indptr, kv_indptr, kv_indices, prefix_lens, group,          \
                                  scale_log2, v_scale, part_o, part_ml, counters);              \
+    }
+
+// Paired heads (see the top): prefill_attn_d<D>_<fp8>_h2, grid (n_tiles, n_heads / 2).
+#define PREFILL_ATTN_H2(D, SUF, KV)                                                            \
+    extern "C" __global__ void __launch_bounds__(2 * PF_THREADS)                               \
+        prefill_attn_d##D##SUF##_h2(                                                           \
+            bf16_t* out, int out_stride, const bf16_t* qkv, int q_stride, const KV::T* kc,     \
+            const KV::T* vc, int kv_stride, const int* tiles, const int* q_indptr,             \
+            const int* kv_indptr, const int* kv_indices, const int* prefix_lens, int group,    \
+            float scale_log2, float v_scale, float* part_o, float* part_ml,                    \
+            unsigned int* counters) {                                                          \
+        prefill_attn_impl<D, KV, 2>(out, out_stride, qkv, q_stride, kc, vc, kv_stride, tiles, \
+                                    q_indptr, kv_indptr, kv_indices, prefix_lens, group,       \
+                                    scale_log2, v_scale, part_o, part_ml, counters);           \
     }
 
 PREFILL_ATTN(64, , KvBf16)
@@ -452,3 +478,7 @@ PREFILL_ATTN(64, _e4m3, KvE4m3)
 PREFILL_ATTN(128, _e4m3, KvE4m3)
 PREFILL_ATTN(64, _e5m2, KvE5m2)
 PREFILL_ATTN(128, _e5m2, KvE5m2)
+PREFILL_ATTN_H2(64, _e4m3, KvE4m3)
+PREFILL_ATTN_H2(128, _e4m3, KvE4m3)
+PREFILL_ATTN_H2(64, _e5m2, KvE5m2)
+PREFILL_ATTN_H2(128, _e5m2, KvE5m2)

@@ -2,12 +2,12 @@
 //! decode attention's plan and its forms (partials and merge, one launch, with RoPE and the K/V
 //! store, on tensor cores), and causal prefill attention over the paged pool.
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaFunction, CudaStream};
 use half::bf16;
 
 use super::{
-    DECODE_TC_MIN_BATCH, DecodeAttnPlan, Kernels, LayerAttn, MAX_DECODE_SPLITS, arg, dim_index,
-    group_index,
+    DECODE_TC_MIN_BATCH, DecodeAttnPlan, Kernels, KvDtype, LayerAttn, MAX_DECODE_SPLITS, arg,
+    dim_index, group_index,
 };
 use crate::{Dptr, KernelError, Result};
 
@@ -384,11 +384,131 @@ impl Kernels {
         parts: PrefillPartials,
         shape: impl Into<LayerAttn>,
     ) -> Result<()> {
+        let shape = shape.into();
+        let f = &self.prefill[shape.shape.kv.index()][dim_index(shape.shape.head_dim)?];
+        let heads = shape.shape.n_heads as u32;
+        // SAFETY: the caller's guarantees are this one's.
+        unsafe {
+            self.prefill_launch(
+                s,
+                f,
+                heads,
+                128,
+                out,
+                out_stride,
+                qkv,
+                q_stride,
+                k_cache,
+                v_cache,
+                tiles,
+                n_tiles,
+                q_indptr,
+                kv_indptr,
+                kv_indices,
+                prefix_lens,
+                parts,
+                shape,
+            )
+        }
+    }
+
+    /// [`Kernels::prefill_attn`] with each block taking the same 64 queries of two query heads
+    /// of one KV group (`cu/prefill_attn.cu`, the `_h2` entries), so an FP8 pool's K/V tiles are
+    /// fetched and widened once for both heads: the same bits. For FP8 pools and groups of an
+    /// even number of query heads ([`Kernels::prefill_pairs`]), and work lists without splits
+    /// (made with half the heads and [`Kernels::prefill_paired_slots`]).
+    ///
+    /// # Safety
+    /// As [`Kernels::prefill_attn`], with no entry of `tiles` split.
+    pub unsafe fn prefill_attn_paired(
+        &self,
+        s: &CudaStream,
+        out: Dptr<bf16>,
+        out_stride: usize,
+        qkv: Dptr<bf16>,
+        q_stride: usize,
+        k_cache: Dptr<u8>,
+        v_cache: Dptr<u8>,
+        tiles: Dptr<i32>,
+        n_tiles: usize,
+        q_indptr: Dptr<i32>,
+        kv_indptr: Dptr<i32>,
+        kv_indices: Dptr<i32>,
+        prefix_lens: Dptr<i32>,
+        shape: impl Into<LayerAttn>,
+    ) -> Result<()> {
+        let shape = shape.into();
+        if !Self::prefill_pairs(shape.shape.kv, shape.shape.n_heads, shape.shape.n_kv_heads) {
+            return Err(KernelError::Unsupported(format!(
+                "paired-head prefill attention needs an FP8 pool and an even number of query \
+                 heads per KV head (pool {:?}, {} / {} heads)",
+                shape.shape.kv, shape.shape.n_heads, shape.shape.n_kv_heads
+            )));
+        }
+        let f = &self.prefill_h2[shape.shape.kv.index() - 1][dim_index(shape.shape.head_dim)?];
+        let none = PrefillPartials {
+            o: Dptr::null(),
+            ml: Dptr::null(),
+            counters: Dptr::null(),
+        };
+        let pairs = (shape.shape.n_heads / 2) as u32;
+        // SAFETY: the caller's guarantees are this one's; an unsplit list never touches the
+        // partial buffers.
+        unsafe {
+            self.prefill_launch(
+                s,
+                f,
+                pairs,
+                256,
+                out,
+                out_stride,
+                qkv,
+                q_stride,
+                k_cache,
+                v_cache,
+                tiles,
+                n_tiles,
+                q_indptr,
+                kv_indptr,
+                kv_indices,
+                prefix_lens,
+                none,
+                shape,
+            )
+        }
+    }
+
+    /// Whether [`Kernels::prefill_attn_paired`] serves a pool of `kv` with these heads.
+    pub fn prefill_pairs(kv: KvDtype, n_heads: usize, n_kv_heads: usize) -> bool {
+        kv != KvDtype::Bf16 && n_kv_heads > 0 && (n_heads / n_kv_heads).is_multiple_of(2)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn prefill_launch(
+        &self,
+        s: &CudaStream,
+        f: &CudaFunction,
+        grid_y: u32,
+        threads: u32,
+        out: Dptr<bf16>,
+        out_stride: usize,
+        qkv: Dptr<bf16>,
+        q_stride: usize,
+        k_cache: Dptr<u8>,
+        v_cache: Dptr<u8>,
+        tiles: Dptr<i32>,
+        n_tiles: usize,
+        q_indptr: Dptr<i32>,
+        kv_indptr: Dptr<i32>,
+        kv_indices: Dptr<i32>,
+        prefix_lens: Dptr<i32>,
+        parts: PrefillPartials,
+        shape: LayerAttn,
+    ) -> Result<()> {
         if n_tiles == 0 {
             return Ok(());
         }
-        let (shape, scales, scale_log2) = shape.into().resolve()?;
-        let f = &self.prefill[shape.kv.index()][dim_index(shape.head_dim)?];
+        let (shape, scales, scale_log2) = shape.resolve()?;
         let (o, qa, kc, vc, t, qi, ki, kx, pl) = (
             out.addr(),
             qkv.addr(),
@@ -424,9 +544,9 @@ impl Kernels {
             arg(&pml),
             arg(&pc),
         ];
-        let grid = (n_tiles as u32, shape.n_heads as u32, 1);
+        let grid = (n_tiles as u32, grid_y, 1);
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
-        unsafe { self.launch(s, f, grid, 128, &mut a) }
+        unsafe { self.launch(s, f, grid, threads, &mut a) }
     }
 }
 

@@ -326,13 +326,16 @@ pub(crate) fn time_each(s: &CudaStream, n: usize, mut f: impl FnMut() -> R<()>) 
 /// prompt at tp 2's 16/4 heads, and a prompt's last row alone after 1023 cached positions (the
 /// last layer's rows that need logits); keys in consecutive pool slots, bf16 and FP8 e4m3
 /// pools. Each with whole query tiles and with the work list the engine plans for this device
-/// (`prefill_work`: the longest tiles' key ranges split). Median of 25 launches each; causal
-/// TFLOP/s (of the work list) counts 4 · keys · head_dim · heads per query row.
+/// (`prefill_work`: the longest tiles' key ranges split); FP8 pools also with two heads a
+/// block (`prefill_attn_paired`, on the list planned for it without splits, as the engine
+/// takes it where that list needs none). Median of 25 launches each; causal TFLOP/s (of the
+/// work list) counts 4 · keys · head_dim · heads per query row.
 pub(crate) fn bench_prefill_attn(c: &mut Ctx) -> R<()> {
     let hd = 128usize;
     println!(
-        "\n{} blocks at once (prefill_slots)\n\n| queries | after | heads | pool | µs, whole query tiles | µs, work list | causal TFLOP/s |\n|---|---|---|---|---|---|---|",
-        c.k.prefill_slots()
+        "\n{} blocks at once (prefill_slots), {} paired\n\n| queries | after | heads | pool | µs, whole query tiles | µs, work list | causal TFLOP/s | µs, two heads a block (planned list splits?) |\n|---|---|---|---|---|---|---|---|",
+        c.k.prefill_slots(),
+        c.k.prefill_paired_slots()
     );
     // (new queries, cached prefix, query heads): Llama-3.1-8B prompts at tp 1, a prompt at
     // tp 2 (16 heads a rank), a prompt's last row alone after the rest (the last layer's tail)
@@ -400,8 +403,48 @@ pub(crate) fn bench_prefill_attn(c: &mut Ctx) -> R<()> {
                     Ok(())
                 })?;
             }
+            let mut paired = "-".to_string();
+            if Kernels::prefill_pairs(kv, nh, nkv) {
+                let seqs = [PrefillSeq { q_len: nq, prefix }];
+                let planned = prefill_work(&seqs, nh / 2, c.k.prefill_paired_slots(), usize::MAX);
+                let would_split = planned.chunks(PREFILL_ENTRY_INTS).any(|e| e[2] >> 16 > 1);
+                // the paired form takes no split: the planner's list for it with one slot
+                let tiles = prefill_work(&seqs, nh / 2, 1, usize::MAX);
+                let dt = c.up(&tiles)?;
+                let s = c.s.clone();
+                let t = time_each(&s, 25, || {
+                    // SAFETY: shapes as allocated; the work list is this batch's, unsplit.
+                    unsafe {
+                        c.k.prefill_attn_paired(
+                            &c.s,
+                            c.p(&out),
+                            nh * hd,
+                            c.p(&dq),
+                            q_stride,
+                            c.p(&dk),
+                            c.p(&dv),
+                            c.p(&dt),
+                            tiles.len() / PREFILL_ENTRY_INTS,
+                            c.p(&dqi),
+                            c.p(&dki),
+                            c.p(&dix),
+                            c.p(&dp),
+                            shape,
+                        )?
+                    };
+                    Ok(())
+                })?;
+                paired = format!(
+                    "{t:.1} ({})",
+                    if would_split {
+                        "would split: not taken"
+                    } else {
+                        "no split: taken"
+                    }
+                );
+            }
             println!(
-                "| {nq} | {prefix} | {nh}/{nkv} | {} | {:.1} | {:.1} | {:.0} |",
+                "| {nq} | {prefix} | {nh}/{nkv} | {} | {:.1} | {:.1} | {:.0} | {paired} |",
                 kv_name(kv),
                 us[0],
                 us[1],

@@ -185,6 +185,52 @@ pub(crate) fn check_prefill(
         if zero { differ as f64 } else { 1.0 },
         0.0,
     );
+    if Kernels::prefill_pairs(kv, nh, nkv) {
+        // two heads a block: whole query tiles in batch order, and the planner's list for that
+        // form (one slot: nothing split, longest last), against the one-head form's bits
+        let pf: Vec<PrefillSeq> = seqs
+            .iter()
+            .map(|&(prefix, q_len)| PrefillSeq { q_len, prefix })
+            .collect();
+        let paired_lists = [lists[0].clone(), prefill_work(&pf, nh / 2, 1, usize::MAX)];
+        for (form, tiles) in ["whole tiles", "planned"].iter().zip(&paired_lists) {
+            let dt = c.up(tiles)?;
+            let out = c.poisoned(t * nh * hd)?;
+            // SAFETY: shapes as allocated; the work list is this batch's, with no split.
+            unsafe {
+                c.k.prefill_attn_paired(
+                    &c.s,
+                    c.p(&out),
+                    nh * hd,
+                    c.p(&dq),
+                    q_stride,
+                    c.p(&dk),
+                    c.p(&dv),
+                    c.p(&dt),
+                    tiles.len() / PREFILL_ENTRY_INTS,
+                    c.p(&dqi),
+                    c.p(&dki),
+                    c.p(&dix),
+                    c.p(&dp),
+                    shape,
+                )?
+            };
+            let got = c.down(&out)?;
+            let differ = got
+                .iter()
+                .zip(&outs[0])
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            c.record(
+                &format!(
+                    "{name}, two heads a block ({form}): bits vs one head a block ({differ} of {} differ)",
+                    got.len()
+                ),
+                differ as f64,
+                0.0,
+            );
+        }
+    }
     Ok(())
 }
 

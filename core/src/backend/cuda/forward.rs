@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use cudarc::driver::{CudaSlice, CudaStream, result as dres};
 use half::bf16;
 use sgl_kernels::{
-    AttnShape, DecodeAttnPlan, Dptr, GemvEpilogue, PREFILL_ENTRY_INTS, PrefillPartials, PrefillSeq,
-    dptr, prefill_tiles, prefill_work,
+    AttnShape, DecodeAttnPlan, Dptr, GemvEpilogue, Kernels, PREFILL_ENTRY_INTS, PrefillPartials,
+    PrefillSeq, dptr, prefill_tiles, prefill_work,
 };
 
 use super::{CudaBackend, DECODE_SPLITS, DETERMINISTIC_DECODE_SPLITS, cuda_err, decode_form};
@@ -182,6 +182,8 @@ enum AttnInputs {
     Prefill {
         tiles: Dptr<i32>,
         n_tiles: usize,
+        /// The list is for the paired-head form (`Kernels::prefill_attn_paired`).
+        paired: bool,
         q_indptr: Dptr<i32>,
         kv_indptr: Dptr<i32>,
         kv_indices: Dptr<i32>,
@@ -286,6 +288,33 @@ impl CudaBackend {
         prefill_work(seqs, heads, self.kernels.prefill_slots(), parts)
     }
 
+    /// The layers' prefill attention work list, and whether it is for the paired-head form:
+    /// with an FP8 pool (whose tiles a paired block widens once for two heads) and an even
+    /// group, where a list planned for that form (half the blocks, each twice the work) needs
+    /// no split; else [`Self::prefill_work`]'s. Both forms give the same bits
+    /// (`SGL_DISABLE_PREFILL_PAIRS=1`: never paired).
+    fn prefill_plan(&self, seqs: &[PrefillSeq]) -> (Vec<i32>, bool) {
+        let (heads, kv_heads) = (self.cfg.num_heads, self.cfg.num_kv_heads);
+        if self.prefill_pairs && Kernels::prefill_pairs(self.opts.kv, heads, kv_heads) {
+            let list = if self.opts.deterministic || !self.prefill_split {
+                prefill_tiles(&seqs.iter().map(|q| q.q_len).collect::<Vec<_>>())
+            } else {
+                // planned without a bound on partial slots, to see whether it would split
+                prefill_work(
+                    seqs,
+                    heads / 2,
+                    self.kernels.prefill_paired_slots(),
+                    usize::MAX,
+                )
+            };
+            let split = list.chunks(PREFILL_ENTRY_INTS).any(|e| e[2] >> 16 > 1);
+            if !split {
+                return (list, true);
+            }
+        }
+        (self.prefill_work(seqs), false)
+    }
+
     /// `decode`: every sequence of `batch` runs in the decode form (see `run`).
     fn run_eager(
         &mut self,
@@ -325,10 +354,10 @@ impl CudaBackend {
                 prefix: q.start_pos,
             })
             .collect();
-        let tiles = if decode {
-            Vec::new()
+        let (tiles, paired) = if decode {
+            (Vec::new(), false)
         } else {
-            self.prefill_work(&seqs)
+            self.prefill_plan(&seqs)
         };
         let tail = (!decode && self.logit_rows_only(tokens, last_rows.len()))
             .then(|| TailPlan::new(batch, |s| self.prefill_work(s)));
@@ -380,6 +409,7 @@ impl CudaBackend {
             AttnInputs::Prefill {
                 tiles: at(6),
                 n_tiles: tiles.len() / PREFILL_ENTRY_INTS,
+                paired,
                 q_indptr: at(3),
                 kv_indptr: at(4),
                 kv_indices: at(8),
@@ -395,6 +425,7 @@ impl CudaBackend {
             attn: AttnInputs::Prefill {
                 tiles: at(11),
                 n_tiles: t.tiles.len() / PREFILL_ENTRY_INTS,
+                paired: false,
                 q_indptr: at(9),
                 kv_indptr: at(4),
                 kv_indices: at(8),
@@ -633,6 +664,33 @@ impl CudaBackend {
                         AttnInputs::Prefill {
                             tiles,
                             n_tiles,
+                            paired: true,
+                            q_indptr,
+                            kv_indptr,
+                            kv_indices,
+                            prefix_lens,
+                        } => k
+                            .prefill_attn_paired(
+                                s,
+                                attn,
+                                q_w,
+                                q_src,
+                                qkv_w,
+                                kc,
+                                vc,
+                                tiles,
+                                n_tiles,
+                                q_indptr,
+                                kv_indptr,
+                                kv_indices,
+                                prefix_lens,
+                                shape,
+                            )
+                            .map_err(cuda_err)?,
+                        AttnInputs::Prefill {
+                            tiles,
+                            n_tiles,
+                            paired: false,
                             q_indptr,
                             kv_indptr,
                             kv_indices,

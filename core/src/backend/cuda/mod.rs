@@ -142,6 +142,10 @@ pub struct CudaBackend {
     /// under `--enable-deterministic-inference`. Read from the environment, so the same on
     /// every rank.
     prefill_split: bool,
+    /// Prefill attention over an FP8 pool may take two query heads per block (`forward.rs`,
+    /// `prefill_plan`; `SGL_DISABLE_PREFILL_PAIRS=1`: one head a block). The same bits either
+    /// way; read from the environment, so the same on every rank.
+    prefill_pairs: bool,
     cfg: ModelConfig,
     pub(crate) w: weights::Weights,
     /// [layer][k | v][slot][kv_heads * head_dim] elements of `opts.kv`, as bytes; slot
@@ -296,6 +300,7 @@ impl CudaBackend {
             logit_rows_only: std::env::var("SGL_DISABLE_LOGIT_ROWS_ONLY").as_deref() != Ok("1")
                 && std::env::var_os("SGL_CUDA_DUMP_DIR").is_none(),
             prefill_split: std::env::var("SGL_DISABLE_PREFILL_SPLIT").as_deref() != Ok("1"),
+            prefill_pairs: std::env::var("SGL_DISABLE_PREFILL_PAIRS").as_deref() != Ok("1"),
             cfg,
             w: p.w,
             kv,
