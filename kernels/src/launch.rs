@@ -31,8 +31,8 @@ mod sampling;
 
 pub use allreduce::NormOut;
 pub use attention::{
-    PREFILL_ENTRY_INTS, PREFILL_MAX_SPLITS, PrefillPartials, PrefillSeq, prefill_tiles,
-    prefill_work,
+    PREFILL_ENTRY_INTS, PREFILL_MAX_SPLITS, PrefillForm, PrefillPartials, PrefillSeq,
+    prefill_paired_work, prefill_tiles, prefill_work,
 };
 pub use gemv::{
     GEMV_MAX_SPLITS, GEMV_MAX_TOKENS, GEMV_PREFETCH_STEPS, GemvEpilogue, GemvPlan, GemvWorkspace,
@@ -465,7 +465,7 @@ impl Kernels {
         self.num_sms as usize * self.prefill_blocks_per_sm as usize
     }
 
-    /// The same for the paired-head form ([`Kernels::prefill_attn_paired`]), each block
+    /// The same for the paired-head form ([`PrefillForm::Paired`]), each block
     /// taking two heads.
     pub fn prefill_paired_slots(&self) -> usize {
         self.num_sms as usize * self.prefill_h2_blocks_per_sm as usize

@@ -25,8 +25,8 @@ pub use launch::{
     AR_BLOCKS, AR_LARGE_BLOCKS, AR_MAX_RANKS, ArPeers, AttnShape, DECODE_TC_MIN_BATCH,
     DecodeAttnPlan, GEMV_MAX_SPLITS, GEMV_MAX_TOKENS, GEMV_PREFETCH_STEPS, GemvEpilogue, GemvPlan,
     GemvWorkspace, Kernels, KvDtype, KvScales, LayerAttn, LogitEdit, MAX_DECODE_SPLITS, NormOut,
-    PREFILL_ENTRY_INTS, PREFILL_MAX_SPLITS, PrefillPartials, PrefillSeq, WeightRef, prefill_tiles,
-    prefill_work,
+    PREFILL_ENTRY_INTS, PREFILL_MAX_SPLITS, PrefillForm, PrefillPartials, PrefillSeq, WeightRef,
+    prefill_paired_work, prefill_tiles, prefill_work,
 };
 #[cfg(feature = "cuda")]
 pub use source::{KERNEL_NAMES, SOURCE, compile_ptx, nvrtc_available};

@@ -2,7 +2,7 @@
 //! decode attention's plan and its forms (partials and merge, one launch, with RoPE and the K/V
 //! store, on tensor cores), and causal prefill attention over the paged pool.
 
-use cudarc::driver::{CudaFunction, CudaStream};
+use cudarc::driver::CudaStream;
 use half::bf16;
 
 use super::{
@@ -355,17 +355,22 @@ impl Kernels {
         }
     }
 
+    /// Whether [`PrefillForm::Paired`] serves a pool of `kv` with these heads.
+    pub fn prefill_pairs(kv: KvDtype, n_heads: usize, n_kv_heads: usize) -> bool {
+        kv != KvDtype::Bf16 && n_kv_heads > 0 && (n_heads / n_kv_heads).is_multiple_of(2)
+    }
+
     /// Causal prefill attention for a packed variable-length batch whose queries may start
     /// after a cached prefix. `tiles` holds the work list, [`PREFILL_ENTRY_INTS`] per block
     /// column (see [`prefill_tiles`] and [`prefill_work`]); q rows come from the fused qkv
-    /// buffer (rows of q_stride).
+    /// buffer (rows of q_stride). `form` picks the kernel ([`PrefillForm`]).
     ///
     /// # Safety
     /// Every index array matches the batch: q_indptr, kv_indptr: batch + 1; prefix_lens: batch;
     /// kv_indices: kv_indptr[batch]; tiles: n_tiles entries made for this batch's sequences
-    /// (prefix + q_len keys each); out rows of out_stride for every token; `parts` hold the
-    /// partial slots the entries name (none for a list without splits), used by no other
-    /// stream, counters at zero.
+    /// (prefix + q_len keys each); out rows of out_stride for every token. One head a block:
+    /// its partial buffers hold the partial slots the entries name (none for a list without
+    /// splits), used by no other stream, counters at zero. Paired: no entry is split.
     pub unsafe fn prefill_attn(
         &self,
         s: &CudaStream,
@@ -381,134 +386,42 @@ impl Kernels {
         kv_indptr: Dptr<i32>,
         kv_indices: Dptr<i32>,
         prefix_lens: Dptr<i32>,
-        parts: PrefillPartials,
+        form: PrefillForm,
         shape: impl Into<LayerAttn>,
-    ) -> Result<()> {
-        let shape = shape.into();
-        let f = &self.prefill[shape.shape.kv.index()][dim_index(shape.shape.head_dim)?];
-        let heads = shape.shape.n_heads as u32;
-        // SAFETY: the caller's guarantees are this one's.
-        unsafe {
-            self.prefill_launch(
-                s,
-                f,
-                heads,
-                128,
-                out,
-                out_stride,
-                qkv,
-                q_stride,
-                k_cache,
-                v_cache,
-                tiles,
-                n_tiles,
-                q_indptr,
-                kv_indptr,
-                kv_indices,
-                prefix_lens,
-                parts,
-                shape,
-            )
-        }
-    }
-
-    /// [`Kernels::prefill_attn`] with each block taking the same 64 queries of two query heads
-    /// of one KV group (`cu/prefill_attn.cu`, the `_h2` entries), so an FP8 pool's K/V tiles are
-    /// fetched and widened once for both heads: the same bits. For FP8 pools and groups of an
-    /// even number of query heads ([`Kernels::prefill_pairs`]), and work lists without splits
-    /// (made with half the heads and [`Kernels::prefill_paired_slots`]).
-    ///
-    /// # Safety
-    /// As [`Kernels::prefill_attn`], with no entry of `tiles` split.
-    pub unsafe fn prefill_attn_paired(
-        &self,
-        s: &CudaStream,
-        out: Dptr<bf16>,
-        out_stride: usize,
-        qkv: Dptr<bf16>,
-        q_stride: usize,
-        k_cache: Dptr<u8>,
-        v_cache: Dptr<u8>,
-        tiles: Dptr<i32>,
-        n_tiles: usize,
-        q_indptr: Dptr<i32>,
-        kv_indptr: Dptr<i32>,
-        kv_indices: Dptr<i32>,
-        prefix_lens: Dptr<i32>,
-        shape: impl Into<LayerAttn>,
-    ) -> Result<()> {
-        let shape = shape.into();
-        if !Self::prefill_pairs(shape.shape.kv, shape.shape.n_heads, shape.shape.n_kv_heads) {
-            return Err(KernelError::Unsupported(format!(
-                "paired-head prefill attention needs an FP8 pool and an even number of query \
-                 heads per KV head (pool {:?}, {} / {} heads)",
-                shape.shape.kv, shape.shape.n_heads, shape.shape.n_kv_heads
-            )));
-        }
-        let f = &self.prefill_h2[shape.shape.kv.index() - 1][dim_index(shape.shape.head_dim)?];
-        let none = PrefillPartials {
-            o: Dptr::null(),
-            ml: Dptr::null(),
-            counters: Dptr::null(),
-        };
-        let pairs = (shape.shape.n_heads / 2) as u32;
-        // SAFETY: the caller's guarantees are this one's; an unsplit list never touches the
-        // partial buffers.
-        unsafe {
-            self.prefill_launch(
-                s,
-                f,
-                pairs,
-                256,
-                out,
-                out_stride,
-                qkv,
-                q_stride,
-                k_cache,
-                v_cache,
-                tiles,
-                n_tiles,
-                q_indptr,
-                kv_indptr,
-                kv_indices,
-                prefix_lens,
-                none,
-                shape,
-            )
-        }
-    }
-
-    /// Whether [`Kernels::prefill_attn_paired`] serves a pool of `kv` with these heads.
-    pub fn prefill_pairs(kv: KvDtype, n_heads: usize, n_kv_heads: usize) -> bool {
-        kv != KvDtype::Bf16 && n_kv_heads > 0 && (n_heads / n_kv_heads).is_multiple_of(2)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn prefill_launch(
-        &self,
-        s: &CudaStream,
-        f: &CudaFunction,
-        grid_y: u32,
-        threads: u32,
-        out: Dptr<bf16>,
-        out_stride: usize,
-        qkv: Dptr<bf16>,
-        q_stride: usize,
-        k_cache: Dptr<u8>,
-        v_cache: Dptr<u8>,
-        tiles: Dptr<i32>,
-        n_tiles: usize,
-        q_indptr: Dptr<i32>,
-        kv_indptr: Dptr<i32>,
-        kv_indices: Dptr<i32>,
-        prefix_lens: Dptr<i32>,
-        parts: PrefillPartials,
-        shape: LayerAttn,
     ) -> Result<()> {
         if n_tiles == 0 {
             return Ok(());
         }
-        let (shape, scales, scale_log2) = shape.resolve()?;
+        let layer = shape.into();
+        let sh = layer.shape;
+        let d = dim_index(sh.head_dim)?;
+        let (f, grid_y, threads, parts) = match form {
+            PrefillForm::OneHead(parts) => {
+                (&self.prefill[sh.kv.index()][d], sh.n_heads, 128, parts)
+            }
+            PrefillForm::Paired => {
+                if !Self::prefill_pairs(sh.kv, sh.n_heads, sh.n_kv_heads) {
+                    return Err(KernelError::Unsupported(format!(
+                        "paired-head prefill attention needs an FP8 pool and an even number of \
+                         query heads per KV head (pool {:?}, {} / {} heads)",
+                        sh.kv, sh.n_heads, sh.n_kv_heads
+                    )));
+                }
+                // an unsplit list never touches the partial buffers
+                let none = PrefillPartials {
+                    o: Dptr::null(),
+                    ml: Dptr::null(),
+                    counters: Dptr::null(),
+                };
+                (
+                    &self.prefill_h2[sh.kv.index() - 1][d],
+                    sh.n_heads / 2,
+                    256,
+                    none,
+                )
+            }
+        };
+        let (shape, scales, scale_log2) = layer.resolve()?;
         let (o, qa, kc, vc, t, qi, ki, kx, pl) = (
             out.addr(),
             qkv.addr(),
@@ -544,7 +457,7 @@ impl Kernels {
             arg(&pml),
             arg(&pc),
         ];
-        let grid = (n_tiles as u32, grid_y, 1);
+        let grid = (n_tiles as u32, grid_y as u32, 1);
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
         unsafe { self.launch(s, f, grid, threads, &mut a) }
     }
@@ -568,6 +481,19 @@ pub struct PrefillPartials {
     pub o: Dptr<f32>,
     pub ml: Dptr<f32>,
     pub counters: Dptr<u32>,
+}
+
+/// Which prefill attention kernel a launch runs.
+#[derive(Clone, Copy, Debug)]
+pub enum PrefillForm {
+    /// One query head a block (`prefill_attn_d*`); split entries leave their partial rows in
+    /// these buffers.
+    OneHead(PrefillPartials),
+    /// Two query heads of one KV group a block (the `_h2` entries), so an FP8 pool's K/V tiles
+    /// are fetched and widened once for both: the same bits. For FP8 pools and groups of an
+    /// even number of query heads ([`Kernels::prefill_pairs`]), and work lists without splits
+    /// (made with half the heads and [`Kernels::prefill_paired_slots`]).
+    Paired,
 }
 
 /// One sequence of a prefill launch: `q_len` new queries after `prefix` cached positions; its
@@ -660,9 +586,33 @@ pub fn prefill_work(
     entries.into_iter().flat_map(|e| e.1).collect()
 }
 
+/// The work list of the paired-head form ([`PrefillForm::Paired`]) over `seqs`, where it
+/// applies: an FP8 pool, an even group ([`Kernels::prefill_pairs`]), and a list planned for it
+/// (`n_heads / 2` block columns of twice the work over `slots` paired blocks) that needs no
+/// split. `None` where the one-head form with its own list is to run (a prompt at tp 2 or a
+/// row after a long prefix, whose longest tiles the one-head list splits).
+pub fn prefill_paired_work(
+    seqs: &[PrefillSeq],
+    kv: KvDtype,
+    n_heads: usize,
+    n_kv_heads: usize,
+    slots: usize,
+) -> Option<Vec<i32>> {
+    if !Kernels::prefill_pairs(kv, n_heads, n_kv_heads) {
+        return None;
+    }
+    // planned without a bound on partial slots, to see whether it would split
+    let list = prefill_work(seqs, n_heads / 2, slots, usize::MAX);
+    let split = list.chunks(PREFILL_ENTRY_INTS).any(|e| e[2] >> 16 > 1);
+    (!split).then_some(list)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{PREFILL_ENTRY_INTS, PREFILL_MAX_SPLITS, PrefillSeq, prefill_tiles, prefill_work};
+    use super::{
+        KvDtype, PREFILL_ENTRY_INTS, PREFILL_MAX_SPLITS, PrefillSeq, prefill_paired_work,
+        prefill_tiles, prefill_work,
+    };
     use std::collections::BTreeMap;
 
     /// Decodes a work list as the kernel does and checks that every query tile of `seqs` has
@@ -799,5 +749,32 @@ mod tests {
             list,
             vec![0, 0, 1 << 16, 0, 0, 64, 1 << 16, 0, 1, 0, 1 << 16, 0]
         );
+    }
+
+    /// The paired form takes a lone 1024-token prompt at 32/8 heads over an FP8 pool on 132
+    /// paired blocks (every key tile once, nothing split, longest last), and leaves to the
+    /// one-head form a bf16 pool, an odd group, tp 2's 16/4 heads and one row after a long
+    /// prefix (whose lists would split).
+    #[test]
+    fn paired_work_where_it_applies() {
+        let e4m3 = KvDtype::Fp8E4m3;
+        let prompt = [PrefillSeq {
+            q_len: 1024,
+            prefix: 0,
+        }];
+        let list = prefill_paired_work(&prompt, e4m3, 32, 8, 132).expect("paired at 32/8 heads");
+        let (longest, splits) = check(&prompt, &list, 0);
+        assert_eq!(longest, 16);
+        assert!(splits.iter().all(|&n| n == 1));
+        assert_eq!(list.len() / PREFILL_ENTRY_INTS, 16);
+        assert!(prefill_paired_work(&prompt, KvDtype::Fp8E5m2, 32, 8, 132).is_some());
+        assert!(prefill_paired_work(&prompt, KvDtype::Bf16, 32, 8, 132).is_none());
+        assert!(prefill_paired_work(&prompt, e4m3, 24, 8, 132).is_none());
+        assert!(prefill_paired_work(&prompt, e4m3, 16, 4, 132).is_none());
+        let tail = [PrefillSeq {
+            q_len: 1,
+            prefix: 1023,
+        }];
+        assert!(prefill_paired_work(&tail, e4m3, 32, 8, 132).is_none());
     }
 }

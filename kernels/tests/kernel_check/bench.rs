@@ -327,7 +327,7 @@ pub(crate) fn time_each(s: &CudaStream, n: usize, mut f: impl FnMut() -> R<()>) 
 /// last layer's rows that need logits); keys in consecutive pool slots, bf16 and FP8 e4m3
 /// pools. Each with whole query tiles and with the work list the engine plans for this device
 /// (`prefill_work`: the longest tiles' key ranges split); FP8 pools also with two heads a
-/// block (`prefill_attn_paired`, on the list planned for it without splits, as the engine
+/// block (`PrefillForm::Paired`, on the list planned for it without splits, as the engine
 /// takes it where that list needs none). Median of 25 launches each; causal TFLOP/s (of the
 /// work list) counts 4 · keys · head_dim · heads per query row.
 pub(crate) fn bench_prefill_attn(c: &mut Ctx) -> R<()> {
@@ -396,7 +396,7 @@ pub(crate) fn bench_prefill_attn(c: &mut Ctx) -> R<()> {
                             c.p(&dki),
                             c.p(&dix),
                             c.p(&dp),
-                            parts.get(c),
+                            PrefillForm::OneHead(parts.get(c)),
                             shape,
                         )?
                     };
@@ -415,7 +415,7 @@ pub(crate) fn bench_prefill_attn(c: &mut Ctx) -> R<()> {
                 let t = time_each(&s, 25, || {
                     // SAFETY: shapes as allocated; the work list is this batch's, unsplit.
                     unsafe {
-                        c.k.prefill_attn_paired(
+                        c.k.prefill_attn(
                             &c.s,
                             c.p(&out),
                             nh * hd,
@@ -429,6 +429,7 @@ pub(crate) fn bench_prefill_attn(c: &mut Ctx) -> R<()> {
                             c.p(&dki),
                             c.p(&dix),
                             c.p(&dp),
+                            PrefillForm::Paired,
                             shape,
                         )?
                     };

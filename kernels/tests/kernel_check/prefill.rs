@@ -112,14 +112,33 @@ pub(crate) fn check_prefill(
     }
     .with_scales(scales);
     // whole query tiles; every query tile of more than two key tiles split, launched twice
-    // (the second time on the counters the first left)
-    let lists = [None, Some(SPLIT_ALL), Some(SPLIT_ALL)].map(|split| work_list(&seqs, nh, split));
-    let parts = PfParts::for_list(c, &lists[1], nh, hd)?;
+    // (the second time on the counters the first left); over an FP8 pool with an even group
+    // also two heads a block, on whole tiles in batch order and on the planner's list for that
+    // form (one slot: nothing split, longest last)
+    let mut lists: Vec<(Vec<i32>, bool)> = [None, Some(SPLIT_ALL), Some(SPLIT_ALL)]
+        .map(|split| (work_list(&seqs, nh, split), false))
+        .into();
+    let paired = Kernels::prefill_pairs(kv, nh, nkv);
+    if paired {
+        let pf: Vec<PrefillSeq> = seqs
+            .iter()
+            .map(|&(prefix, q_len)| PrefillSeq { q_len, prefix })
+            .collect();
+        lists.push((lists[0].0.clone(), true));
+        lists.push((prefill_work(&pf, nh / 2, 1, usize::MAX), true));
+    }
+    let parts = PfParts::for_list(c, &lists[1].0, nh, hd)?;
     let mut outs = Vec::new();
-    for tiles in &lists {
+    for (tiles, pairs) in &lists {
+        let form = if *pairs {
+            PrefillForm::Paired
+        } else {
+            PrefillForm::OneHead(parts.get(c))
+        };
         let dt = c.up(tiles)?;
         let out = c.poisoned(t * nh * hd)?;
-        // SAFETY: shapes as allocated; the work list is this batch's.
+        // SAFETY: shapes as allocated; the work list is this batch's (none split for the
+        // paired form).
         unsafe {
             c.k.prefill_attn(
                 &c.s,
@@ -135,7 +154,7 @@ pub(crate) fn check_prefill(
                 c.p(&dki),
                 c.p(&dix),
                 c.p(&dp),
-                parts.get(c),
+                form,
                 shape,
             )?
         };
@@ -185,37 +204,8 @@ pub(crate) fn check_prefill(
         if zero { differ as f64 } else { 1.0 },
         0.0,
     );
-    if Kernels::prefill_pairs(kv, nh, nkv) {
-        // two heads a block: whole query tiles in batch order, and the planner's list for that
-        // form (one slot: nothing split, longest last), against the one-head form's bits
-        let pf: Vec<PrefillSeq> = seqs
-            .iter()
-            .map(|&(prefix, q_len)| PrefillSeq { q_len, prefix })
-            .collect();
-        let paired_lists = [lists[0].clone(), prefill_work(&pf, nh / 2, 1, usize::MAX)];
-        for (form, tiles) in ["whole tiles", "planned"].iter().zip(&paired_lists) {
-            let dt = c.up(tiles)?;
-            let out = c.poisoned(t * nh * hd)?;
-            // SAFETY: shapes as allocated; the work list is this batch's, with no split.
-            unsafe {
-                c.k.prefill_attn_paired(
-                    &c.s,
-                    c.p(&out),
-                    nh * hd,
-                    c.p(&dq),
-                    q_stride,
-                    c.p(&dk),
-                    c.p(&dv),
-                    c.p(&dt),
-                    tiles.len() / PREFILL_ENTRY_INTS,
-                    c.p(&dqi),
-                    c.p(&dki),
-                    c.p(&dix),
-                    c.p(&dp),
-                    shape,
-                )?
-            };
-            let got = c.down(&out)?;
+    if paired {
+        for (form, got) in ["whole tiles", "planned"].iter().zip(&outs[3..]) {
             let differ = got
                 .iter()
                 .zip(&outs[0])
@@ -295,7 +285,7 @@ fn prefill_bits(
             c.p(&dki),
             c.p(&dix),
             c.p(&dp),
-            parts.get(c),
+            PrefillForm::OneHead(parts.get(c)),
             shape,
         )?
     };

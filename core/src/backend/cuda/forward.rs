@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use cudarc::driver::{CudaSlice, CudaStream, result as dres};
 use half::bf16;
 use sgl_kernels::{
-    AttnShape, DecodeAttnPlan, Dptr, GemvEpilogue, Kernels, PREFILL_ENTRY_INTS, PrefillPartials,
-    PrefillSeq, dptr, prefill_tiles, prefill_work,
+    AttnShape, DecodeAttnPlan, Dptr, GemvEpilogue, Kernels, PREFILL_ENTRY_INTS, PrefillForm,
+    PrefillPartials, PrefillSeq, dptr, prefill_paired_work, prefill_tiles, prefill_work,
 };
 
 use super::{CudaBackend, DECODE_SPLITS, DETERMINISTIC_DECODE_SPLITS, cuda_err, decode_form};
@@ -182,7 +182,7 @@ enum AttnInputs {
     Prefill {
         tiles: Dptr<i32>,
         n_tiles: usize,
-        /// The list is for the paired-head form (`Kernels::prefill_attn_paired`).
+        /// The list is for the paired-head form (`PrefillForm::Paired`).
         paired: bool,
         q_indptr: Dptr<i32>,
         kv_indptr: Dptr<i32>,
@@ -288,27 +288,19 @@ impl CudaBackend {
         prefill_work(seqs, heads, self.kernels.prefill_slots(), parts)
     }
 
-    /// The layers' prefill attention work list, and whether it is for the paired-head form:
-    /// with an FP8 pool (whose tiles a paired block widens once for two heads) and an even
-    /// group, where a list planned for that form (half the blocks, each twice the work) needs
-    /// no split; else [`Self::prefill_work`]'s. Both forms give the same bits
-    /// (`SGL_DISABLE_PREFILL_PAIRS=1`: never paired).
+    /// The layers' prefill attention work list, and whether it is for the paired-head form
+    /// ([`prefill_paired_work`]: an FP8 pool, an even group, and a list planned for that form
+    /// needing no split; whole tiles in batch order where none may be split); else
+    /// [`Self::prefill_work`]'s. Both forms give the same bits (`SGL_DISABLE_PREFILL_PAIRS=1`:
+    /// never paired).
     fn prefill_plan(&self, seqs: &[PrefillSeq]) -> (Vec<i32>, bool) {
-        let (heads, kv_heads) = (self.cfg.num_heads, self.cfg.num_kv_heads);
-        if self.prefill_pairs && Kernels::prefill_pairs(self.opts.kv, heads, kv_heads) {
-            let list = if self.opts.deterministic || !self.prefill_split {
-                prefill_tiles(&seqs.iter().map(|q| q.q_len).collect::<Vec<_>>())
-            } else {
-                // planned without a bound on partial slots, to see whether it would split
-                prefill_work(
-                    seqs,
-                    heads / 2,
-                    self.kernels.prefill_paired_slots(),
-                    usize::MAX,
-                )
-            };
-            let split = list.chunks(PREFILL_ENTRY_INTS).any(|e| e[2] >> 16 > 1);
-            if !split {
+        let (kv, heads, kv_heads) = (self.opts.kv, self.cfg.num_heads, self.cfg.num_kv_heads);
+        if self.prefill_pairs && Kernels::prefill_pairs(kv, heads, kv_heads) {
+            if self.opts.deterministic || !self.prefill_split {
+                return (self.prefill_work(seqs), true);
+            }
+            let slots = self.kernels.prefill_paired_slots();
+            if let Some(list) = prefill_paired_work(seqs, kv, heads, kv_heads, slots) {
                 return (list, true);
             }
         }
@@ -664,33 +656,7 @@ impl CudaBackend {
                         AttnInputs::Prefill {
                             tiles,
                             n_tiles,
-                            paired: true,
-                            q_indptr,
-                            kv_indptr,
-                            kv_indices,
-                            prefix_lens,
-                        } => k
-                            .prefill_attn_paired(
-                                s,
-                                attn,
-                                q_w,
-                                q_src,
-                                qkv_w,
-                                kc,
-                                vc,
-                                tiles,
-                                n_tiles,
-                                q_indptr,
-                                kv_indptr,
-                                kv_indices,
-                                prefix_lens,
-                                shape,
-                            )
-                            .map_err(cuda_err)?,
-                        AttnInputs::Prefill {
-                            tiles,
-                            n_tiles,
-                            paired: false,
+                            paired,
                             q_indptr,
                             kv_indptr,
                             kv_indices,
@@ -710,10 +676,14 @@ impl CudaBackend {
                                 kv_indptr,
                                 kv_indices,
                                 prefix_lens,
-                                PrefillPartials {
-                                    o: dptr(&sc.partial_o, s),
-                                    ml: dptr(&sc.partial_ml, s),
-                                    counters: dptr(&sc.attn_counters, s),
+                                if paired {
+                                    PrefillForm::Paired
+                                } else {
+                                    PrefillForm::OneHead(PrefillPartials {
+                                        o: dptr(&sc.partial_o, s),
+                                        ml: dptr(&sc.partial_ml, s),
+                                        counters: dptr(&sc.attn_counters, s),
+                                    })
                                 },
                                 shape,
                             )
