@@ -372,15 +372,29 @@ pub(crate) fn bench_prefill_attn(c: &mut Ctx) -> R<()> {
                 head_dim: hd,
                 kv,
             };
-            let mut us = [0.0f64; 2];
-            let lists =
-                [None, Some(c.k.prefill_slots())].map(|s| work_list(&[(prefix, nq)], nh, s));
-            let parts = PfParts::for_list(c, &lists[1], nh, hd)?;
-            for (i, tiles) in lists.iter().enumerate() {
+            // whole tiles and the engine's list, one head a block; over an FP8 pool also two
+            // heads a block on the planner's list for that form with one slot (never split)
+            let seqs = [PrefillSeq { q_len: nq, prefix }];
+            let mut lists: Vec<(Vec<i32>, bool)> = [None, Some(c.k.prefill_slots())]
+                .map(|s| (work_list(&[(prefix, nq)], nh, s), false))
+                .into();
+            let pairs = Kernels::prefill_pairs(kv, nh, nkv);
+            if pairs {
+                lists.push((prefill_work(&seqs, nh / 2, 1, usize::MAX), true));
+            }
+            let parts = PfParts::for_list(c, &lists[1].0, nh, hd)?;
+            let mut us = Vec::new();
+            for (tiles, paired) in &lists {
+                let form = if *paired {
+                    PrefillForm::Paired
+                } else {
+                    PrefillForm::OneHead(parts.get(c))
+                };
                 let dt = c.up(tiles)?;
                 let s = c.s.clone();
-                us[i] = time_each(&s, 25, || {
-                    // SAFETY: shapes as allocated; the work list is this batch's.
+                us.push(time_each(&s, 25, || {
+                    // SAFETY: shapes as allocated; the work list is this batch's (unsplit
+                    // for the paired form).
                     unsafe {
                         c.k.prefill_attn(
                             &c.s,
@@ -396,54 +410,26 @@ pub(crate) fn bench_prefill_attn(c: &mut Ctx) -> R<()> {
                             c.p(&dki),
                             c.p(&dix),
                             c.p(&dp),
-                            PrefillForm::OneHead(parts.get(c)),
+                            form,
                             shape,
                         )?
                     };
                     Ok(())
-                })?;
+                })?);
             }
-            let mut paired = "-".to_string();
-            if Kernels::prefill_pairs(kv, nh, nkv) {
-                let seqs = [PrefillSeq { q_len: nq, prefix }];
-                let planned = prefill_work(&seqs, nh / 2, c.k.prefill_paired_slots(), usize::MAX);
-                let would_split = planned.chunks(PREFILL_ENTRY_INTS).any(|e| e[2] >> 16 > 1);
-                // the paired form takes no split: the planner's list for it with one slot
-                let tiles = prefill_work(&seqs, nh / 2, 1, usize::MAX);
-                let dt = c.up(&tiles)?;
-                let s = c.s.clone();
-                let t = time_each(&s, 25, || {
-                    // SAFETY: shapes as allocated; the work list is this batch's, unsplit.
-                    unsafe {
-                        c.k.prefill_attn(
-                            &c.s,
-                            c.p(&out),
-                            nh * hd,
-                            c.p(&dq),
-                            q_stride,
-                            c.p(&dk),
-                            c.p(&dv),
-                            c.p(&dt),
-                            tiles.len() / PREFILL_ENTRY_INTS,
-                            c.p(&dqi),
-                            c.p(&dki),
-                            c.p(&dix),
-                            c.p(&dp),
-                            PrefillForm::Paired,
-                            shape,
-                        )?
-                    };
-                    Ok(())
-                })?;
-                paired = format!(
-                    "{t:.1} ({})",
-                    if would_split {
-                        "would split: not taken"
-                    } else {
+            let paired = match us.get(2) {
+                None => "-".to_string(),
+                Some(t) => {
+                    let slots = c.k.prefill_paired_slots();
+                    let taken = prefill_paired_work(&seqs, kv, nh, nkv, slots).is_some();
+                    let why = if taken {
                         "no split: taken"
-                    }
-                );
-            }
+                    } else {
+                        "would split: not taken"
+                    };
+                    format!("{t:.1} ({why})")
+                }
+            };
             println!(
                 "| {nq} | {prefix} | {nh}/{nkv} | {} | {:.1} | {:.1} | {:.0} | {paired} |",
                 kv_name(kv),

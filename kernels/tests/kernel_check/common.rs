@@ -6,8 +6,8 @@ pub(crate) use cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream};
 pub(crate) use half::bf16;
 pub(crate) use sgl_kernels::{
     AttnShape, Dptr, Gemm, GemvEpilogue, GemvWorkspace, Kernels, KvDtype, LogitEdit,
-    PREFILL_ENTRY_INTS, PrefillForm, PrefillPartials, PrefillSeq, WeightRef, dptr, prefill_tiles,
-    prefill_work,
+    PREFILL_ENTRY_INTS, PrefillForm, PrefillPartials, PrefillSeq, WeightRef, dptr,
+    prefill_paired_work, prefill_tiles, prefill_work,
 };
 
 pub(crate) type R<T> = Result<T, Box<dyn std::error::Error>>;
