@@ -13,7 +13,9 @@ use prometheus::{
 pub struct Metrics {
     registry: Registry,
     model_name: String,
-    /// Prompt tokens of every request received (counted when it enters the waiting queue).
+    /// Prompt tokens of every request admitted, counted at its first admission with its cached
+    /// tokens: a windowed hit rate then compares the same requests (counted on arrival, the
+    /// prompts still waiting lowered it while a queue grew).
     pub prompt_tokens_total: IntCounterVec,
     /// Prompt tokens found in the radix cache, counted at a request's first admission: the
     /// `cached_tokens` its response reports.

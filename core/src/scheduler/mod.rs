@@ -340,10 +340,6 @@ impl Scheduler {
         if self.cfg.log_requests {
             tracing::info!(rid = %req.rid, prompt_tokens = req.prompt.len(), params = ?req.params, "request received");
         }
-        self.metrics
-            .prompt_tokens_total
-            .with_label_values(&self.metrics.label())
-            .inc_by(req.prompt.len() as u64);
         self.stats
             .total_prompt_tokens
             .fetch_add(req.prompt.len() as u64, Ordering::Relaxed);
@@ -504,9 +500,16 @@ impl Scheduler {
         let toks = r.all_tokens();
         let matched = r.kv.admit(&mut self.cache, &toks[..r.match_key_len()]);
         if first_admission {
+            // the prompt and its cached part counted together, so a windowed hit rate compares
+            // the same requests (counted on arrival, a growing queue lowered it)
+            let label = self.metrics.label();
+            self.metrics
+                .prompt_tokens_total
+                .with_label_values(&label)
+                .inc_by(r.prompt.len() as u64);
             self.metrics
                 .cached_tokens_total
-                .with_label_values(&self.metrics.label())
+                .with_label_values(&label)
                 .inc_by(matched as u64);
         }
         if r.output.is_empty() {

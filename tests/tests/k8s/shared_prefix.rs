@@ -7,8 +7,11 @@
 //! each metric's average as the HPA read it, and every fifth second each engine's brake as
 //! the custom metrics API serves it):
 //!
-//! 1. one client: the engine is busy and its cache warm, but nothing waits: the cache signals
-//!    must not add a replica;
+//! 1. two clients: the engine is busy and its cache warm, and one request waits, below the
+//!    queue target: the cache signals must not add a replica (two rather than one, so the
+//!    engine is busy whatever the machine's load: the brake's 2-minute window still holds this
+//!    phase when phase 2 decides, and one client's gaps between requests, long on a loaded
+//!    machine, lowered it there);
 //! 2. seven clients (one request runs per engine, the rest wait): up to three engines, then a
 //!    minute of the same load, while the two new engines warm their caches: the replicas
 //!    never go down (the load alone would ask for two at three engines and for three at two:
@@ -449,12 +452,12 @@ spec:
         )
     };
 
-    // 1. One client: a busy engine with a warm cache and an empty queue stays alone.
-    let mut clients = vec![client_task(0)];
+    // 1. Two clients: a busy engine with a warm cache and one request waiting stays alone.
+    let mut clients = vec![client_task(0), client_task(1)];
     let at_min = |s: &Sample| {
         if s.dp_size != 1 || s.desired.is_some_and(|d| d != 1) {
             return Err(format!(
-                "one client's load fits one engine, but dpSize is {} and the HPA desires {:?}",
+                "two clients' load fits one engine, but dpSize is {} and the HPA desires {:?}",
                 s.dp_size, s.desired
             ));
         }
@@ -462,7 +465,7 @@ spec:
     };
     sampler
         .until(
-            "the HPA to read the warm engine's brake above 0.5 (one client)",
+            "the HPA to read the warm engine's brake above 0.5 (two clients)",
             Duration::from_secs(150),
             |s| {
                 s.iter().try_for_each(at_min)?;
@@ -475,7 +478,7 @@ spec:
     let warm = Instant::now();
     sampler
         .until(
-            "three more HPA syncs at one engine (one client)",
+            "three more HPA syncs at one engine (two clients)",
             Duration::from_secs(60),
             |s| {
                 s.iter().try_for_each(at_min)?;
@@ -487,7 +490,7 @@ spec:
 
     // 2. Seven clients: up to three engines, then the load held; never down meanwhile.
     let load_from = applied.elapsed().as_secs_f64();
-    clients.extend((1..CLIENTS).map(client_task));
+    clients.extend((2..CLIENTS).map(client_task));
     let rising = |s: &[Sample]| match reversal(s, load_from, true) {
         Some(e) => Err(format!("under steady shared-prefix load, {e}")),
         None => Ok(()),
