@@ -434,21 +434,22 @@ impl Kernels {
             allreduce_ll: f("allreduce_ll_bf16")?,
             allreduce_pull: f("allreduce_pull_add_rmsnorm")?,
             num_sms,
-            prefill_blocks_per_sm: u32::MAX,
-            prefill_h2_blocks_per_sm: u32::MAX,
+            prefill_blocks_per_sm: 1,
+            prefill_h2_blocks_per_sm: 1,
             pdl_supported,
             pdl,
             pdl_early_trigger: false,
             gemv_prefetch,
         };
-        for f in k.prefill.iter().flatten() {
-            let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(128, 0, None)?;
-            k.prefill_blocks_per_sm = k.prefill_blocks_per_sm.min(per_sm.max(1));
-        }
-        for f in k.prefill_h2.iter().flatten() {
-            let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None)?;
-            k.prefill_h2_blocks_per_sm = k.prefill_h2_blocks_per_sm.min(per_sm.max(1));
-        }
+        // the fewest blocks of `threads` any of these entries keeps on a multiprocessor
+        let fewest = |fs: &[CudaFunction], threads: u32| -> Result<u32> {
+            fs.iter().try_fold(u32::MAX, |m, f| {
+                let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?;
+                Ok(m.min(per_sm.max(1)))
+            })
+        };
+        k.prefill_blocks_per_sm = fewest(k.prefill.as_flattened(), 128)?;
+        k.prefill_h2_blocks_per_sm = fewest(k.prefill_h2.as_flattened(), 256)?;
         if std::env::var("SGL_PDL_EARLY_TRIGGER").as_deref() == Ok("1") {
             k.set_pdl_early_trigger(true, &ctx.default_stream())?;
         }

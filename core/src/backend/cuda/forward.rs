@@ -295,16 +295,19 @@ impl CudaBackend {
     /// never paired).
     fn prefill_plan(&self, seqs: &[PrefillSeq]) -> (Vec<i32>, bool) {
         let (kv, heads, kv_heads) = (self.opts.kv, self.cfg.num_heads, self.cfg.num_kv_heads);
-        if self.prefill_pairs && Kernels::prefill_pairs(kv, heads, kv_heads) {
-            if self.opts.deterministic || !self.prefill_split {
-                return (self.prefill_work(seqs), true);
-            }
-            let slots = self.kernels.prefill_paired_slots();
-            if let Some(list) = prefill_paired_work(seqs, kv, heads, kv_heads, slots) {
-                return (list, true);
-            }
+        if !self.prefill_pairs {
+            return (self.prefill_work(seqs), false);
         }
-        (self.prefill_work(seqs), false)
+        if self.opts.deterministic || !self.prefill_split {
+            // whole tiles, never split: either form takes them
+            let paired = Kernels::prefill_pairs(kv, heads, kv_heads);
+            return (self.prefill_work(seqs), paired);
+        }
+        let slots = self.kernels.prefill_paired_slots();
+        match prefill_paired_work(seqs, kv, heads, kv_heads, slots) {
+            Some(list) => (list, true),
+            None => (self.prefill_work(seqs), false),
+        }
     }
 
     /// `decode`: every sequence of `batch` runs in the decode form (see `run`).
