@@ -75,7 +75,10 @@ extern "C" __global__ void add_rmsnorm_bf16(bf16_t* __restrict__ out, bf16_t* __
 // ignores them). With RESCALE (rope_kv_store_rescale_*), qkv holds an FP8 GEMM's unscaled
 // product, and its scales (xs per token, ws per column) are applied first exactly as
 // fp8_rescale_bf16 rounds them; the q heads are written back scaled and rotated, the k and v
-// parts of qkv are left as they were (attention reads k and v from the pool).
+// parts of qkv are left as they were (attention reads k and v from the pool). With `keep`, k
+// (rotated) and v (scaled) are also written back into qkv as bf16, the values a bf16 pool
+// would hold: prefill attention over an FP8 pool can then read a fresh prompt's K and V from
+// the rows (see prefill_attn in forward.rs).
 template <int N>
 __device__ __forceinline__ void rescale_words(unsigned int* w, float sx, const float* ws) {
     // 2N bf16 values in w (low half first), ws[0..2N) 16-byte aligned: bf16(x * sx * ws + 0)
@@ -104,7 +107,7 @@ __device__ __forceinline__ void rope_kv_store_impl(bf16_t* __restrict__ qkv,
                                                    int n_heads, int n_kv_heads, int head_dim,
                                                    float k_inv, float v_inv,
                                                    const float* __restrict__ xs,
-                                                   const float* __restrict__ ws) {
+                                                   const float* __restrict__ ws, int keep) {
     __shared__ float s_cos[256], s_sin[256];
     pdl_wait();
     pdl_trigger_early();
@@ -148,17 +151,18 @@ __device__ __forceinline__ void rope_kv_store_impl(bf16_t* __restrict__ qkv,
             ow1[w] = (unsigned int)o1[0] | ((unsigned int)o1[1] << 16);
             ow2[w] = (unsigned int)o2[0] | ((unsigned int)o2[1] << 16);
         }
-        if (head < n_heads) {
+        if (head < n_heads || keep) {
             bf16_t* dst = row + head * head_dim;
             *(uint2*)(dst + i) = make_uint2(ow1[0], ow1[1]);
             *(uint2*)(dst + i + half) = make_uint2(ow2[0], ow2[1]);
-        } else {
+        }
+        if (head >= n_heads) {
             typename KV::T* dst = k_cache + kv_row + (head - n_heads) * head_dim;
             KV::store4(dst + i, make_uint2(ow1[0], ow1[1]), k_inv);
             KV::store4(dst + i + half, make_uint2(ow2[0], ow2[1]), k_inv);
         }
     }
-    const bf16_t* v = row + (n_heads + n_kv_heads) * head_dim;
+    bf16_t* v = row + (n_heads + n_kv_heads) * head_dim;
     const int nvec = n_kv_heads * head_dim / 8;
     for (int i = threadIdx.x; i < nvec; i += blockDim.x) {
         uint4 x = ((const uint4*)v)[i];
@@ -166,6 +170,7 @@ __device__ __forceinline__ void rope_kv_store_impl(bf16_t* __restrict__ qkv,
             unsigned int w[4] = {x.x, x.y, x.z, x.w};
             rescale_words<4>(w, sx, ws + (n_heads + n_kv_heads) * head_dim + i * 8);
             x = make_uint4(w[0], w[1], w[2], w[3]);
+            if (keep) ((uint4*)v)[i] = x;
         }
         KV::store8(v_cache + kv_row + (size_t)i * 8, x, v_inv);
     }
@@ -176,17 +181,18 @@ __device__ __forceinline__ void rope_kv_store_impl(bf16_t* __restrict__ qkv,
     extern "C" __global__ void rope_kv_store_##SUF(                                            \
         bf16_t* qkv, KV::T* k_cache, KV::T* v_cache, const int* positions, const int* slots,  \
         const float* inv_freq, int n_heads, int n_kv_heads, int head_dim, float k_inv,         \
-        float v_inv) {                                                                         \
+        float v_inv, const float*, const float*, int keep) {                                   \
         rope_kv_store_impl<KV, false>(qkv, k_cache, v_cache, positions, slots, inv_freq,       \
                                       n_heads, n_kv_heads, head_dim, k_inv, v_inv, nullptr,    \
-                                      nullptr);                                                \
+                                      nullptr, keep);                                          \
     }                                                                                          \
     extern "C" __global__ void rope_kv_store_rescale_##SUF(                                    \
         bf16_t* qkv, KV::T* k_cache, KV::T* v_cache, const int* positions, const int* slots,  \
         const float* inv_freq, int n_heads, int n_kv_heads, int head_dim, float k_inv,         \
-        float v_inv, const float* xs, const float* ws) {                                       \
+        float v_inv, const float* xs, const float* ws, int keep) {                             \
         rope_kv_store_impl<KV, true>(qkv, k_cache, v_cache, positions, slots, inv_freq,        \
-                                     n_heads, n_kv_heads, head_dim, k_inv, v_inv, xs, ws);     \
+                                     n_heads, n_kv_heads, head_dim, k_inv, v_inv, xs, ws,      \
+                                     keep);                                                    \
     }
 ROPE_KV_STORE(bf16, KvBf16)
 ROPE_KV_STORE(e4m3, KvE4m3)

@@ -86,7 +86,7 @@ impl Kernels {
         // SAFETY: the caller's guarantees.
         unsafe {
             self.rope_kv_store_any(
-                s, qkv, k_cache, v_cache, positions, slots, inv_freq, n_tokens, shape, None,
+                s, qkv, k_cache, v_cache, positions, slots, inv_freq, n_tokens, shape, None, false,
             )
         }
     }
@@ -125,6 +125,36 @@ impl Kernels {
                 n_tokens,
                 shape,
                 Some((xs, ws)),
+                false,
+            )
+        }
+    }
+
+    /// [`Kernels::rope_kv_store`] (with `scales`, [`Kernels::rope_kv_store_rescale`]) that also
+    /// writes k (rotated) and v (scaled) back into `qkv` as bf16: the values a bf16 pool would
+    /// hold, for prefill attention over a fresh prompt's rows (token row r's K and V are then
+    /// the pool slot r x (group + 2) of `qkv` offset by the q heads, and by the q and k heads,
+    /// at the pool's row stride).
+    ///
+    /// # Safety
+    /// As those two.
+    pub unsafe fn rope_kv_store_rows(
+        &self,
+        s: &CudaStream,
+        qkv: Dptr<bf16>,
+        k_cache: Dptr<u8>,
+        v_cache: Dptr<u8>,
+        positions: Dptr<i32>,
+        slots: Dptr<i32>,
+        inv_freq: Dptr<f32>,
+        n_tokens: usize,
+        shape: impl Into<LayerAttn>,
+        scales: Option<(Dptr<f32>, Dptr<f32>)>,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantees.
+        unsafe {
+            self.rope_kv_store_any(
+                s, qkv, k_cache, v_cache, positions, slots, inv_freq, n_tokens, shape, scales, true,
             )
         }
     }
@@ -146,6 +176,7 @@ impl Kernels {
         n_tokens: usize,
         shape: impl Into<LayerAttn>,
         scales: Option<(Dptr<f32>, Dptr<f32>)>,
+        keep: bool,
     ) -> Result<()> {
         if n_tokens == 0 {
             return Ok(());
@@ -178,6 +209,7 @@ impl Kernels {
         );
         let (k_inv, v_inv) = (1.0 / kv_scales.k, 1.0 / kv_scales.v);
         let (xa, wa) = (xs.addr(), ws.addr());
+        let kp = i32::from(keep);
         let mut a = [
             arg(&q),
             arg(&k),
@@ -192,15 +224,16 @@ impl Kernels {
             arg(&v_inv),
             arg(&xa),
             arg(&wa),
+            arg(&kp),
         ];
         let grid = (n_tokens as u32, 1, 1);
-        let (fun, n_args) = match scales {
-            Some(_) => (&self.rope_kv_store_rescale[shape.kv.index()], a.len()),
-            None => (&self.rope_kv_store[shape.kv.index()], a.len() - 2),
+        let fun = match scales {
+            Some(_) => &self.rope_kv_store_rescale[shape.kv.index()],
+            None => &self.rope_kv_store[shape.kv.index()],
         };
-        // SAFETY: argument types match the kernel (the plain form takes the first 11); the
+        // SAFETY: argument types match the kernel (the plain form ignores the scales); the
         // caller guarantees the extents.
-        unsafe { self.launch(s, fun, grid, 256, &mut a[..n_args]) }
+        unsafe { self.launch(s, fun, grid, 256, &mut a) }
     }
 
     /// `out = silu(gate) * up` with `gate_up` rows `[gate | up]` of 2 x inter.

@@ -426,18 +426,213 @@ pub(crate) fn check_prefill_rows(c: &mut Ctx, kv: KvDtype) -> R<()> {
 }
 
 /// Prefill attention alone (`kernel-check prefill`): every case of [`check_attention`] and
-/// [`check_attention_scaled`] on each pool type.
+/// [`check_attention_scaled`] on each pool type, and on the FP8 pools the fresh prompts' form
+/// over the qkv rows ([`check_prefill_kv_rows`]).
 pub(crate) fn check_prefill_all(c: &mut Ctx) -> R<()> {
     for kv in [KvDtype::Bf16, KvDtype::Fp8E4m3, KvDtype::Fp8E5m2] {
         check_prefill(c, 128, 32, 8, kv, KvScales::ONE)?;
         check_prefill(c, 64, 8, 4, kv, KvScales::ONE)?;
         check_prefill_rows(c, kv)?;
         if kv != KvDtype::Bf16 {
+            for (heads, rescale) in [((32, 8), false), ((32, 8), true), ((16, 4), true)] {
+                check_prefill_kv_rows(c, kv, heads, rescale)?;
+            }
             for scales in SCALES {
                 check_prefill(c, 128, 32, 8, kv, scales)?;
                 check_prefill(c, 64, 8, 4, kv, scales)?;
             }
         }
+    }
+    Ok(())
+}
+
+/// A fresh prompt's prefill over an FP8 pool with K and V read from its qkv rows (the engine's
+/// form for fresh prompts): `rope_kv_store_rows` leaves in the rows the q, k and v that
+/// `rope_kv_store` (with `rescale`, `rope_kv_store_rescale`) gives a bf16 pool, and stores in
+/// the FP8 pool the bytes the plain launch stores; prefill attention over the rows (token r at
+/// slot r x (group + 2) of the buffer) gives the bits it gives over that bf16 pool. Prompts of
+/// 1024, 300 and 77 tokens in one batch, whole and split key ranges.
+pub(crate) fn check_prefill_kv_rows(
+    c: &mut Ctx,
+    kv: KvDtype,
+    (nh, nkv): (usize, usize),
+    rescale: bool,
+) -> R<()> {
+    let hd = 128usize;
+    let lens = [1024usize, 300, 77];
+    let t: usize = lens.iter().sum();
+    let w = (nh + 2 * nkv) * hd;
+    let kv_row = nkv * hd;
+    let n_slots = t + 16;
+    let qkv = bf(&(0..t * w).map(|_| 2.0 * c.rng.sym()).collect::<Vec<_>>());
+    let pos: Vec<i32> = lens.iter().flat_map(|&n| 0..n as i32).collect();
+    let slots: Vec<i32> = c.rng.perm(n_slots)[..t].iter().map(|&x| x as i32).collect();
+    let xs: Vec<f32> = (0..t).map(|_| 1.0 + 0.5 * c.rng.sym()).collect();
+    let ws: Vec<f32> = (0..w).map(|_| 1.0 + 0.5 * c.rng.sym()).collect();
+    let (dp, ds, di, dxs, dws) = (
+        c.up(&pos)?,
+        c.up(&slots)?,
+        c.up(&llama3_inv_freq(hd))?,
+        c.up(&xs)?,
+        c.up(&ws)?,
+    );
+    let scales = SCALES[0];
+    let shape = |kv| {
+        AttnShape {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            kv,
+        }
+        .with_scales(scales)
+    };
+    // one RoPE launch on a copy of the rows into pools of `pool`'s type (NaN bytes before)
+    type Run = (CudaSlice<bf16>, CudaSlice<u8>, CudaSlice<u8>);
+    let store = |c: &mut Ctx, pool: KvDtype, rows: bool| -> R<Run> {
+        let dq = c.up(&qkv)?;
+        let poison = vec![0xffu8; n_slots * kv_row * pool.bytes()];
+        let (kc, vc) = (c.up(&poison)?, c.up(&poison)?);
+        let sc = rescale.then(|| (c.p(&dxs), c.p(&dws)));
+        let (q, k, v) = (c.p(&dq), c.p(&kc), c.p(&vc));
+        let (p, s, i) = (c.p(&dp), c.p(&ds), c.p(&di));
+        // SAFETY: shapes as allocated; slots < n_slots.
+        unsafe {
+            match (rows, sc) {
+                (true, _) => {
+                    c.k.rope_kv_store_rows(&c.s, q, k, v, p, s, i, t, shape(pool), sc)?
+                }
+                (false, Some((a, b))) => {
+                    c.k.rope_kv_store_rescale(&c.s, q, k, v, p, s, i, t, shape(pool), a, b)?
+                }
+                (false, None) => c.k.rope_kv_store(&c.s, q, k, v, p, s, i, t, shape(pool))?,
+            }
+        };
+        Ok((dq, kc, vc))
+    };
+    let (qa, ka, va) = store(c, KvDtype::Bf16, false)?;
+    let (qb, kb, vb) = store(c, kv, true)?;
+    let (_, kc8, vc8) = store(c, kv, false)?;
+    c.s.synchronize()?;
+    let name = format!(
+        "prefill over the qkv rows d{hd} {nh}/{nkv} heads, {} pool{}, prompts 1024, 300, 77",
+        kv_name(kv),
+        if rescale { ", FP8 qkv product" } else { "" }
+    );
+    // the rows against the bf16 pool's values, the FP8 pool against the plain launch's
+    let (ra, rb) = (c.s.clone_dtoh(&qa)?, c.s.clone_dtoh(&qb)?);
+    // the bf16 pools' elements as bits
+    let bits = |d: &CudaSlice<u8>| -> R<Vec<u16>> {
+        Ok(c.s
+            .clone_dtoh(d)?
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect())
+    };
+    let (pk, pv) = (bits(&ka)?, bits(&va)?);
+    let (mut differ, mut compared) = (0usize, 0usize);
+    for r in 0..t {
+        let row = rb[r * w..(r + 1) * w].iter().map(|x| x.to_bits());
+        let slot = slots[r] as usize * kv_row;
+        let want = ra[r * w..r * w + nh * hd]
+            .iter()
+            .map(|x| x.to_bits())
+            .chain(pk[slot..slot + kv_row].iter().copied())
+            .chain(pv[slot..slot + kv_row].iter().copied());
+        differ += row.zip(want).filter(|(a, b)| a != b).count();
+        compared += w;
+    }
+    let bytes_differ = [(&kb, &kc8), (&vb, &vc8)]
+        .iter()
+        .map(|(a, b)| -> R<usize> {
+            let (a, b) = (c.s.clone_dtoh(*a)?, c.s.clone_dtoh(*b)?);
+            Ok(a.iter().zip(&b).filter(|(x, y)| x != y).count())
+        })
+        .sum::<R<usize>>()?;
+    c.record(
+        &format!(
+            "{name}: rows vs the bf16 pool's q, k, v ({differ} of {compared} differ), FP8 pool vs rope_kv_store ({bytes_differ} bytes differ)"
+        ),
+        (differ + bytes_differ) as f64,
+        0.0,
+    );
+
+    // attention over the rows against attention over the bf16 pool
+    let seqs: Vec<(usize, usize)> = lens.iter().map(|&n| (0, n)).collect();
+    let mut q_indptr = vec![0i32];
+    for &n in &lens {
+        q_indptr.push(q_indptr[q_indptr.len() - 1] + n as i32);
+    }
+    let per = (nh / nkv + 2) as i32;
+    let row_slots: Vec<i32> = (0..t as i32).map(|r| r * per).collect();
+    let (dqi, dpre, dslots, drows) = (
+        c.up(&q_indptr)?,
+        c.up(&vec![0i32; lens.len()])?,
+        c.up(&slots)?,
+        c.up(&row_slots)?,
+    );
+    let bf_shape = AttnShape {
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        kv: KvDtype::Bf16,
+    };
+    let width = nh * hd;
+    for split in [None, Some(SPLIT_ALL)] {
+        let tiles = work_list(&seqs, nh, split);
+        let dt = c.up(&tiles)?;
+        let parts = PfParts::for_list(c, &tiles, nh, hd)?;
+        let mut outs = Vec::new();
+        for rows in [false, true] {
+            let (q, k, v, idx) = if rows {
+                let q = c.p(&qb);
+                let (k, v) = (q.add(nh * hd).cast(), q.add((nh + nkv) * hd).cast());
+                (q, k, v, c.p(&drows))
+            } else {
+                (c.p(&qa), c.p(&ka), c.p(&va), c.p(&dslots))
+            };
+            let out = c.poisoned(t * width)?;
+            // SAFETY: shapes as allocated; every index is a row (slot) of its buffer (pool).
+            unsafe {
+                c.k.prefill_attn(
+                    &c.s,
+                    c.p(&out),
+                    width,
+                    q,
+                    w,
+                    k,
+                    v,
+                    c.p(&dt),
+                    tiles.len() / PREFILL_ENTRY_INTS,
+                    c.p(&dqi),
+                    c.p(&dqi),
+                    idx,
+                    c.p(&dpre),
+                    PrefillForm::OneHead(parts.get(c)),
+                    bf_shape,
+                )?
+            };
+            c.s.synchronize()?;
+            outs.push(
+                c.s.clone_dtoh(&out)?
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect::<Vec<u16>>(),
+            );
+        }
+        let differ = diff_bits(&outs[0], &outs[1]);
+        c.record(
+            &format!(
+                "{name}: attention{} bits vs over the bf16 pool ({differ} of {} differ)",
+                if split.is_some() {
+                    ", key ranges split"
+                } else {
+                    ""
+                },
+                outs[0].len()
+            ),
+            differ as f64,
+            0.0,
+        );
     }
     Ok(())
 }

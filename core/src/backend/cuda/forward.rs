@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use cudarc::driver::{CudaSlice, CudaStream, result as dres};
 use half::bf16;
 use sgl_kernels::{
-    AttnShape, DecodeAttnPlan, Dptr, GemvEpilogue, Kernels, PREFILL_ENTRY_INTS, PrefillForm,
-    PrefillPartials, PrefillSeq, dptr, prefill_paired_work, prefill_tiles, prefill_work,
+    AttnShape, DecodeAttnPlan, Dptr, GemvEpilogue, Kernels, KvDtype, LayerAttn, PREFILL_ENTRY_INTS,
+    PrefillForm, PrefillPartials, PrefillSeq, dptr, prefill_paired_work, prefill_tiles,
+    prefill_work,
 };
 
 use super::{CudaBackend, DECODE_SPLITS, DETERMINISTIC_DECODE_SPLITS, cuda_err, decode_form};
@@ -188,6 +189,10 @@ enum AttnInputs {
         kv_indptr: Dptr<i32>,
         kv_indices: Dptr<i32>,
         prefix_lens: Dptr<i32>,
+        /// Every sequence is a fresh prompt over an FP8 pool: attention reads K and V from the
+        /// qkv rows (bf16, kept there by `rope_kv_store_rows`) through these indices, token
+        /// row r at r x (group + 2), instead of from the pool (see [`CudaBackend::kv_rows`]).
+        rows: Option<Dptr<i32>>,
     },
 }
 
@@ -288,13 +293,29 @@ impl CudaBackend {
         prefill_work(seqs, heads, self.kernels.prefill_slots(), parts)
     }
 
+    /// Whether a prefill pass of `batch` reads K and V from its qkv rows: over an FP8 pool,
+    /// when every sequence is a fresh prompt (nothing cached before it), attention uses the
+    /// rows' bf16 K and V as computed (as SGLang's ragged prefill does) instead of their FP8
+    /// bytes in the pool, which is faster (no per-tile widening) and closer to the bf16
+    /// model; the pool is written as before for the steps after. Not under
+    /// `--enable-deterministic-inference` (a prompt after a cached prefix must give the same
+    /// results as the whole prompt) nor with `SGL_DISABLE_PREFILL_KV_ROWS=1`.
+    fn kv_rows(&self, batch: &[SeqInput<'_>]) -> bool {
+        self.opts.kv != KvDtype::Bf16
+            && self.prefill_kv_rows
+            && !self.opts.deterministic
+            && batch
+                .iter()
+                .all(|q| q.start_pos == 0 && q.kv_slots.len() == q.tokens.len())
+    }
+
     /// The layers' prefill attention work list, and whether it is for the paired-head form
     /// ([`prefill_paired_work`]: an FP8 pool, an even group, and a list planned for that form
     /// needing no split; whole tiles in batch order where none may be split); else
     /// [`Self::prefill_work`]'s. Both forms give the same bits (`SGL_DISABLE_PREFILL_PAIRS=1`:
     /// never paired).
-    fn prefill_plan(&self, seqs: &[PrefillSeq]) -> (Vec<i32>, bool) {
-        let (kv, heads, kv_heads) = (self.opts.kv, self.cfg.num_heads, self.cfg.num_kv_heads);
+    fn prefill_plan(&self, seqs: &[PrefillSeq], kv: KvDtype) -> (Vec<i32>, bool) {
+        let (heads, kv_heads) = (self.cfg.num_heads, self.cfg.num_kv_heads);
         if !self.prefill_pairs {
             return (self.prefill_work(seqs), false);
         }
@@ -349,19 +370,27 @@ impl CudaBackend {
                 prefix: q.start_pos,
             })
             .collect();
+        let rows = !decode && self.kv_rows(batch);
         let (tiles, paired) = if decode {
             (Vec::new(), false)
         } else {
-            self.prefill_plan(&seqs)
+            self.prefill_plan(&seqs, if rows { KvDtype::Bf16 } else { self.opts.kv })
+        };
+        // the rows' K and V as pool slots of the qkv buffer (see AttnInputs::Prefill)
+        let row_slots: Vec<i32> = if rows {
+            let per = (self.cfg.num_heads / self.cfg.num_kv_heads.max(1) + 2) as i32;
+            (0..tokens as i32).map(|r| r * per).collect()
+        } else {
+            Vec::new()
         };
         let tail = (!decode && self.logit_rows_only(tokens, last_rows.len()))
             .then(|| TailPlan::new(batch, |s| self.prefill_work(s)));
         let none = Vec::new();
         let tp = tail.as_ref();
         // one upload: [ids | pos | slots | q_indptr | kv_indptr | prefix | tiles | rows |
-        // indices | the tail's q_indptr | prefix | tiles | rows]
+        // indices | the tail's q_indptr | prefix | tiles | rows | row slots]
         let mut meta: Vec<i32> = Vec::new();
-        let mut offs = [0usize; 13];
+        let mut offs = [0usize; 14];
         for (k, part) in [
             &ids,
             &pos,
@@ -376,6 +405,7 @@ impl CudaBackend {
             tp.map_or(&none, |t| &t.prefix),
             tp.map_or(&none, |t| &t.tiles),
             tp.map_or(&none, |t| &t.ident),
+            &row_slots,
         ]
         .iter()
         .enumerate()
@@ -409,6 +439,7 @@ impl CudaBackend {
                 kv_indptr: at(4),
                 kv_indices: at(8),
                 prefix_lens: at(5),
+                rows: rows.then(|| at(13)),
             }
         };
         // SAFETY: ids are token ids < vocab (validated), stored as i32 bit patterns.
@@ -425,6 +456,7 @@ impl CudaBackend {
                 kv_indptr: at(4),
                 kv_indices: at(8),
                 prefix_lens: at(10),
+                rows: rows.then(|| at(13)),
             },
         });
         let inputs = Inputs {
@@ -591,33 +623,52 @@ impl CudaBackend {
                     )
                     .map_err(cuda_err)?;
                 } else {
-                    match qkv_scales.take() {
-                        // the FP8 qkv product's scales applied as fp8_rescale would, q kept
-                        // in `qkv` (scaled and rotated) for attention
-                        Some(ws) => {
-                            let (_, xs) = self.fp8_rows(t, 0)?;
-                            k.rope_kv_store_rescale(
-                                s,
-                                qkv,
-                                kc,
-                                vc,
-                                inp.positions,
-                                inp.slots,
-                                dptr(&self.inv_freq, s),
-                                t,
-                                shape,
-                                xs,
-                                ws,
-                            )
-                        }
-                        None => k.rope_kv_store(
+                    let rows = match inp.attn {
+                        AttnInputs::Prefill { rows, .. } => rows,
+                        AttnInputs::Decode { .. } => None,
+                    };
+                    // the FP8 qkv product's scales applied as fp8_rescale would, q kept in
+                    // `qkv` (scaled and rotated) for attention, and k and v too when attention
+                    // reads them from the rows
+                    let scales = match qkv_scales.take() {
+                        Some(ws) => Some((self.fp8_rows(t, 0)?.1, ws)),
+                        None => None,
+                    };
+                    let inv_freq = dptr(&self.inv_freq, s);
+                    match (rows, scales) {
+                        (Some(_), _) => k.rope_kv_store_rows(
                             s,
                             qkv,
                             kc,
                             vc,
                             inp.positions,
                             inp.slots,
-                            dptr(&self.inv_freq, s),
+                            inv_freq,
+                            t,
+                            shape,
+                            scales,
+                        ),
+                        (None, Some((xs, ws))) => k.rope_kv_store_rescale(
+                            s,
+                            qkv,
+                            kc,
+                            vc,
+                            inp.positions,
+                            inp.slots,
+                            inv_freq,
+                            t,
+                            shape,
+                            xs,
+                            ws,
+                        ),
+                        (None, None) => k.rope_kv_store(
+                            s,
+                            qkv,
+                            kc,
+                            vc,
+                            inp.positions,
+                            inp.slots,
+                            inv_freq,
                             t,
                             shape,
                         ),
@@ -664,8 +715,23 @@ impl CudaBackend {
                             kv_indptr,
                             kv_indices,
                             prefix_lens,
-                        } => k
-                            .prefill_attn(
+                            rows,
+                        } => {
+                            // K and V from the pool, or from the qkv rows as a bf16 pool
+                            let (kc, vc, kv_indices, shape) = match rows {
+                                Some(r) => {
+                                    let sh = shape.shape;
+                                    let kr = qkv.add(sh.n_heads * sh.head_dim);
+                                    let vr = kr.add(sh.n_kv_heads * sh.head_dim);
+                                    let bf = AttnShape {
+                                        kv: KvDtype::Bf16,
+                                        ..sh
+                                    };
+                                    (kr.cast(), vr.cast(), r, LayerAttn::from(bf))
+                                }
+                                None => (kc, vc, kv_indices, shape),
+                            };
+                            k.prefill_attn(
                                 s,
                                 attn,
                                 q_w,
@@ -690,7 +756,8 @@ impl CudaBackend {
                                 },
                                 shape,
                             )
-                            .map_err(cuda_err)?,
+                            .map_err(cuda_err)?
+                        }
                     }
                 }
                 let t = tail.map_or(t, |tl| tl.n);

@@ -146,6 +146,10 @@ pub struct CudaBackend {
     /// `prefill_plan`; `SGL_DISABLE_PREFILL_PAIRS=1`: one head a block). The same bits either
     /// way; read from the environment, so the same on every rank.
     prefill_pairs: bool,
+    /// Prefill attention of fresh prompts over an FP8 pool reads K and V from the qkv rows in
+    /// bf16 (`forward.rs`, `kv_rows`; `SGL_DISABLE_PREFILL_KV_ROWS=1`: from the pool). Read
+    /// from the environment, so the same on every rank.
+    prefill_kv_rows: bool,
     cfg: ModelConfig,
     pub(crate) w: weights::Weights,
     /// [layer][k | v][slot][kv_heads * head_dim] elements of `opts.kv`, as bytes; slot
@@ -301,6 +305,7 @@ impl CudaBackend {
                 && std::env::var_os("SGL_CUDA_DUMP_DIR").is_none(),
             prefill_split: std::env::var("SGL_DISABLE_PREFILL_SPLIT").as_deref() != Ok("1"),
             prefill_pairs: std::env::var("SGL_DISABLE_PREFILL_PAIRS").as_deref() != Ok("1"),
+            prefill_kv_rows: std::env::var("SGL_DISABLE_PREFILL_KV_ROWS").as_deref() != Ok("1"),
             cfg,
             w: p.w,
             kv,
