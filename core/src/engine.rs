@@ -50,7 +50,9 @@ pub struct SchedulerStats {
     pub alive: AtomicBool,
     /// Generated tokens since start.
     pub total_generated: AtomicU64,
-    /// Cached prompt tokens / prompt tokens since start, for the cache hit rate.
+    /// Prompt tokens, and the part of them the radix cache held, since start: counted at
+    /// each request's first admission (as `sglang:prompt_tokens_total` and
+    /// `sglang:cached_tokens_total`), for the cache hit rate.
     pub total_prompt_tokens: AtomicU64,
     pub total_cached_tokens: AtomicU64,
 }

@@ -340,9 +340,6 @@ impl Scheduler {
         if self.cfg.log_requests {
             tracing::info!(rid = %req.rid, prompt_tokens = req.prompt.len(), params = ?req.params, "request received");
         }
-        self.stats
-            .total_prompt_tokens
-            .fetch_add(req.prompt.len() as u64, Ordering::Relaxed);
         self.waiting.push_back(req);
     }
 
@@ -500,8 +497,10 @@ impl Scheduler {
         let toks = r.all_tokens();
         let matched = r.kv.admit(&mut self.cache, &toks[..r.match_key_len()]);
         if first_admission {
-            // the prompt and its cached part counted together, so a windowed hit rate compares
-            // the same requests (counted on arrival, a growing queue lowered it)
+            // The prompt and its cached part counted together, once per request (counted on
+            // arrival, a growing queue lowered the hit rate; counted at every admission, a
+            // retracted request's readmission counted its prompt again): the Prometheus
+            // counters, and the totals of /get_server_info and the lifetime gauge.
             let label = self.metrics.label();
             self.metrics
                 .prompt_tokens_total
@@ -511,12 +510,15 @@ impl Scheduler {
                 .cached_tokens_total
                 .with_label_values(&label)
                 .inc_by(matched as u64);
-        }
-        if r.output.is_empty() {
-            r.cached_tokens = matched;
+            self.stats
+                .total_prompt_tokens
+                .fetch_add(r.prompt.len() as u64, Ordering::Relaxed);
             self.stats
                 .total_cached_tokens
                 .fetch_add(matched as u64, Ordering::Relaxed);
+        }
+        if r.output.is_empty() {
+            r.cached_tokens = matched;
         }
         r
     }

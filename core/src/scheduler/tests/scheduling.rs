@@ -1,4 +1,5 @@
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 
 use super::*;
 
@@ -601,4 +602,63 @@ fn passes_mark_prompt_tokens_apart_from_decoded_ones() {
         ];
         assert_eq!(got, want, "{mode:?}");
     }
+}
+
+/// The prompt and cached-token totals behind `/get_server_info` and the lifetime
+/// `sglang:cache_hit_rate` gauge count each request once, at its first admission, as the
+/// `sglang:prompt_tokens_total` / `sglang:cached_tokens_total` counters do: a request still
+/// queued is in neither, and a retracted request's readmission adds nothing.
+#[test]
+fn prompt_and_cached_totals_count_each_request_once_at_admission() {
+    fn totals(h: &Harness) -> (u64, u64, u64, u64, f64) {
+        let (m, s) = (&h.sched.metrics, &h.sched.stats);
+        let label = m.label();
+        (
+            s.total_prompt_tokens.load(Ordering::Relaxed),
+            s.total_cached_tokens.load(Ordering::Relaxed),
+            m.prompt_tokens_total.with_label_values(&label).get(),
+            m.cached_tokens_total.with_label_values(&label).get(),
+            m.cache_hit_rate.with_label_values(&label).get(),
+        )
+    }
+    let mut h = Setup {
+        max_running_requests: 1,
+        ..Setup::default()
+    }
+    .build();
+    let a = prompt(20, 1);
+    let b: Vec<u32> = a[..16].iter().copied().chain(prompt(4, 9)).collect();
+    let mut ca = h.submit(a.clone(), greedy(3));
+    let mut cb = h.submit(b.clone(), greedy(3));
+    h.step();
+    assert_eq!(h.waiting_ids(), vec![2]);
+    // only the admitted request: 20 prompt tokens, none cached
+    assert_eq!(totals(&h), (20, 0, 20, 0, 0.0));
+    h.run_to_idle();
+    let (prompt_total, cached, prompt_counter, cached_counter, gauge) = totals(&h);
+    assert_eq!((prompt_total, prompt_counter), (40, 40));
+    // the second prompt found the first one's 16 shared tokens in the radix cache
+    assert_eq!(cached_counter, cached);
+    assert!((16..20).contains(&cached), "cached {cached}");
+    assert_eq!(gauge, cached as f64 / 40.0);
+    assert_eq!(ca.usage().prompt_tokens, 20);
+    assert_eq!(cb.usage().cached_tokens as u64, cached);
+    h.assert_everything_released();
+
+    // a retracted and readmitted request counts once
+    let mut h = Setup {
+        capacity: 30,
+        ..Setup::default()
+    }
+    .build();
+    let prompts = [prompt(8, 1), prompt(8, 2)];
+    let _clients: Vec<Client> = prompts
+        .iter()
+        .map(|p| h.submit(p.clone(), greedy(15)))
+        .collect();
+    assert!(run_watching_retractions(&mut h), "nothing was retracted");
+    let (prompt_total, cached, prompt_counter, cached_counter, _) = totals(&h);
+    assert_eq!((prompt_total, prompt_counter), (16, 16));
+    assert_eq!(cached, cached_counter);
+    h.assert_everything_released();
 }
