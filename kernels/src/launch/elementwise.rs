@@ -85,7 +85,7 @@ impl Kernels {
     ) -> Result<()> {
         // SAFETY: the caller's guarantees.
         unsafe {
-            self.rope_kv_store_any(
+            self.rope_kv_store_with(
                 s, qkv, k_cache, v_cache, positions, slots, inv_freq, n_tokens, shape, None, false,
             )
         }
@@ -114,7 +114,7 @@ impl Kernels {
     ) -> Result<()> {
         // SAFETY: the caller's guarantees.
         unsafe {
-            self.rope_kv_store_any(
+            self.rope_kv_store_with(
                 s,
                 qkv,
                 k_cache,
@@ -130,41 +130,16 @@ impl Kernels {
         }
     }
 
-    /// [`Kernels::rope_kv_store`] (with `scales`, [`Kernels::rope_kv_store_rescale`]) that also
-    /// writes k (rotated) and v (scaled) back into `qkv` as bf16: the values a bf16 pool would
-    /// hold, for prefill attention over a fresh prompt's rows (token row r's K and V are then
-    /// the pool slot r x (group + 2) of `qkv` offset by the q heads, and by the q and k heads,
-    /// at the pool's row stride).
-    ///
-    /// # Safety
-    /// As those two.
-    pub unsafe fn rope_kv_store_rows(
-        &self,
-        s: &CudaStream,
-        qkv: Dptr<bf16>,
-        k_cache: Dptr<u8>,
-        v_cache: Dptr<u8>,
-        positions: Dptr<i32>,
-        slots: Dptr<i32>,
-        inv_freq: Dptr<f32>,
-        n_tokens: usize,
-        shape: impl Into<LayerAttn>,
-        scales: Option<(Dptr<f32>, Dptr<f32>)>,
-    ) -> Result<()> {
-        // SAFETY: the caller's guarantees.
-        unsafe {
-            self.rope_kv_store_any(
-                s, qkv, k_cache, v_cache, positions, slots, inv_freq, n_tokens, shape, scales, true,
-            )
-        }
-    }
-
-    /// [`Kernels::rope_kv_store`], with `scales` [`Kernels::rope_kv_store_rescale`].
+    /// [`Kernels::rope_kv_store`], with `scales` [`Kernels::rope_kv_store_rescale`]; with `keep`
+    /// k (rotated) and v (scaled) are also written back into `qkv` as bf16, the values a bf16
+    /// pool would hold, for prefill attention over a fresh prompt's rows (token row r's K and V
+    /// are then pool slot r x (group + 2) of `qkv` offset by the q heads, and by the q and k
+    /// heads, at the pool's row stride).
     ///
     /// # Safety
     /// As those two.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn rope_kv_store_any(
+    pub unsafe fn rope_kv_store_with(
         &self,
         s: &CudaStream,
         qkv: Dptr<bf16>,

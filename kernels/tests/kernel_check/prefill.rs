@@ -447,8 +447,8 @@ pub(crate) fn check_prefill_all(c: &mut Ctx) -> R<()> {
 }
 
 /// A fresh prompt's prefill over an FP8 pool with K and V read from its qkv rows (the engine's
-/// form for fresh prompts): `rope_kv_store_rows` leaves in the rows the q, k and v that
-/// `rope_kv_store` (with `rescale`, `rope_kv_store_rescale`) gives a bf16 pool, and stores in
+/// form for fresh prompts): `rope_kv_store_with` keeping the rows leaves in them the q, k and
+/// v that `rope_kv_store` (with `rescale`, `rope_kv_store_rescale`) gives a bf16 pool, and stores in
 /// the FP8 pool the bytes the plain launch stores; prefill attention over the rows (token r at
 /// slot r x (group + 2) of the buffer) gives the bits it gives over that bf16 pool. Prompts of
 /// 1024, 300 and 77 tokens in one batch, whole and split key ranges.
@@ -497,15 +497,7 @@ pub(crate) fn check_prefill_kv_rows(
         let (p, s, i) = (c.p(&dp), c.p(&ds), c.p(&di));
         // SAFETY: shapes as allocated; slots < n_slots.
         unsafe {
-            match (rows, sc) {
-                (true, _) => {
-                    c.k.rope_kv_store_rows(&c.s, q, k, v, p, s, i, t, shape(pool), sc)?
-                }
-                (false, Some((a, b))) => {
-                    c.k.rope_kv_store_rescale(&c.s, q, k, v, p, s, i, t, shape(pool), a, b)?
-                }
-                (false, None) => c.k.rope_kv_store(&c.s, q, k, v, p, s, i, t, shape(pool))?,
-            }
+            c.k.rope_kv_store_with(&c.s, q, k, v, p, s, i, t, shape(pool), sc, rows)?
         };
         Ok((dq, kc, vc))
     };

@@ -190,7 +190,7 @@ enum AttnInputs {
         kv_indices: Dptr<i32>,
         prefix_lens: Dptr<i32>,
         /// Every sequence is a fresh prompt over an FP8 pool: attention reads K and V from the
-        /// qkv rows (bf16, kept there by `rope_kv_store_rows`) through these indices, token
+        /// qkv rows (bf16, kept there by `rope_kv_store_with`) through these indices, token
         /// row r at r x (group + 2), instead of from the pool (see [`CudaBackend::kv_rows`]).
         rows: Option<Dptr<i32>>,
     },
@@ -634,45 +634,19 @@ impl CudaBackend {
                         Some(ws) => Some((self.fp8_rows(t, 0)?.1, ws)),
                         None => None,
                     };
-                    let inv_freq = dptr(&self.inv_freq, s);
-                    match (rows, scales) {
-                        (Some(_), _) => k.rope_kv_store_rows(
-                            s,
-                            qkv,
-                            kc,
-                            vc,
-                            inp.positions,
-                            inp.slots,
-                            inv_freq,
-                            t,
-                            shape,
-                            scales,
-                        ),
-                        (None, Some((xs, ws))) => k.rope_kv_store_rescale(
-                            s,
-                            qkv,
-                            kc,
-                            vc,
-                            inp.positions,
-                            inp.slots,
-                            inv_freq,
-                            t,
-                            shape,
-                            xs,
-                            ws,
-                        ),
-                        (None, None) => k.rope_kv_store(
-                            s,
-                            qkv,
-                            kc,
-                            vc,
-                            inp.positions,
-                            inp.slots,
-                            inv_freq,
-                            t,
-                            shape,
-                        ),
-                    }
+                    k.rope_kv_store_with(
+                        s,
+                        qkv,
+                        kc,
+                        vc,
+                        inp.positions,
+                        inp.slots,
+                        dptr(&self.inv_freq, s),
+                        t,
+                        shape,
+                        scales,
+                        rows.is_some(),
+                    )
                     .map_err(cuda_err)?;
                     // the last layer on the logit rows: their queries and residual rows
                     // gathered (K and V of every row are in the pool now)
