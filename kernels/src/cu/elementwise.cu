@@ -78,7 +78,7 @@ extern "C" __global__ void add_rmsnorm_bf16(bf16_t* __restrict__ out, bf16_t* __
 // parts of qkv are left as they were (attention reads k and v from the pool). With `keep`, k
 // (rotated) and v (scaled) are also written back into qkv as bf16, the values a bf16 pool
 // would hold: prefill attention over an FP8 pool can then read a fresh prompt's K and V from
-// the rows (see prefill_attn in forward.rs).
+// the rows (see kv_rows in core's cuda/forward/attn_plan.rs).
 template <int N>
 __device__ __forceinline__ void rescale_words(unsigned int* w, float sx, const float* ws) {
     // 2N bf16 values in w (low half first), ws[0..2N) 16-byte aligned: bf16(x * sx * ws + 0)

@@ -138,17 +138,17 @@ pub struct CudaBackend {
     /// same on every rank.
     logit_rows_only: bool,
     /// Prefill attention may split the key ranges of a launch's longest query tiles
-    /// (`forward.rs`, `prefill_work`; `SGL_DISABLE_PREFILL_SPLIT=1`: whole query tiles). Off
-    /// under `--enable-deterministic-inference`. Read from the environment, so the same on
-    /// every rank.
+    /// (`forward/attn_plan.rs`, `prefill_work`; `SGL_DISABLE_PREFILL_SPLIT=1`: whole query
+    /// tiles). Off under `--enable-deterministic-inference`. Read from the environment, so the
+    /// same on every rank.
     prefill_split: bool,
-    /// Prefill attention over an FP8 pool may take two query heads per block (`forward.rs`,
-    /// `prefill_plan`; `SGL_DISABLE_PREFILL_PAIRS=1`: one head a block). The same bits either
-    /// way; read from the environment, so the same on every rank.
+    /// Prefill attention over an FP8 pool may take two query heads per block
+    /// (`forward/attn_plan.rs`, `prefill_plan`; `SGL_DISABLE_PREFILL_PAIRS=1`: one head a
+    /// block). The same bits either way; read from the environment, so the same on every rank.
     prefill_pairs: bool,
     /// Prefill attention of fresh prompts over an FP8 pool reads K and V from the qkv rows in
-    /// bf16 (`forward.rs`, `kv_rows`; `SGL_DISABLE_PREFILL_KV_ROWS=1`: from the pool). Read
-    /// from the environment, so the same on every rank.
+    /// bf16 (`forward/attn_plan.rs`, `kv_rows`; `SGL_DISABLE_PREFILL_KV_ROWS=1`: from the
+    /// pool). Read from the environment, so the same on every rank.
     prefill_kv_rows: bool,
     cfg: ModelConfig,
     pub(crate) w: weights::Weights,
