@@ -258,33 +258,54 @@ fn prefill_bits(
     }
     let t: usize = lens.iter().map(|l| l.1).sum();
     let tiles = work_list(&lens, shape.n_heads, split);
-    let parts = PfParts::for_list(c, &tiles, shape.n_heads, shape.head_dim)?;
-    let (dq, dt, dqi, dki, dix, dp) = (
+    let (dq, dqi, dki, dix, dp) = (
         c.up(&qkv)?,
-        c.up(&tiles)?,
         c.up(&q_indptr)?,
         c.up(&kv_indptr)?,
         c.up(&idx)?,
         c.up(&prefix)?,
     );
+    let (k, v) = (c.p(dk), c.p(dv));
+    let index = [c.p(&dqi), c.p(&dki), c.p(&dix), c.p(&dp)];
+    // SAFETY: the buffers were made for this batch (slots within the pools).
+    unsafe { launch_bits(c, (c.p(&dq), q_stride), (k, v), &tiles, index, t, shape) }
+}
+
+/// The output bits of one one-head-a-block `prefill_attn` launch of the work list `tiles` over
+/// `t` query rows: queries from `q` (rows of its stride), K and V from `kv` through `index`
+/// (q_indptr, kv_indptr, kv_indices, prefix_lens, on the device).
+///
+/// # Safety
+/// As [`sgl_kernels::Kernels::prefill_attn`] for these buffers.
+unsafe fn launch_bits(
+    c: &Ctx,
+    (q, q_stride): (Dptr<bf16>, usize),
+    (k, v): (Dptr<u8>, Dptr<u8>),
+    tiles: &[i32],
+    [q_indptr, kv_indptr, kv_indices, prefix]: [Dptr<i32>; 4],
+    t: usize,
+    shape: AttnShape,
+) -> R<Vec<u16>> {
+    let parts = PfParts::for_list(c, tiles, shape.n_heads, shape.head_dim)?;
+    let dt = c.up(tiles)?;
     let width = shape.n_heads * shape.head_dim;
     let out = c.poisoned(t * width)?;
-    // SAFETY: shapes as allocated.
+    // SAFETY: the caller's guarantees; the partial buffers were made for `tiles`.
     unsafe {
         c.k.prefill_attn(
             &c.s,
             c.p(&out),
             width,
-            c.p(&dq),
+            q,
             q_stride,
-            c.p(dk),
-            c.p(dv),
+            k,
+            v,
             c.p(&dt),
             tiles.len() / PREFILL_ENTRY_INTS,
-            c.p(&dqi),
-            c.p(&dki),
-            c.p(&dix),
-            c.p(&dp),
+            q_indptr,
+            kv_indptr,
+            kv_indices,
+            prefix,
             PrefillForm::OneHead(parts.get(c)),
             shape,
         )?
@@ -568,48 +589,20 @@ pub(crate) fn check_prefill_kv_rows(
         head_dim: hd,
         kv: KvDtype::Bf16,
     };
-    let width = nh * hd;
     for split in [None, Some(SPLIT_ALL)] {
         let tiles = work_list(&seqs, nh, split);
-        let dt = c.up(&tiles)?;
-        let parts = PfParts::for_list(c, &tiles, nh, hd)?;
         let mut outs = Vec::new();
         for rows in [false, true] {
-            let (q, k, v, idx) = if rows {
+            let (q, kv, idx) = if rows {
                 let q = c.p(&qb);
-                let (k, v) = (q.add(nh * hd).cast(), q.add((nh + nkv) * hd).cast());
-                (q, k, v, c.p(&drows))
+                let kv = (q.add(nh * hd).cast(), q.add((nh + nkv) * hd).cast());
+                (q, kv, c.p(&drows))
             } else {
-                (c.p(&qa), c.p(&ka), c.p(&va), c.p(&dslots))
+                (c.p(&qa), (c.p(&ka), c.p(&va)), c.p(&dslots))
             };
-            let out = c.poisoned(t * width)?;
+            let index = [c.p(&dqi), c.p(&dqi), idx, c.p(&dpre)];
             // SAFETY: shapes as allocated; every index is a row (slot) of its buffer (pool).
-            unsafe {
-                c.k.prefill_attn(
-                    &c.s,
-                    c.p(&out),
-                    width,
-                    q,
-                    w,
-                    k,
-                    v,
-                    c.p(&dt),
-                    tiles.len() / PREFILL_ENTRY_INTS,
-                    c.p(&dqi),
-                    c.p(&dqi),
-                    idx,
-                    c.p(&dpre),
-                    PrefillForm::OneHead(parts.get(c)),
-                    bf_shape,
-                )?
-            };
-            c.s.synchronize()?;
-            outs.push(
-                c.s.clone_dtoh(&out)?
-                    .iter()
-                    .map(|x| x.to_bits())
-                    .collect::<Vec<u16>>(),
-            );
+            outs.push(unsafe { launch_bits(c, (q, w), kv, &tiles, index, t, bf_shape)? });
         }
         let differ = diff_bits(&outs[0], &outs[1]);
         c.record(
