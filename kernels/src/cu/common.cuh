@@ -164,6 +164,26 @@ __device__ __forceinline__ unsigned int smem_addr(const void* p) {
     return a;
 }
 
+// 16 bytes from global to shared memory without a register round trip (cached in L2 only);
+// zero-filled when !valid. The copies a thread has committed as a group are visible to that
+// thread once cp_wait leaves at most N of its groups pending; other threads see them after a
+// barrier that follows that wait.
+template <typename T>
+__device__ __forceinline__ void cp_async16(T* smem, const T* gmem, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)),
+                 "l"(gmem), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // D = A(16x16, row) * B(16x8, col) + D, f16 inputs, f32 accumulators.
 __device__ __forceinline__ void mma_f16_16816(float* d, const unsigned int* a, unsigned int b0,
                                               unsigned int b1) {

@@ -12,7 +12,8 @@
 // floats), to_bf16x8 (eight bf16 in a uint4), enc (a bf16 value times inv, as stored), dec (a
 // stored value as f32), store4 / store8 (four / eight bf16 values, as uint2 / uint4, times inv,
 // stored). The FP8 types also give to_f16x4 (four stored bytes as f16 in units of F16_UNIT,
-// exact: two words, lowest first) for kernels that run f16 MMAs on the bytes.
+// exact: two words, lowest first) and pair_f16 (two chosen bytes of a word as one f16 pair) for
+// kernels that run f16 MMAs on the bytes.
 
 __device__ __forceinline__ unsigned int f2e5m2(float f) {
     const unsigned int sign = (__float_as_uint(f) >> 24) & 0x80u;
@@ -73,6 +74,12 @@ struct KvFp8 {
         } else {
             e4m3x4_to_f16x4(w, lo, hi);
         }
+    }
+    // bytes i and j of w as an f16 pair (i's in the low half), in units of F16_UNIT
+    static __device__ __forceinline__ unsigned int pair_f16(unsigned int w, int i, int j) {
+        unsigned int lo, hi;
+        to_f16x4(__byte_perm(w, 0u, (unsigned int)(i | (j << 4))), lo, hi);
+        return lo;
     }
     static __device__ __forceinline__ unsigned int enc1(float x) {
         if constexpr (E5M2) {

@@ -42,21 +42,6 @@
 // Most splits of one query tile's keys (PREFILL_MAX_SPLITS on the host).
 #define PF_MAX_SPLITS 16
 
-__device__ __forceinline__ void pf_cp_async16(bf16_t* smem, const bf16_t* gmem, bool valid) {
-    // 16 bytes from global to shared without a register round trip; zero-filled when !valid
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)),
-                 "l"(gmem), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-
-__device__ __forceinline__ void pf_cp_commit() {
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-template <int N>
-__device__ __forceinline__ void pf_cp_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 // Pool slots of this thread's rows (tid / CH + i * RPP) of the key tile starting at kt; -1
 // past the tile's end.
@@ -86,7 +71,7 @@ __device__ __forceinline__ void pf_fetch(bf16_t* dst, const typename KV::T* cach
             const int r = tid / CH + i * RPP;
             const bf16_t* src =
                 slot[i] >= 0 ? cache + (size_t)slot[i] * kv_stride + head_off + c * 8 : cache;
-            pf_cp_async16(dst + r * LD + c * 8, src, slot[i] >= 0);
+            cp_async16(dst + r * LD + c * 8, src, slot[i] >= 0);
         } else {
             raw[i] = slot[i] >= 0
                          ? KV::load8(cache + (size_t)slot[i] * kv_stride + head_off + c * 8)
@@ -284,7 +269,7 @@ __device__ __forceinline__ void prefill_attn_impl(
     typename KV::Raw8 raw_k[NP], raw_v[NP];  // an FP8 pool's bytes on their way (pf_fetch)
     pf_slots<NP, RPP, CH>(slot, kv_indices, kvbeg, kv_lo, kv_end, tid);
     pf_fetch<KV, NP, RPP, CH, LD>(sK, k_cache, slot, kv_stride, head_off, tid, raw_k);
-    pf_cp_commit();
+    cp_commit();
     // Q (each head of the block in turn) staged through sV into registers (A fragments)
     unsigned int qf[D / 16][4];
     for (int hh = 0; hh < HPB; ++hh) {
@@ -324,8 +309,8 @@ __device__ __forceinline__ void prefill_attn_impl(
         if (more) pf_slots<NP, RPP, CH>(slot_next, kv_indices, kvbeg, kt + PF_BK, kv_end, tid);
         pf_land<KV, NP, RPP, CH, LD>(sK, raw_k, tid);  // sK is free since the last scores
         pf_fetch<KV, NP, RPP, CH, LD>(sV, v_cache, slot, kv_stride, head_off, tid, raw_v);
-        pf_cp_commit();
-        pf_cp_wait<1>();  // this tile's K
+        cp_commit();
+        cp_wait<1>();  // this tile's K
         __syncthreads();
 
         float s[PF_BK / 8][4];
@@ -385,11 +370,11 @@ __device__ __forceinline__ void prefill_attn_impl(
             o[nb][3] *= a1;
         }
         pf_land<KV, NP, RPP, CH, LD>(sV, raw_v, tid);  // sV is free since the last P V
-        pf_cp_wait<0>();  // this tile's V
+        cp_wait<0>();  // this tile's V
         __syncthreads();  // every warp is done with sK
         if (more) {
             pf_fetch<KV, NP, RPP, CH, LD>(sK, k_cache, slot_next, kv_stride, head_off, tid, raw_k);
-            pf_cp_commit();
+            cp_commit();
         }
         // O += P V; P's accumulator layout is reused as the A fragment.
 #pragma unroll
@@ -417,7 +402,7 @@ __device__ __forceinline__ void prefill_attn_impl(
         for (int i = 0; i < NP; ++i) slot[i] = slot_next[i];
     }
 
-    pf_cp_wait<0>();  // an empty split's first fetch
+    cp_wait<0>();  // an empty split's first fetch
     pdl_trigger_end();
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);

@@ -197,6 +197,22 @@ impl Kernels {
             inter as i32,
         );
         let rows = n_tokens as u32;
+        // SILU_Q_VEC (2) vectors of 8 per thread, at most SILU_Q_THREADS (1024) threads (fp8.cu)
+        let threads = (inter / 8).div_ceil(2).clamp(32, 1024).next_multiple_of(32) as u32;
+        // the ring form's stages (rows a block holds in shared memory: 2 SILU_Q_VEC vectors of
+        // 16 bytes a thread each), as many as fit up to row_stages; 0 where not even 2 fit or
+        // the rows are longer than the register form holds (its long-row form)
+        let stage_bytes = 2 * 2 * 16 * threads as usize;
+        let stages = if inter / 8 <= 2 * threads as usize {
+            (2..=self.row_stages.min(3))
+                .rev()
+                .find(|&n| n as usize * stage_bytes <= self.silu_smem_max)
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        let smem = stages as usize * stage_bytes;
+        let st = stages as i32;
         let mut a = [
             arg(&qa),
             arg(&sa),
@@ -205,25 +221,46 @@ impl Kernels {
             arg(&wa),
             arg(&i),
             arg(&rows),
+            arg(&st),
         ];
-        // SILU_Q_VEC (2) vectors of 8 per thread, at most SILU_Q_THREADS (1024) threads (fp8.cu)
-        let threads = (inter / 8).div_ceil(2).clamp(32, 1024).next_multiple_of(32) as u32;
         let grid = (
-            self.row_grid(s, &self.silu_mul_quant_fp8, threads, n_tokens)?,
+            self.row_grid_smem(s, &self.silu_mul_quant_fp8, threads, smem, n_tokens)?,
             1,
             1,
         );
-        // SAFETY: argument types match the kernel; the caller guarantees the extents.
-        unsafe { self.launch(s, &self.silu_mul_quant_fp8, grid, threads, &mut a) }
+        // SAFETY: argument types match the kernel; the caller guarantees the extents; smem is
+        // within what the kernel was allowed at load.
+        unsafe {
+            self.launch_smem(
+                s,
+                &self.silu_mul_quant_fp8,
+                grid,
+                threads,
+                smem as u32,
+                &mut a,
+            )
+        }
     }
 
     /// Blocks for a row kernel whose blocks take rows `blockIdx.x`, `+ gridDim.x`, ...: as
     /// many as are resident at once (every multiprocessor full, no second wave that would
     /// leave some idle at the end), at most one per row.
     fn row_grid(&self, s: &CudaStream, f: &CudaFunction, threads: u32, rows: usize) -> Result<u32> {
+        self.row_grid_smem(s, f, threads, 0, rows)
+    }
+
+    /// [`Kernels::row_grid`] for blocks with `smem` bytes of dynamic shared memory.
+    fn row_grid_smem(
+        &self,
+        s: &CudaStream,
+        f: &CudaFunction,
+        threads: u32,
+        smem: usize,
+        rows: usize,
+    ) -> Result<u32> {
         s.context().bind_to_thread()?;
         let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?
+            .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)?
             .max(1);
         let resident = self.num_sms().saturating_mul(per_sm).max(1);
         Ok(resident.min(u32::try_from(rows).unwrap_or(u32::MAX)))

@@ -170,28 +170,42 @@ pub(crate) fn check_decode(
     }
     .with_scales(scales);
     let max_len = *lens.iter().max().unwrap_or(&1);
-    for plan in [
-        c.k.decode_plan(b, nkv, max_len),
-        sgl_kernels::DecodeAttnPlan {
-            splits: 1,
-            tensor_cores: false,
-        },
-        sgl_kernels::DecodeAttnPlan {
-            splits: 7,
-            tensor_cores: false,
-        },
-        sgl_kernels::DecodeAttnPlan {
-            splits: 1,
-            tensor_cores: true,
-        },
-    ] {
+    let tc = sgl_kernels::DecodeAttnPlan {
+        splits: 1,
+        tensor_cores: true,
+    };
+    let stream_default = c.k.decode_tc_stream();
+    // (plan, the FP8 pools' streamed tensor-core form): both tensor-core forms on FP8 pools
+    let mut plans = vec![
+        (c.k.decode_plan(b, nkv, max_len), stream_default),
+        (
+            sgl_kernels::DecodeAttnPlan {
+                splits: 1,
+                tensor_cores: false,
+            },
+            stream_default,
+        ),
+        (
+            sgl_kernels::DecodeAttnPlan {
+                splits: 7,
+                tensor_cores: false,
+            },
+            stream_default,
+        ),
+        (tc, true),
+    ];
+    if kv != KvDtype::Bf16 {
+        plans.push((tc, false));
+    }
+    for (plan, stream) in plans {
+        c.k.set_decode_tc_stream(stream);
         let rows = b * nh * plan.splits as usize;
         let po = c.s.alloc_zeros::<f32>(rows * hd)?;
         let pml = c.s.alloc_zeros::<f32>(rows * 2)?;
         let (dq, dip, dix) = (c.up(&bf(&q))?, c.up(&indptr)?, c.up(&idx)?);
         let out = c.poisoned(b * nh * hd)?;
         // SAFETY: shapes as allocated.
-        unsafe {
+        let run = unsafe {
             c.k.decode_attn(
                 &c.s,
                 plan,
@@ -207,8 +221,10 @@ pub(crate) fn check_decode(
                 c.p(&pml),
                 b,
                 shape,
-            )?
+            )
         };
+        c.k.set_decode_tc_stream(stream_default);
+        run?;
         let got = c.down(&out)?;
         let mut want = Vec::new();
         for (si, s) in seq_slots.iter().enumerate() {
@@ -228,10 +244,10 @@ pub(crate) fn check_decode(
         }
         let name = format!(
             "decode_attn{} d{hd} {nh}/{nkv} heads, {} splits, {} pool{}",
-            if plan.tensor_cores {
-                " (tensor cores)"
-            } else {
-                ""
+            match (plan.tensor_cores, stream && kv != KvDtype::Bf16) {
+                (false, _) => "",
+                (true, false) => " (tensor cores)",
+                (true, true) => " (tensor cores, streamed)",
             },
             plan.splits,
             kv_name(kv),
