@@ -197,21 +197,7 @@ impl Kernels {
             inter as i32,
         );
         let rows = n_tokens as u32;
-        // SILU_Q_VEC (2) vectors of 8 per thread, at most SILU_Q_THREADS (1024) threads (fp8.cu)
-        let threads = (inter / 8).div_ceil(2).clamp(32, 1024).next_multiple_of(32) as u32;
-        // the ring form's stages (rows a block holds in shared memory: 2 SILU_Q_VEC vectors of
-        // 16 bytes a thread each), as many as fit up to row_stages; 0 where not even 2 fit or
-        // the rows are longer than the register form holds (its long-row form)
-        let stage_bytes = 2 * 2 * 16 * threads as usize;
-        let stages = if inter / 8 <= 2 * threads as usize {
-            (2..=self.row_stages.min(3))
-                .rev()
-                .find(|&n| n as usize * stage_bytes <= self.silu_smem_max)
-                .unwrap_or(0)
-        } else {
-            0
-        };
-        let smem = stages as usize * stage_bytes;
+        let (threads, stages, smem) = silu_quant_form(inter, self.row_stages, self.silu_smem_max);
         let st = stages as i32;
         let mut a = [
             arg(&qa),
@@ -291,5 +277,51 @@ impl Kernels {
         let mut a = [arg(&qa), arg(&sa), arg(&ya), arg(&ki)];
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
         unsafe { self.launch(s, &self.dequantize_fp8, (rows as u32, 1, 1), 256, &mut a) }
+    }
+}
+
+/// `silu_mul_quant_fp8`'s block for rows of `inter` values: (threads, ring stages, dynamic
+/// shared memory bytes). SILU_Q_VEC (2) vectors of 8 values a thread, at most SILU_Q_THREADS
+/// (1024) threads (fp8.cu). The ring holds 2 SILU_Q_VEC vectors of 16 bytes a thread per row;
+/// it takes as many rows as fit in `smem_max`, up to `max_stages` and 3, and 0 stages (the
+/// register form) where not even 2 fit, `max_stages` is below 2, or the rows are longer than the
+/// register form holds (the long-row form).
+fn silu_quant_form(inter: usize, max_stages: u32, smem_max: usize) -> (u32, u32, usize) {
+    let threads = (inter / 8).div_ceil(2).clamp(32, 1024).next_multiple_of(32);
+    let stage_bytes = 2 * 2 * 16 * threads;
+    let stages = if inter / 8 <= 2 * threads {
+        (2..=max_stages.min(3))
+            .rev()
+            .find(|&n| n as usize * stage_bytes <= smem_max)
+            .unwrap_or(0)
+    } else {
+        0
+    };
+    (threads as u32, stages, stages as usize * stage_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::silu_quant_form;
+
+    #[test]
+    fn silu_ring_takes_the_rows_that_fit() {
+        // Llama-3.1-8B's 14336: 896 threads, 57,344 bytes a row; an H100 block may take 232,448
+        let h100 = 232_448 - 128;
+        assert_eq!(silu_quant_form(14336, 3, h100), (896, 3, 3 * 57_344));
+        assert_eq!(silu_quant_form(14336, 2, h100), (896, 2, 2 * 57_344));
+        assert_eq!(silu_quant_form(14336, 8, h100), (896, 3, 3 * 57_344));
+        // the register form when asked for, or where two rows do not fit (an A100's 166 KB
+        // takes two; 100 KB none)
+        assert_eq!(silu_quant_form(14336, 0, h100), (896, 0, 0));
+        assert_eq!(silu_quant_form(14336, 1, h100), (896, 0, 0));
+        assert_eq!(silu_quant_form(14336, 3, 166_912), (896, 2, 2 * 57_344));
+        assert_eq!(silu_quant_form(14336, 3, 100_000), (896, 0, 0));
+        // tp 2's 7168: half the block, half the row
+        assert_eq!(silu_quant_form(7168, 3, h100), (448, 3, 3 * 28_672));
+        // short rows keep 32 threads (vectors past the row are not copied)
+        assert_eq!(silu_quant_form(64, 3, h100), (32, 3, 3 * 2048));
+        // rows past what 1024 threads hold take the long-row form
+        assert_eq!(silu_quant_form(40000, 3, h100), (1024, 0, 0));
     }
 }
