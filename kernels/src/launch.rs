@@ -374,31 +374,25 @@ impl Kernels {
             debug_assert!(KERNEL_NAMES.contains(&name));
             Ok(module.load_function(name)?)
         };
+        // one head_dim and pool type of a decode family: groups 1, 2, 4, 8
+        let group_set = |prefix: &str, d: usize, kv: &str| -> Result<[CudaFunction; 4]> {
+            Ok([
+                f(&format!("{prefix}_d{d}_g1{kv}"))?,
+                f(&format!("{prefix}_d{d}_g2{kv}"))?,
+                f(&format!("{prefix}_d{d}_g4{kv}"))?,
+                f(&format!("{prefix}_d{d}_g8{kv}"))?,
+            ])
+        };
         let decode_set = |prefix: &str| -> Result<DecodeSet> {
-            let set = |d: usize, kv: &str| -> Result<[CudaFunction; 4]> {
-                Ok([
-                    f(&format!("{prefix}_d{d}_g1{kv}"))?,
-                    f(&format!("{prefix}_d{d}_g2{kv}"))?,
-                    f(&format!("{prefix}_d{d}_g4{kv}"))?,
-                    f(&format!("{prefix}_d{d}_g8{kv}"))?,
-                ])
-            };
             let [a, b, c] = KvDtype::ALL.map(|k| k.suffix());
             Ok([
-                [set(64, a)?, set(128, a)?],
-                [set(64, b)?, set(128, b)?],
-                [set(64, c)?, set(128, c)?],
+                [group_set(prefix, 64, a)?, group_set(prefix, 128, a)?],
+                [group_set(prefix, 64, b)?, group_set(prefix, 128, b)?],
+                [group_set(prefix, 64, c)?, group_set(prefix, 128, c)?],
             ])
         };
         let [pa, pb, pc] = KvDtype::ALL.map(|k| k.suffix());
-        let tcs_set = |d: usize, kv: &str| -> Result<[CudaFunction; 4]> {
-            Ok([
-                f(&format!("decode_attn_tcs_d{d}_g1{kv}"))?,
-                f(&format!("decode_attn_tcs_d{d}_g2{kv}"))?,
-                f(&format!("decode_attn_tcs_d{d}_g4{kv}"))?,
-                f(&format!("decode_attn_tcs_d{d}_g8{kv}"))?,
-            ])
-        };
+        let tcs_set = |d: usize, kv: &str| group_set("decode_attn_tcs", d, kv);
         let prefill_pair = |kv: &str| -> Result<[CudaFunction; 2]> {
             Ok([
                 f(&format!("prefill_attn_d64{kv}"))?,

@@ -510,48 +510,30 @@ __device__ __forceinline__ void decode_attn_tcs_impl(
     dtc_finish<D, G>(s_o, s_m, s_l, orow, vs);
 }
 
-#define DECODE_ATTN_TCS(D, G, SUF, KV)                                                          \
-    extern "C" __global__ void __launch_bounds__(DTC_THREADS) decode_attn_tcs_d##D##_g##G##SUF( \
-        bf16_t* out, int out_stride, const bf16_t* q, int q_stride, const KV::T* kc,            \
-        const KV::T* vc, int kv_stride, const int* kv_indptr, const int* kv_indices,            \
-        float scale_log2, float v_scale) {                                                      \
-        decode_attn_tcs_impl<D, G, KV>(out, out_stride, q, q_stride, kc, vc, kv_stride,         \
-                                       kv_indptr, kv_indices, scale_log2, v_scale);             \
+
+// Kernel names: decode_attn_tc_d<D>_g<G> for a bf16 pool, with _e4m3 / _e5m2 appended for FP8;
+// decode_attn_tcs_d<D>_g<G>_e4m3 / _e5m2 the streamed form.
+#define DECODE_ATTN_TC(NAME, IMPL, D, G, SUF, KV)                                          \
+    extern "C" __global__ void __launch_bounds__(DTC_THREADS) NAME##_d##D##_g##G##SUF(     \
+        bf16_t* out, int out_stride, const bf16_t* q, int q_stride, const KV::T* kc,       \
+        const KV::T* vc, int kv_stride, const int* kv_indptr, const int* kv_indices,       \
+        float scale_log2, float v_scale) {                                                 \
+        IMPL<D, G, KV>(out, out_stride, q, q_stride, kc, vc, kv_stride, kv_indptr,         \
+                       kv_indices, scale_log2, v_scale);                                   \
     }
 
-#define DECODE_ATTN_TCS_ALL(SUF, KV) \
-    DECODE_ATTN_TCS(64, 1, SUF, KV)  \
-    DECODE_ATTN_TCS(64, 2, SUF, KV)  \
-    DECODE_ATTN_TCS(64, 4, SUF, KV)  \
-    DECODE_ATTN_TCS(64, 8, SUF, KV)  \
-    DECODE_ATTN_TCS(128, 1, SUF, KV) \
-    DECODE_ATTN_TCS(128, 2, SUF, KV) \
-    DECODE_ATTN_TCS(128, 4, SUF, KV) \
-    DECODE_ATTN_TCS(128, 8, SUF, KV)
+#define DECODE_ATTN_TC_ALL(NAME, IMPL, SUF, KV)  \
+    DECODE_ATTN_TC(NAME, IMPL, 64, 1, SUF, KV)   \
+    DECODE_ATTN_TC(NAME, IMPL, 64, 2, SUF, KV)   \
+    DECODE_ATTN_TC(NAME, IMPL, 64, 4, SUF, KV)   \
+    DECODE_ATTN_TC(NAME, IMPL, 64, 8, SUF, KV)   \
+    DECODE_ATTN_TC(NAME, IMPL, 128, 1, SUF, KV)  \
+    DECODE_ATTN_TC(NAME, IMPL, 128, 2, SUF, KV)  \
+    DECODE_ATTN_TC(NAME, IMPL, 128, 4, SUF, KV)  \
+    DECODE_ATTN_TC(NAME, IMPL, 128, 8, SUF, KV)
 
-DECODE_ATTN_TCS_ALL(_e4m3, KvE4m3)
-DECODE_ATTN_TCS_ALL(_e5m2, KvE5m2)
-
-// Kernel names: decode_attn_tc_d<D>_g<G> for a bf16 pool, with _e4m3 / _e5m2 appended for FP8.
-#define DECODE_ATTN_TC(D, G, SUF, KV)                                                          \
-    extern "C" __global__ void __launch_bounds__(DTC_THREADS) decode_attn_tc_d##D##_g##G##SUF( \
-        bf16_t* out, int out_stride, const bf16_t* q, int q_stride, const KV::T* kc,           \
-        const KV::T* vc, int kv_stride, const int* kv_indptr, const int* kv_indices,           \
-        float scale_log2, float v_scale) {                                                     \
-        decode_attn_tc_impl<D, G, KV>(out, out_stride, q, q_stride, kc, vc, kv_stride,         \
-                                      kv_indptr, kv_indices, scale_log2, v_scale);             \
-    }
-
-#define DECODE_ATTN_TC_ALL(SUF, KV)  \
-    DECODE_ATTN_TC(64, 1, SUF, KV)   \
-    DECODE_ATTN_TC(64, 2, SUF, KV)   \
-    DECODE_ATTN_TC(64, 4, SUF, KV)   \
-    DECODE_ATTN_TC(64, 8, SUF, KV)   \
-    DECODE_ATTN_TC(128, 1, SUF, KV)  \
-    DECODE_ATTN_TC(128, 2, SUF, KV)  \
-    DECODE_ATTN_TC(128, 4, SUF, KV)  \
-    DECODE_ATTN_TC(128, 8, SUF, KV)
-
-DECODE_ATTN_TC_ALL(, KvBf16)
-DECODE_ATTN_TC_ALL(_e4m3, KvE4m3)
-DECODE_ATTN_TC_ALL(_e5m2, KvE5m2)
+DECODE_ATTN_TC_ALL(decode_attn_tc, decode_attn_tc_impl, , KvBf16)
+DECODE_ATTN_TC_ALL(decode_attn_tc, decode_attn_tc_impl, _e4m3, KvE4m3)
+DECODE_ATTN_TC_ALL(decode_attn_tc, decode_attn_tc_impl, _e5m2, KvE5m2)
+DECODE_ATTN_TC_ALL(decode_attn_tcs, decode_attn_tcs_impl, _e4m3, KvE4m3)
+DECODE_ATTN_TC_ALL(decode_attn_tcs, decode_attn_tcs_impl, _e5m2, KvE5m2)
