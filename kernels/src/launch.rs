@@ -404,10 +404,14 @@ impl Kernels {
             as u32;
         let pdl_supported = major >= 9;
         let pdl = pdl_supported && std::env::var("SGL_DISABLE_PDL").as_deref() != Ok("1");
-        let gemv_prefetch = std::env::var("SGL_GEMV_PREFETCH")
-            .ok()
-            .and_then(|v| v.trim().parse::<u32>().ok())
-            .unwrap_or(GEMV_PREFETCH_STEPS);
+        // a count from the environment, or its default when unset or not a number
+        let env_u32 = |name: &str, default: u32| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .unwrap_or(default)
+        };
+        let gemv_prefetch = env_u32("SGL_GEMV_PREFETCH", GEMV_PREFETCH_STEPS);
         // the FP8 SiLU-mul's ring of rows in shared memory: as much as a block may opt into
         let smem_optin = ctx.attribute(
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
@@ -420,10 +424,7 @@ impl Kernels {
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             silu_smem_max,
         )?;
-        let row_stages = std::env::var("SGL_ROW_STAGES")
-            .ok()
-            .and_then(|v| v.trim().parse::<u32>().ok())
-            .unwrap_or(ROW_STAGES);
+        let row_stages = env_u32("SGL_ROW_STAGES", ROW_STAGES);
         let mut k = Kernels {
             module: module.clone(),
             embedding: f("embedding_gather_bf16")?,

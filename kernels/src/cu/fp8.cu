@@ -687,6 +687,23 @@ __device__ __forceinline__ void silu_quant_rows_ring(unsigned char* __restrict__
     cp_wait<0>();
 }
 
+// Rows the register form holds, in the form `stages` picks: the ring of 3 or 2 rows, or (below
+// 2) the register form.
+template <bool SCALED>
+__device__ __forceinline__ void silu_quant_rows_form(unsigned char* __restrict__ q, float* qscale,
+                                                     const bf16_t* __restrict__ gate_up,
+                                                     const float* dxs,
+                                                     const float* __restrict__ dws, int inter,
+                                                     unsigned int rows, float* scratch,
+                                                     int stages, uint4* ring) {
+    if (stages >= 3)
+        silu_quant_rows_ring<SCALED, 3>(q, qscale, gate_up, dxs, dws, inter, rows, scratch, ring);
+    else if (stages == 2)
+        silu_quant_rows_ring<SCALED, 2>(q, qscale, gate_up, dxs, dws, inter, rows, scratch, ring);
+    else
+        silu_quant_rows<SCALED>(q, qscale, gate_up, dxs, dws, inter, rows, scratch);
+}
+
 // silu_mul_bf16 followed by quantize_rows_fp8 of its output, in one kernel and with the same
 // values: each row of gate_up = [gate | up] (2 inter) becomes `inter` e4m3 bytes of
 // bf16(bf16(silu(gate)) * up) and their scale `qscale[row]`. With `dxs`, gate_up is the
@@ -705,30 +722,13 @@ extern "C" __global__ void __launch_bounds__(SILU_Q_THREADS)
     __shared__ float scratch[32];
     extern __shared__ uint4 silu_ring[];
     const int nvec = inter / 8;
-    if (nvec <= SILU_Q_VEC * (int)blockDim.x && stages >= 2) {
-        if (dxs != nullptr) {
-            if (stages >= 3)
-                silu_quant_rows_ring<true, 3>(q, qscale, gate_up, dxs, dws, inter, rows, scratch,
-                                              silu_ring);
-            else
-                silu_quant_rows_ring<true, 2>(q, qscale, gate_up, dxs, dws, inter, rows, scratch,
-                                              silu_ring);
-        } else {
-            if (stages >= 3)
-                silu_quant_rows_ring<false, 3>(q, qscale, gate_up, dxs, dws, inter, rows,
-                                               scratch, silu_ring);
-            else
-                silu_quant_rows_ring<false, 2>(q, qscale, gate_up, dxs, dws, inter, rows,
-                                               scratch, silu_ring);
-        }
-        pdl_trigger_end();
-        return;
-    }
     if (nvec <= SILU_Q_VEC * (int)blockDim.x) {
         if (dxs != nullptr)
-            silu_quant_rows<true>(q, qscale, gate_up, dxs, dws, inter, rows, scratch);
+            silu_quant_rows_form<true>(q, qscale, gate_up, dxs, dws, inter, rows, scratch, stages,
+                                       silu_ring);
         else
-            silu_quant_rows<false>(q, qscale, gate_up, dxs, dws, inter, rows, scratch);
+            silu_quant_rows_form<false>(q, qscale, gate_up, dxs, dws, inter, rows, scratch,
+                                        stages, silu_ring);
         pdl_trigger_end();
         return;
     }
