@@ -44,11 +44,6 @@ pub const MAX_DECODE_SPLITS: u32 = 32;
 /// attention kernel.
 pub const DECODE_TC_MIN_BATCH: usize = 16;
 
-/// Rows the FP8 SiLU-mul's ring form keeps in shared memory by default: 0, the register form,
-/// until the ring form has been timed on a GPU (`SGL_ROW_STAGES=3` takes it: the row it
-/// computes and the next two in flight; 2: one in flight).
-pub const ROW_STAGES: u32 = 0;
-
 /// How a decode attention launch divides the work: `splits` parts along each sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeAttnPlan {
@@ -239,11 +234,6 @@ pub struct Kernels {
     decode_rope: DecodeSet,
     /// `decode_attn_tc_*`: one block per (sequence, KV head) on tensor cores
     decode_tc: DecodeSet,
-    /// `decode_attn_tcs_*`: the same for the FP8 pools, their bytes streamed into shared memory
-    /// and widened in the fragments: [e4m3, e5m2] x [head_dim 64, 128] x [group 1, 2, 4, 8]
-    decode_tcs: [[[CudaFunction; 4]; 2]; 2],
-    /// FP8 pools take `decode_tcs` (`SGL_DECODE_TC_STREAM=1`; off by default until timed).
-    decode_tc_stream: bool,
     merge: CudaFunction,
     /// [KV pool type] x [head_dim 64, 128]
     prefill: [[CudaFunction; 2]; 3],
@@ -280,11 +270,6 @@ pub struct Kernels {
     pdl_early_trigger: bool,
     /// See [`Kernels::set_gemv_prefetch`].
     gemv_prefetch: u32,
-    /// Rows the FP8 row kernels' ring form keeps in shared memory at most (0: the register
-    /// form). See [`Kernels::silu_mul_quant_fp8`].
-    row_stages: u32,
-    /// Dynamic shared memory a block of `silu_mul_quant_fp8` may take (bytes).
-    silu_smem_max: usize,
 }
 
 /// Most ranks of a one-shot all-reduce group.
@@ -374,25 +359,23 @@ impl Kernels {
             debug_assert!(KERNEL_NAMES.contains(&name));
             Ok(module.load_function(name)?)
         };
-        // one head_dim and pool type of a decode family: groups 1, 2, 4, 8
-        let group_set = |prefix: &str, d: usize, kv: &str| -> Result<[CudaFunction; 4]> {
-            Ok([
-                f(&format!("{prefix}_d{d}_g1{kv}"))?,
-                f(&format!("{prefix}_d{d}_g2{kv}"))?,
-                f(&format!("{prefix}_d{d}_g4{kv}"))?,
-                f(&format!("{prefix}_d{d}_g8{kv}"))?,
-            ])
-        };
         let decode_set = |prefix: &str| -> Result<DecodeSet> {
+            let set = |d: usize, kv: &str| -> Result<[CudaFunction; 4]> {
+                Ok([
+                    f(&format!("{prefix}_d{d}_g1{kv}"))?,
+                    f(&format!("{prefix}_d{d}_g2{kv}"))?,
+                    f(&format!("{prefix}_d{d}_g4{kv}"))?,
+                    f(&format!("{prefix}_d{d}_g8{kv}"))?,
+                ])
+            };
             let [a, b, c] = KvDtype::ALL.map(|k| k.suffix());
             Ok([
-                [group_set(prefix, 64, a)?, group_set(prefix, 128, a)?],
-                [group_set(prefix, 64, b)?, group_set(prefix, 128, b)?],
-                [group_set(prefix, 64, c)?, group_set(prefix, 128, c)?],
+                [set(64, a)?, set(128, a)?],
+                [set(64, b)?, set(128, b)?],
+                [set(64, c)?, set(128, c)?],
             ])
         };
         let [pa, pb, pc] = KvDtype::ALL.map(|k| k.suffix());
-        let tcs_set = |d: usize, kv: &str| group_set("decode_attn_tcs", d, kv);
         let prefill_pair = |kv: &str| -> Result<[CudaFunction; 2]> {
             Ok([
                 f(&format!("prefill_attn_d64{kv}"))?,
@@ -404,27 +387,10 @@ impl Kernels {
             as u32;
         let pdl_supported = major >= 9;
         let pdl = pdl_supported && std::env::var("SGL_DISABLE_PDL").as_deref() != Ok("1");
-        // a count from the environment, or its default when unset or not a number
-        let env_u32 = |name: &str, default: u32| {
-            std::env::var(name)
-                .ok()
-                .and_then(|v| v.trim().parse::<u32>().ok())
-                .unwrap_or(default)
-        };
-        let gemv_prefetch = env_u32("SGL_GEMV_PREFETCH", GEMV_PREFETCH_STEPS);
-        // the FP8 SiLU-mul's ring of rows in shared memory: as much as a block may opt into
-        let smem_optin = ctx.attribute(
-            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-        )?;
-        let silu_mul_quant_fp8 = f("silu_mul_quant_fp8")?;
-        let silu_static = silu_mul_quant_fp8
-            .get_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?;
-        let silu_smem_max = (smem_optin - silu_static).max(0);
-        silu_mul_quant_fp8.set_attribute(
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            silu_smem_max,
-        )?;
-        let row_stages = env_u32("SGL_ROW_STAGES", ROW_STAGES);
+        let gemv_prefetch = std::env::var("SGL_GEMV_PREFETCH")
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .unwrap_or(GEMV_PREFETCH_STEPS);
         let mut k = Kernels {
             module: module.clone(),
             embedding: f("embedding_gather_bf16")?,
@@ -446,11 +412,6 @@ impl Kernels {
             decode_merged: decode_set("decode_attn_merged")?,
             decode_rope: decode_set("decode_attn_rope")?,
             decode_tc: decode_set("decode_attn_tc")?,
-            decode_tcs: [
-                [tcs_set(64, pb)?, tcs_set(128, pb)?],
-                [tcs_set(64, pc)?, tcs_set(128, pc)?],
-            ],
-            decode_tc_stream: std::env::var("SGL_DECODE_TC_STREAM").as_deref() == Ok("1"),
             merge: f("attn_merge_splits")?,
             prefill: [prefill_pair(pa)?, prefill_pair(pb)?, prefill_pair(pc)?],
             prefill_h2: [
@@ -466,7 +427,7 @@ impl Kernels {
             dequantize_fp8: f("dequantize_rows_fp8")?,
             fp8_rescale: f("fp8_rescale_bf16")?,
             add_rmsnorm_quant_fp8: f("add_rmsnorm_quant_fp8")?,
-            silu_mul_quant_fp8,
+            silu_mul_quant_fp8: f("silu_mul_quant_fp8")?,
             logit_edits: f("logit_edits_bf16")?,
             copy_tokens: f("copy_tokens_i32")?,
             allreduce: f("allreduce_oneshot_bf16")?,
@@ -479,8 +440,6 @@ impl Kernels {
             pdl,
             pdl_early_trigger: false,
             gemv_prefetch,
-            row_stages,
-            silu_smem_max: silu_smem_max as usize,
         };
         // the fewest blocks of `threads` any of these entries keeps on a multiprocessor
         let fewest = |fs: &[CudaFunction], threads: u32| -> Result<u32> {
@@ -564,29 +523,6 @@ impl Kernels {
         self.gemv_prefetch
     }
 
-    /// Whether FP8 pools take the streamed tensor-core decode attention (`decode_attn_tcs_*`;
-    /// `SGL_DECODE_TC_STREAM=1` at load) or the form that widens each tile into shared memory
-    /// (the default until the streamed form has been timed on a GPU). Results differ only in
-    /// the order of the MMAs' sums.
-    pub fn set_decode_tc_stream(&mut self, on: bool) {
-        self.decode_tc_stream = on;
-    }
-
-    pub fn decode_tc_stream(&self) -> bool {
-        self.decode_tc_stream
-    }
-
-    /// Rows [`Kernels::silu_mul_quant_fp8`] keeps in shared memory at most: [`ROW_STAGES`] by
-    /// default, or `SGL_ROW_STAGES`; 0 or 1 takes the register form, which loads each row after
-    /// the previous one's reductions; 2 or 3 the ring form. Results do not depend on it.
-    pub fn set_row_stages(&mut self, stages: u32) {
-        self.row_stages = stages;
-    }
-
-    pub fn row_stages(&self) -> u32 {
-        self.row_stages
-    }
-
     /// Launch `f` on `s` with `grid` blocks of `block` threads. With PDL, through
     /// `cuLaunchKernelEx` with programmatic stream serialization allowed; else `cuLaunchKernel`.
     ///
@@ -599,24 +535,6 @@ impl Kernels {
         f: &CudaFunction,
         grid: (u32, u32, u32),
         block: u32,
-        args: &mut [*mut c_void],
-    ) -> Result<()> {
-        // SAFETY: the caller's guarantees, and no dynamic shared memory.
-        unsafe { self.launch_smem(s, f, grid, block, 0, args) }
-    }
-
-    /// [`Kernels::launch`] with `smem` bytes of dynamic shared memory a block (`f` must allow
-    /// that much).
-    ///
-    /// # Safety
-    /// As for [`Kernels::launch`].
-    unsafe fn launch_smem(
-        &self,
-        s: &CudaStream,
-        f: &CudaFunction,
-        grid: (u32, u32, u32),
-        block: u32,
-        smem: u32,
         args: &mut [*mut c_void],
     ) -> Result<()> {
         s.context().bind_to_thread()?;
@@ -635,7 +553,7 @@ impl Kernels {
                 blockDimX: block,
                 blockDimY: 1,
                 blockDimZ: 1,
-                sharedMemBytes: smem,
+                sharedMemBytes: 0,
                 hStream: s.cu_stream(),
                 attrs: &mut attr,
                 numAttrs: 1,
@@ -658,7 +576,7 @@ impl Kernels {
                     f.cu_function(),
                     grid,
                     (block, 1, 1),
-                    smem,
+                    0,
                     s.cu_stream(),
                     args,
                 )

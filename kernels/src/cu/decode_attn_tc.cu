@@ -11,19 +11,15 @@
 //
 // Grid (kv_heads, batch), DTC_THREADS threads: the KV heads of a sequence are neighbouring blocks,
 // so the blocks running at once read every head of the same pool rows (a slot's heads are
-// adjacent in memory) instead of one head's slice of many sequences' rows. Each tile of DTC_BK keys is fetched by the whole
-// block into shared memory (a bf16 pool through cp.async; an FP8 pool through registers, 16
-// bytes a load, widened to f16 with the hardware conversion, two values an instruction, in
-// units of the pool type's F16_UNIT) and each warp takes 16 of its keys: scores, an online
-// softmax of its own, P V. On an FP8 pool the MMAs are f16 (query and P rounded to f16, which
-// keeps more bits than bf16 below 65504: the query of a Llama-family model stays far inside);
-// the unit is folded into the softmax scale and the output scale. At the end the warps' (max,
-// sum, output) are combined in shared memory in warp order.
+// adjacent in memory) instead of one head's slice of many sequences' rows. Each tile of DTC_BK
+// keys is copied by the whole block into shared memory through cp.async and each warp takes 16
+// of its keys: scores, an online softmax of its own, P V. At the end the warps' (max, sum,
+// output) are combined in shared memory in warp order. A bf16 pool takes decode_attn_tc_impl;
+// an FP8 pool decode_attn_fp8_impl (below), whose tiles stay bytes in shared memory and are
+// widened to f16 in the MMA fragments.
 //
-// Loads in flight: the next tile's pool indices are read while a tile's rows are; an FP8 pool's
-// next tile is loaded into registers while a tile is computed (its bytes per key are half a
-// bf16 pool's, so each tile's fixed latency weighs twice as much); and the blocks resident on a
-// multiprocessor overlap one another's loads and arithmetic.
+// Loads in flight: the next tile's pool indices are read while a tile's rows are, and the
+// blocks resident on a multiprocessor overlap one another's loads and arithmetic.
 //
 // KV scales as in decode_attn: the K scale folded into scale_log2 by the host, the V scale on the
 // output (o * v_scale / l). Layouts as decode_attn's: q row of sequence b at q + b * q_stride,
@@ -34,43 +30,16 @@
 // keys per tile: 16 per warp (one MMA k-step of P V)
 #define DTC_BK (DTC_WARPS * 16)
 
-// bf16 MMA on a bf16 pool, f16 on an FP8 one
-template <bool BF16>
-__device__ __forceinline__ void dtc_mma(float* d, const unsigned int* a, unsigned int b0,
-                                        unsigned int b1) {
-    if constexpr (BF16) {
-        mma_bf16_16816(d, a, b0, b1);
-    } else {
-        mma_f16_16816(d, a, b0, b1);
-    }
-}
-
-template <bool BF16>
-__device__ __forceinline__ unsigned int dtc_pack2(float lo, float hi) {
-    if constexpr (BF16) {
-        return pack_bf2(lo, hi);
-    } else {
-        unsigned int r;
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-        return r;
-    }
+// two floats as two f16 (lo in the low half)
+__device__ __forceinline__ unsigned int dtc_pack_h2(float lo, float hi) {
+    unsigned int r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
 }
 
 // two bf16 (a word, lowest first) as two f16
 __device__ __forceinline__ unsigned int dtc_bf2_to_h2(unsigned int w) {
-    return dtc_pack2<false>(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
-}
-
-// 16 stored FP8 bytes as 16 f16 values (in units of KV::F16_UNIT) into shared memory
-template <typename KV>
-__device__ __forceinline__ void dtc_land16(bf16_t* dst, uint4 raw) {
-    uint4 a, b;
-    KV::to_f16x4(raw.x, a.x, a.y);
-    KV::to_f16x4(raw.y, a.z, a.w);
-    KV::to_f16x4(raw.z, b.x, b.y);
-    KV::to_f16x4(raw.w, b.z, b.w);
-    *(uint4*)dst = a;
-    *(uint4*)(dst + 8) = b;
+    return dtc_pack_h2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
 }
 
 // One warp's online softmax step over its 16 keys (first key `key0`): row g's scores s (two
@@ -137,18 +106,16 @@ __device__ __forceinline__ void dtc_finish(const float* s_o, const float (&s_m)[
 template <int D, int G, typename KV>
 __device__ __forceinline__ void decode_attn_tc_impl(
     bf16_t* __restrict__ out, int out_stride, const bf16_t* __restrict__ q, int q_stride,
-    const typename KV::T* __restrict__ k_cache, const typename KV::T* __restrict__ v_cache,
-    int kv_stride, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
-    float scale_log2, float v_scale) {
+    const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache, int kv_stride,
+    const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices, float scale_log2,
+    float v_scale) {
     static_assert(G >= 1 && G <= 8, "the group's heads are rows 0..7 of the MMA tile");
-    constexpr bool BF16 = sizeof(typename KV::T) == 2;
+    static_assert(sizeof(typename KV::T) == 2, "a bf16 pool (FP8 pools: decode_attn_fp8_impl)");
     constexpr int LD = D + 8;             // padded rows: fragment loads free of bank conflicts
-    constexpr int EPC = BF16 ? 8 : 16;    // elements per 16-byte load of the pool
-    constexpr int CH = D / EPC;           // loads per row
+    constexpr int CH = D / 8;             // 16-byte loads per row
     constexpr int RPP = DTC_THREADS / CH; // rows per pass of the block
     constexpr int NP = DTC_BK / RPP;      // passes per tile
-    // K and V tiles (bf16, or f16 bits from an FP8 pool); after the last tile sK holds the
-    // warps' outputs for the combination
+    // K and V tiles; after the last tile sK holds the warps' outputs for the combination
     __shared__ __align__(16) bf16_t sK[DTC_BK * LD];
     __shared__ __align__(16) bf16_t sV[DTC_BK * LD];
     __shared__ float s_m[DTC_WARPS][G], s_l[DTC_WARPS][G];
@@ -163,12 +130,7 @@ __device__ __forceinline__ void decode_attn_tc_impl(
     const int len = kv_indptr[b + 1] - beg;
     const int h0 = kvh * G;
     const int c = tid % CH;
-    const size_t head_off = (size_t)kvh * D + c * EPC;
-    float sl2 = scale_log2, vs = v_scale;
-    if constexpr (!BF16) {
-        sl2 *= KV::F16_UNIT;
-        vs *= KV::F16_UNIT;
-    }
+    const size_t head_off = (size_t)kvh * D + c * 8;
     bf16_t* orow = out + (size_t)b * out_stride + (size_t)h0 * D;
     if (len <= 0) {
         for (int idx = tid; idx < G * D; idx += DTC_THREADS) orow[idx] = 0;
@@ -176,23 +138,16 @@ __device__ __forceinline__ void decode_attn_tc_impl(
         return;
     }
 
-    // The group's query heads as A fragments (bf16, or f16 for an FP8 pool): row g is head
-    // h0 + g; rows G..15 are zero.
+    // The group's query heads as A fragments: row g is head h0 + g; rows G..15 are zero.
     unsigned int qf[D / 16][4];
     {
         const bf16_t* qrow = q + (size_t)b * q_stride + (size_t)(h0 + g) * D;
 #pragma unroll
         for (int kb = 0; kb < D / 16; ++kb) {
             const int col = kb * 16 + tig * 2;
-            unsigned int lo = g < G ? *(const unsigned int*)(qrow + col) : 0u;
-            unsigned int hi = g < G ? *(const unsigned int*)(qrow + col + 8) : 0u;
-            if constexpr (!BF16) {
-                lo = dtc_bf2_to_h2(lo);
-                hi = dtc_bf2_to_h2(hi);
-            }
-            qf[kb][0] = lo;
+            qf[kb][0] = g < G ? *(const unsigned int*)(qrow + col) : 0u;
             qf[kb][1] = 0u;
-            qf[kb][2] = hi;
+            qf[kb][2] = g < G ? *(const unsigned int*)(qrow + col + 8) : 0u;
             qf[kb][3] = 0u;
         }
     }
@@ -203,25 +158,17 @@ __device__ __forceinline__ void decode_attn_tc_impl(
         const int r = tid / CH + i * RPP;
         slot[i] = r < len ? kv_indices[beg + r] : -1;
     }
-    // Issues the loads of the tile whose pool slots `slot` holds (a bf16 pool: cp.async into
-    // the tiles; an FP8 pool: into rk / rv), then reads the slots of the tile DTC_BK keys
-    // further while they are in flight.
-    uint4 rk[BF16 ? 1 : NP], rv[BF16 ? 1 : NP];  // an FP8 pool's bytes on their way
+    // Copies the tile whose pool slots `slot` holds into the tiles, then reads the slots of the
+    // tile DTC_BK keys further while the copies are in flight.
     auto fetch = [&](int kt) {
 #pragma unroll
         for (int i = 0; i < NP; ++i) {
             const int r = tid / CH + i * RPP;
             const size_t row = slot[i] >= 0 ? (size_t)slot[i] * kv_stride + head_off : 0;
-            if constexpr (BF16) {
-                cp_async16(sK + r * LD + c * EPC, k_cache + row, slot[i] >= 0);
-                cp_async16(sV + r * LD + c * EPC, v_cache + row, slot[i] >= 0);
-            } else {
-                const uint4 z = make_uint4(0u, 0u, 0u, 0u);
-                rk[i] = slot[i] >= 0 ? *(const uint4*)(k_cache + row) : z;
-                rv[i] = slot[i] >= 0 ? *(const uint4*)(v_cache + row) : z;
-            }
+            cp_async16(sK + r * LD + c * 8, k_cache + row, slot[i] >= 0);
+            cp_async16(sV + r * LD + c * 8, v_cache + row, slot[i] >= 0);
         }
-        if constexpr (BF16) asm volatile("cp.async.commit_group;" ::: "memory");
+        cp_commit();
 #pragma unroll
         for (int i = 0; i < NP; ++i) {
             const int r = kt + DTC_BK + tid / CH + i * RPP;
@@ -233,23 +180,9 @@ __device__ __forceinline__ void decode_attn_tc_impl(
     for (int nb = 0; nb < D / 8; ++nb) o[nb][0] = o[nb][1] = 0.0f;
     float m0 = NEG_INF, l0 = 0.0f;
 
-    // An FP8 pool's tile j + 1 is loaded into registers while tile j is computed (its bytes
-    // are widened into the shared tiles once the block is done with them); a bf16 pool's tile
-    // goes straight into shared memory, so it is fetched when the tiles are free.
-    if constexpr (!BF16) fetch(0);
     for (int kt = 0; kt < len; kt += DTC_BK) {
-        if constexpr (BF16) {
-            fetch(kt);
-            asm volatile("cp.async.wait_group 0;" ::: "memory");
-        } else {
-#pragma unroll
-            for (int i = 0; i < NP; ++i) {
-                const int r = tid / CH + i * RPP;
-                dtc_land16<KV>(sK + r * LD + c * EPC, rk[i]);
-                dtc_land16<KV>(sV + r * LD + c * EPC, rv[i]);
-            }
-            if (kt + DTC_BK < len) fetch(kt + DTC_BK);
-        }
+        fetch(kt);
+        cp_wait<0>();
         __syncthreads();
 
         // scores of this warp's 16 keys (two n-blocks of 8) against the group's heads
@@ -268,19 +201,19 @@ __device__ __forceinline__ void decode_attn_tc_impl(
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                              : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
                              : "r"(smem_addr(krow + kb * 16)));
-                dtc_mma<BF16>(s[nb], qf[kb], b0, b1);
-                dtc_mma<BF16>(s[nb], qf[kb + 1], b2, b3);
+                mma_bf16_16816(s[nb], qf[kb], b0, b1);
+                mma_bf16_16816(s[nb], qf[kb + 1], b2, b3);
             }
         }
-        const float alpha = dtc_softmax(s, kt + warp * 16, len, sl2, m0, l0);
+        const float alpha = dtc_softmax(s, kt + warp * 16, len, scale_log2, m0, l0);
 #pragma unroll
         for (int nb = 0; nb < D / 8; ++nb) {
             o[nb][0] *= alpha;
             o[nb][1] *= alpha;
         }
         // O += P V over the warp's 16 keys: P's accumulator layout is the A fragment
-        const unsigned int pa[4] = {dtc_pack2<BF16>(s[0][0], s[0][1]), 0u,
-                                    dtc_pack2<BF16>(s[1][0], s[1][1]), 0u};
+        const unsigned int pa[4] = {pack_bf2(s[0][0], s[0][1]), 0u, pack_bf2(s[1][0], s[1][1]),
+                                    0u};
         const int vkey = warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
         for (int nb = 0; nb < D / 8; nb += 2) {
@@ -291,8 +224,8 @@ __device__ __forceinline__ void decode_attn_tc_impl(
                          : "r"(smem_addr(sV + vkey * LD + dim)));
             float acc0[4] = {o[nb][0], o[nb][1], 0.0f, 0.0f};
             float acc1[4] = {o[nb + 1][0], o[nb + 1][1], 0.0f, 0.0f};
-            dtc_mma<BF16>(acc0, pa, r0, r1);
-            dtc_mma<BF16>(acc1, pa, r2, r3);
+            mma_bf16_16816(acc0, pa, r0, r1);
+            mma_bf16_16816(acc1, pa, r2, r3);
             o[nb][0] = acc0[0];
             o[nb][1] = acc0[1];
             o[nb + 1][0] = acc1[0];
@@ -319,14 +252,17 @@ __device__ __forceinline__ void decode_attn_tc_impl(
     }
     __syncthreads();
     pdl_trigger_end();
-    dtc_finish<D, G>(s_o, s_m, s_l, orow, vs);
+    dtc_finish<D, G>(s_o, s_m, s_l, orow, v_scale);
 }
 
-// The FP8 pools' streamed form (decode_attn_tcs_*). The pool's bytes go into shared memory as
-// they are, by cp.async, two tiles deep (the next tile's copies in flight while a tile is
-// computed, one barrier a tile), and the MMA fragments are widened from those bytes: nothing is
-// staged in registers or written back to shared memory as f16, which is what bounded the form
-// above on an FP8 pool. Both operands take an order of their own over the dimension they sum:
+// The FP8 pools' form. The pool's bytes go into shared memory as they are, by cp.async, two
+// tiles deep (the next tile's copies in flight while a tile is computed, one barrier a tile),
+// and the MMA fragments are widened from those bytes to f16 (in units of the pool type's
+// F16_UNIT, folded into the softmax and output scales; query and P are rounded to f16, which
+// keeps more bits than bf16 below 65504). A form that widened each tile into f16 tiles in shared
+// memory first, and read them with ldmatrix, read an e4m3 pool at 0.80-0.84 of the copy rate on
+// an H100; this one at ~0.97 (456 sequences of ~1500 keys: 1.41 GB a layer in 483 µs). Both
+// operands take an order of their own over the dimension they sum:
 // - S = Q K^T sums over dims. A thread's B fragment of k-step kb = 4m + s is the four bytes
 //   64m + 16 tig + 4s .. + 3 of its key (k 2tig, 2tig+1 are the first two; 2tig+8, 2tig+9 the
 //   last two), so a 16-byte read gives four k-steps; the query fragments take the same dims.
@@ -334,8 +270,8 @@ __device__ __forceinline__ void decode_attn_tc_impl(
 //   16-bit pairs gives a thread, of keys 2tig and 2tig+1, the byte pair of dims 2g and 2g+1;
 //   one MMA takes the even dims (n column g = dim 2g of the 16) and one the odd, so a thread's
 //   outputs are dims 16q + 4tig .. + 3 of its row.
-// Only the order of the MMAs' sums differs from the form above. The 16-byte chunks of a key row
-// are swizzled in shared memory so that both reads are free of bank conflicts.
+// The 16-byte chunks of a key row are swizzled in shared memory so that both reads are free of
+// bank conflicts.
 template <int D>
 __device__ __forceinline__ int dts_k_chunk(int row, int c) {
     // 8 keys x 4 chunks a phase: rows 2p and 2p + 1 read opposite halves
@@ -348,7 +284,7 @@ __device__ __forceinline__ int dts_v_chunk(int row, int c) {
 }
 
 template <int D, int G, typename KV>
-__device__ __forceinline__ void decode_attn_tcs_impl(
+__device__ __forceinline__ void decode_attn_fp8_impl(
     bf16_t* __restrict__ out, int out_stride, const bf16_t* __restrict__ q, int q_stride,
     const unsigned char* __restrict__ k_cache, const unsigned char* __restrict__ v_cache,
     int kv_stride, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
@@ -463,8 +399,8 @@ __device__ __forceinline__ void decode_attn_tcs_impl(
             for (int e = 0; e < 4; ++e) o[qb][e] *= alpha;
         }
         // O += P V over the warp's 16 keys: P's accumulator layout is the A fragment
-        const unsigned int pa[4] = {dtc_pack2<false>(s[0][0], s[0][1]), 0u,
-                                    dtc_pack2<false>(s[1][0], s[1][1]), 0u};
+        const unsigned int pa[4] = {dtc_pack_h2(s[0][0], s[0][1]), 0u,
+                                    dtc_pack_h2(s[1][0], s[1][1]), 0u};
         // matrices (keys 0-7, dims 16qb..), (keys 8-15, 16qb..), the same for qb + 1
         const int vkey = warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
@@ -511,8 +447,7 @@ __device__ __forceinline__ void decode_attn_tcs_impl(
 }
 
 
-// Kernel names: decode_attn_tc_d<D>_g<G> for a bf16 pool, with _e4m3 / _e5m2 appended for FP8;
-// decode_attn_tcs_d<D>_g<G>_e4m3 / _e5m2 the streamed form.
+// Kernel names: decode_attn_tc_d<D>_g<G> for a bf16 pool, with _e4m3 / _e5m2 appended for FP8.
 #define DECODE_ATTN_TC(NAME, IMPL, D, G, SUF, KV)                                          \
     extern "C" __global__ void __launch_bounds__(DTC_THREADS) NAME##_d##D##_g##G##SUF(     \
         bf16_t* out, int out_stride, const bf16_t* q, int q_stride, const KV::T* kc,       \
@@ -533,7 +468,5 @@ __device__ __forceinline__ void decode_attn_tcs_impl(
     DECODE_ATTN_TC(NAME, IMPL, 128, 8, SUF, KV)
 
 DECODE_ATTN_TC_ALL(decode_attn_tc, decode_attn_tc_impl, , KvBf16)
-DECODE_ATTN_TC_ALL(decode_attn_tc, decode_attn_tc_impl, _e4m3, KvE4m3)
-DECODE_ATTN_TC_ALL(decode_attn_tc, decode_attn_tc_impl, _e5m2, KvE5m2)
-DECODE_ATTN_TC_ALL(decode_attn_tcs, decode_attn_tcs_impl, _e4m3, KvE4m3)
-DECODE_ATTN_TC_ALL(decode_attn_tcs, decode_attn_tcs_impl, _e5m2, KvE5m2)
+DECODE_ATTN_TC_ALL(decode_attn_tc, decode_attn_fp8_impl, _e4m3, KvE4m3)
+DECODE_ATTN_TC_ALL(decode_attn_tc, decode_attn_fp8_impl, _e5m2, KvE5m2)

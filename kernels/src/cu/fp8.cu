@@ -581,36 +581,6 @@ __device__ __forceinline__ uint4 silu_mul8(uint4 graw, uint4 uraw, float sx, con
                       pack_bf2(p[6], p[7]));
 }
 
-// One row of the register and ring forms from this thread's gate and up vectors (cg, cu):
-// SiLU-mul, the row's scale (a block reduction), the e4m3 bytes and (thread 0) the scale.
-template <bool SCALED>
-__device__ __forceinline__ void silu_quant_row(uint4 (&cg)[SILU_Q_VEC],
-                                               const uint4 (&cu)[SILU_Q_VEC], unsigned int row,
-                                               unsigned char* __restrict__ q, float* qscale,
-                                               const float* dxs, const float* __restrict__ dws,
-                                               int inter, float* scratch) {
-    const int nvec = inter / 8;
-    // `dxs` may be `qscale`: this row's scale is read here and written below by this block
-    const float sc = SCALED ? dxs[row] : 0.0f;
-    float amax = 0.0f;
-#pragma unroll
-    for (int v = 0; v < SILU_Q_VEC; ++v) {
-        const int i = threadIdx.x + v * blockDim.x;
-        if (i < nvec)
-            cg[v] = silu_mul8<SCALED>(cg[v], cu[v], sc, dws + (size_t)i * 8,
-                                      dws + inter + (size_t)i * 8, amax);
-    }
-    const float s = scale_of(block_max(amax, scratch));
-    const float r = row_recip(s);
-    uint2* qr = (uint2*)(q + row * (size_t)inter);
-#pragma unroll
-    for (int v = 0; v < SILU_Q_VEC; ++v) {
-        const int i = threadIdx.x + v * blockDim.x;
-        if (i < nvec) qr[i] = quant8_kept(cg[v], s, r);
-    }
-    if (threadIdx.x == 0) qscale[row] = s;
-}
-
 // The register form: each thread's SILU_Q_VEC gate and up vectors of a row in registers. The
 // next row's loads are not held in registers as well (that doubled the registers and kept one
 // 448-thread block on a multiprocessor: 48.8 µs at 1024 x 14336 on an H200, against 44.9 for
@@ -626,82 +596,26 @@ __device__ __forceinline__ void silu_quant_rows(unsigned char* __restrict__ q, f
         const uint4* gu = (const uint4*)(gate_up + row * 2 * (size_t)inter);
         load_row(cg, gu, nvec, true);
         load_row(cu, gu + nvec, nvec, true);
-        silu_quant_row<SCALED>(cg, cu, row, q, qscale, dxs, dws, inter, scratch);
-    }
-}
-
-// The ring form: the register form's arithmetic, with each thread's gate and up vectors of the
-// next S - 1 rows copied into shared memory (cp.async) while a row is computed, so a block's
-// rows stream without a load's latency between them (the register form waits for each row's
-// loads after the previous row's reductions). `ring` holds S stages of 2 SILU_Q_VEC vectors a
-// thread, laid out [stage][vector][thread]; a thread reads back only what it copied, so its own
-// cp_wait makes a stage readable, and a stage is refilled one row after it was read, past the
-// reductions' barriers.
-__device__ __forceinline__ void silu_ring_issue(uint4* ring, const bf16_t* __restrict__ gate_up,
-                                                int nvec, unsigned int row, unsigned int rows,
-                                                int stage) {
-    const int nt = blockDim.x;
-    if (row < rows) {
-        const uint4* gu = (const uint4*)(gate_up + row * 2 * (size_t)nvec * 8);
-        uint4* st = ring + (size_t)stage * 2 * SILU_Q_VEC * nt + threadIdx.x;
+        // `dxs` may be `qscale`: this row's scale is read here and written below by this block
+        const float sc = SCALED ? dxs[row] : 0.0f;
+        float amax = 0.0f;
 #pragma unroll
         for (int v = 0; v < SILU_Q_VEC; ++v) {
-            const int i = threadIdx.x + v * nt;
-            if (i < nvec) {
-                cp_async16(st + v * nt, gu + i, true);
-                cp_async16(st + (SILU_Q_VEC + v) * nt, gu + nvec + i, true);
-            }
+            const int i = threadIdx.x + v * blockDim.x;
+            if (i < nvec)
+                cg[v] = silu_mul8<SCALED>(cg[v], cu[v], sc, dws + (size_t)i * 8,
+                                          dws + inter + (size_t)i * 8, amax);
         }
-    }
-    cp_commit();
-}
-
-template <bool SCALED, int S>
-__device__ __forceinline__ void silu_quant_rows_ring(unsigned char* __restrict__ q, float* qscale,
-                                                     const bf16_t* __restrict__ gate_up,
-                                                     const float* dxs,
-                                                     const float* __restrict__ dws, int inter,
-                                                     unsigned int rows, float* scratch,
-                                                     uint4* ring) {
-    const int nvec = inter / 8, nt = blockDim.x;
-    const unsigned int step = gridDim.x;
-#pragma unroll
-    for (int k = 0; k < S - 1; ++k)
-        silu_ring_issue(ring, gate_up, nvec, blockIdx.x + k * step, rows, k);
-    int stage = 0;
-    for (unsigned int row = blockIdx.x; row < rows; row += step) {
-        cp_wait<S - 2>();  // this row's group; the S - 2 after it may still be in flight
-        const uint4* st = ring + (size_t)stage * 2 * SILU_Q_VEC * nt + threadIdx.x;
-        uint4 cg[SILU_Q_VEC], cu[SILU_Q_VEC];
+        const float s = scale_of(block_max(amax, scratch));
+        const float r = row_recip(s);
+        uint2* qr = (uint2*)(q + row * (size_t)inter);
 #pragma unroll
         for (int v = 0; v < SILU_Q_VEC; ++v) {
-            cg[v] = st[v * nt];
-            cu[v] = st[(SILU_Q_VEC + v) * nt];
+            const int i = threadIdx.x + v * blockDim.x;
+            if (i < nvec) qr[i] = quant8_kept(cg[v], s, r);
         }
-        // the stage read one row ago (every thread has passed this row's barriers since)
-        const int refill = stage == 0 ? S - 1 : stage - 1;
-        silu_ring_issue(ring, gate_up, nvec, row + (S - 1) * step, rows, refill);
-        stage = stage + 1 == S ? 0 : stage + 1;
-        silu_quant_row<SCALED>(cg, cu, row, q, qscale, dxs, dws, inter, scratch);
+        if (threadIdx.x == 0) qscale[row] = s;
     }
-    cp_wait<0>();
-}
-
-// Rows the register form holds, in the form `stages` picks: the ring of 3 or 2 rows, or (below
-// 2) the register form.
-template <bool SCALED>
-__device__ __forceinline__ void silu_quant_rows_form(unsigned char* __restrict__ q, float* qscale,
-                                                     const bf16_t* __restrict__ gate_up,
-                                                     const float* dxs,
-                                                     const float* __restrict__ dws, int inter,
-                                                     unsigned int rows, float* scratch,
-                                                     int stages, uint4* ring) {
-    if (stages >= 3)
-        silu_quant_rows_ring<SCALED, 3>(q, qscale, gate_up, dxs, dws, inter, rows, scratch, ring);
-    else if (stages == 2)
-        silu_quant_rows_ring<SCALED, 2>(q, qscale, gate_up, dxs, dws, inter, rows, scratch, ring);
-    else
-        silu_quant_rows<SCALED>(q, qscale, gate_up, dxs, dws, inter, rows, scratch);
 }
 
 // silu_mul_bf16 followed by quantize_rows_fp8 of its output, in one kernel and with the same
@@ -710,25 +624,20 @@ __device__ __forceinline__ void silu_quant_rows_form(unsigned char* __restrict__
 // unscaled product of an FP8 GEMM and its scales are applied first, as fp8_rescale_bf16 would
 // (dws: 2 inter scales; `dxs` may be `qscale`: each row is one block's, which reads its scale
 // before writing it). Blocks of up to SILU_Q_THREADS take rows blockIdx.x, + gridDim.x, ...;
-// inter % 8 == 0. `stages` 2 or 3 takes the ring form with that many rows in the dynamic shared
-// memory (stages x 2 SILU_Q_VEC x 16 bytes a thread), anything else the register form.
+// inter % 8 == 0.
 extern "C" __global__ void __launch_bounds__(SILU_Q_THREADS)
     silu_mul_quant_fp8(unsigned char* __restrict__ q, float* qscale,
                        const bf16_t* __restrict__ gate_up, const float* dxs,
-                       const float* __restrict__ dws, int inter, unsigned int rows,
-                       int stages) {
+                       const float* __restrict__ dws, int inter, unsigned int rows) {
     pdl_wait();
     pdl_trigger_early();
     __shared__ float scratch[32];
-    extern __shared__ uint4 silu_ring[];
     const int nvec = inter / 8;
     if (nvec <= SILU_Q_VEC * (int)blockDim.x) {
         if (dxs != nullptr)
-            silu_quant_rows_form<true>(q, qscale, gate_up, dxs, dws, inter, rows, scratch, stages,
-                                       silu_ring);
+            silu_quant_rows<true>(q, qscale, gate_up, dxs, dws, inter, rows, scratch);
         else
-            silu_quant_rows_form<false>(q, qscale, gate_up, dxs, dws, inter, rows, scratch,
-                                        stages, silu_ring);
+            silu_quant_rows<false>(q, qscale, gate_up, dxs, dws, inter, rows, scratch);
         pdl_trigger_end();
         return;
     }

@@ -42,7 +42,6 @@
 // Most splits of one query tile's keys (PREFILL_MAX_SPLITS on the host).
 #define PF_MAX_SPLITS 16
 
-
 // Pool slots of this thread's rows (tid / CH + i * RPP) of the key tile starting at kt; -1
 // past the tile's end.
 template <int NP, int RPP, int CH>

@@ -63,11 +63,7 @@ impl Kernels {
                     plan.splits
                 )));
             }
-            let f = match shape.kv {
-                KvDtype::Fp8E4m3 if self.decode_tc_stream => &self.decode_tcs[0][di][gi],
-                KvDtype::Fp8E5m2 if self.decode_tc_stream => &self.decode_tcs[1][di][gi],
-                _ => &self.decode_tc[shape.kv.index()][di][gi],
-            };
+            let f = &self.decode_tc[shape.kv.index()][di][gi];
             let (o, os, qa, qs) = (out.addr(), out_stride as i32, q.addr(), q_stride as i32);
             let (kc, vc, ip, ix) = (
                 k_cache.addr(),

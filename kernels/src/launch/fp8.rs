@@ -197,8 +197,6 @@ impl Kernels {
             inter as i32,
         );
         let rows = n_tokens as u32;
-        let (threads, stages, smem) = silu_quant_form(inter, self.row_stages, self.silu_smem_max);
-        let st = stages as i32;
         let mut a = [
             arg(&qa),
             arg(&sa),
@@ -207,46 +205,25 @@ impl Kernels {
             arg(&wa),
             arg(&i),
             arg(&rows),
-            arg(&st),
         ];
+        // SILU_Q_VEC (2) vectors of 8 per thread, at most SILU_Q_THREADS (1024) threads (fp8.cu)
+        let threads = (inter / 8).div_ceil(2).clamp(32, 1024).next_multiple_of(32) as u32;
         let grid = (
-            self.row_grid_smem(s, &self.silu_mul_quant_fp8, threads, smem, n_tokens)?,
+            self.row_grid(s, &self.silu_mul_quant_fp8, threads, n_tokens)?,
             1,
             1,
         );
-        // SAFETY: argument types match the kernel; the caller guarantees the extents; smem is
-        // within what the kernel was allowed at load.
-        unsafe {
-            self.launch_smem(
-                s,
-                &self.silu_mul_quant_fp8,
-                grid,
-                threads,
-                smem as u32,
-                &mut a,
-            )
-        }
+        // SAFETY: argument types match the kernel; the caller guarantees the extents.
+        unsafe { self.launch(s, &self.silu_mul_quant_fp8, grid, threads, &mut a) }
     }
 
     /// Blocks for a row kernel whose blocks take rows `blockIdx.x`, `+ gridDim.x`, ...: as
     /// many as are resident at once (every multiprocessor full, no second wave that would
     /// leave some idle at the end), at most one per row.
     fn row_grid(&self, s: &CudaStream, f: &CudaFunction, threads: u32, rows: usize) -> Result<u32> {
-        self.row_grid_smem(s, f, threads, 0, rows)
-    }
-
-    /// [`Kernels::row_grid`] for blocks with `smem` bytes of dynamic shared memory.
-    fn row_grid_smem(
-        &self,
-        s: &CudaStream,
-        f: &CudaFunction,
-        threads: u32,
-        smem: usize,
-        rows: usize,
-    ) -> Result<u32> {
         s.context().bind_to_thread()?;
         let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)?
+            .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?
             .max(1);
         let resident = self.num_sms().saturating_mul(per_sm).max(1);
         Ok(resident.min(u32::try_from(rows).unwrap_or(u32::MAX)))
@@ -277,51 +254,5 @@ impl Kernels {
         let mut a = [arg(&qa), arg(&sa), arg(&ya), arg(&ki)];
         // SAFETY: argument types match the kernel; the caller guarantees the extents.
         unsafe { self.launch(s, &self.dequantize_fp8, (rows as u32, 1, 1), 256, &mut a) }
-    }
-}
-
-/// `silu_mul_quant_fp8`'s block for rows of `inter` values: (threads, ring stages, dynamic
-/// shared memory bytes). SILU_Q_VEC (2) vectors of 8 values a thread, at most SILU_Q_THREADS
-/// (1024) threads (fp8.cu). The ring holds 2 SILU_Q_VEC vectors of 16 bytes a thread per row;
-/// it takes as many rows as fit in `smem_max`, up to `max_stages` and 3, and 0 stages (the
-/// register form) where not even 2 fit, `max_stages` is below 2, or the rows are longer than the
-/// register form holds (the long-row form).
-fn silu_quant_form(inter: usize, max_stages: u32, smem_max: usize) -> (u32, u32, usize) {
-    let threads = (inter / 8).div_ceil(2).clamp(32, 1024).next_multiple_of(32);
-    let stage_bytes = 2 * 2 * 16 * threads;
-    let stages = if inter / 8 <= 2 * threads {
-        (2..=max_stages.min(3))
-            .rev()
-            .find(|&n| n as usize * stage_bytes <= smem_max)
-            .unwrap_or(0)
-    } else {
-        0
-    };
-    (threads as u32, stages, stages as usize * stage_bytes)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::silu_quant_form;
-
-    #[test]
-    fn silu_ring_takes_the_rows_that_fit() {
-        // Llama-3.1-8B's 14336: 896 threads, 57,344 bytes a row; an H100 block may take 232,448
-        let h100 = 232_448 - 128;
-        assert_eq!(silu_quant_form(14336, 3, h100), (896, 3, 3 * 57_344));
-        assert_eq!(silu_quant_form(14336, 2, h100), (896, 2, 2 * 57_344));
-        assert_eq!(silu_quant_form(14336, 8, h100), (896, 3, 3 * 57_344));
-        // the register form when asked for, or where two rows do not fit (an A100's 166 KB
-        // takes two; 100 KB none)
-        assert_eq!(silu_quant_form(14336, 0, h100), (896, 0, 0));
-        assert_eq!(silu_quant_form(14336, 1, h100), (896, 0, 0));
-        assert_eq!(silu_quant_form(14336, 3, 166_912), (896, 2, 2 * 57_344));
-        assert_eq!(silu_quant_form(14336, 3, 100_000), (896, 0, 0));
-        // tp 2's 7168: half the block, half the row
-        assert_eq!(silu_quant_form(7168, 3, h100), (448, 3, 3 * 28_672));
-        // short rows keep 32 threads (vectors past the row are not copied)
-        assert_eq!(silu_quant_form(64, 3, h100), (32, 3, 3 * 2048));
-        // rows past what 1024 threads hold take the long-row form
-        assert_eq!(silu_quant_form(40000, 3, h100), (1024, 0, 0));
     }
 }

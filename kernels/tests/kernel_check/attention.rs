@@ -170,42 +170,28 @@ pub(crate) fn check_decode(
     }
     .with_scales(scales);
     let max_len = *lens.iter().max().unwrap_or(&1);
-    let tc = sgl_kernels::DecodeAttnPlan {
-        splits: 1,
-        tensor_cores: true,
-    };
-    let stream_default = c.k.decode_tc_stream();
-    // (plan, the FP8 pools' streamed tensor-core form): both tensor-core forms on FP8 pools
-    let mut plans = vec![
-        (c.k.decode_plan(b, nkv, max_len), stream_default),
-        (
-            sgl_kernels::DecodeAttnPlan {
-                splits: 1,
-                tensor_cores: false,
-            },
-            stream_default,
-        ),
-        (
-            sgl_kernels::DecodeAttnPlan {
-                splits: 7,
-                tensor_cores: false,
-            },
-            stream_default,
-        ),
-        (tc, true),
-    ];
-    if kv != KvDtype::Bf16 {
-        plans.push((tc, false));
-    }
-    for (plan, stream) in plans {
-        c.k.set_decode_tc_stream(stream);
+    for plan in [
+        c.k.decode_plan(b, nkv, max_len),
+        sgl_kernels::DecodeAttnPlan {
+            splits: 1,
+            tensor_cores: false,
+        },
+        sgl_kernels::DecodeAttnPlan {
+            splits: 7,
+            tensor_cores: false,
+        },
+        sgl_kernels::DecodeAttnPlan {
+            splits: 1,
+            tensor_cores: true,
+        },
+    ] {
         let rows = b * nh * plan.splits as usize;
         let po = c.s.alloc_zeros::<f32>(rows * hd)?;
         let pml = c.s.alloc_zeros::<f32>(rows * 2)?;
         let (dq, dip, dix) = (c.up(&bf(&q))?, c.up(&indptr)?, c.up(&idx)?);
         let out = c.poisoned(b * nh * hd)?;
         // SAFETY: shapes as allocated.
-        let run = unsafe {
+        unsafe {
             c.k.decode_attn(
                 &c.s,
                 plan,
@@ -221,10 +207,8 @@ pub(crate) fn check_decode(
                 c.p(&pml),
                 b,
                 shape,
-            )
+            )?
         };
-        c.k.set_decode_tc_stream(stream_default);
-        run?;
         let got = c.down(&out)?;
         let mut want = Vec::new();
         for (si, s) in seq_slots.iter().enumerate() {
@@ -244,10 +228,10 @@ pub(crate) fn check_decode(
         }
         let name = format!(
             "decode_attn{} d{hd} {nh}/{nkv} heads, {} splits, {} pool{}",
-            match (plan.tensor_cores, stream && kv != KvDtype::Bf16) {
-                (false, _) => "",
-                (true, false) => " (tensor cores)",
-                (true, true) => " (tensor cores, streamed)",
+            if plan.tensor_cores {
+                " (tensor cores)"
+            } else {
+                ""
             },
             plan.splits,
             kv_name(kv),

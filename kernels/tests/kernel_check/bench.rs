@@ -483,35 +483,29 @@ pub(crate) fn bench_fp8_rows(c: &mut Ctx) -> R<()> {
         let ws = c.up(&vec![1e-1f32; 2 * inter])?;
         let q = s.alloc_zeros::<u8>(t * inter)?;
         let qs = s.alloc_zeros::<f32>(t)?;
-        // the ring form at both depths, the register form
-        let stages = c.k.row_stages();
-        for form in [3, 2, 0] {
-            c.k.set_row_stages(form);
-            let mut i = 0usize;
-            let us = time_each(&s, n, || {
-                i += 1;
-                // SAFETY: shapes as allocated.
-                unsafe {
-                    c.k.silu_mul_quant_fp8(
-                        &s,
-                        dptr(&q, &s),
-                        dptr(&qs, &s),
-                        dptr(&gus[i % copies], &s),
-                        Some((dptr(&xs, &s), dptr(&ws, &s))),
-                        t,
-                        inter,
-                    )?
-                };
-                Ok(())
-            });
-            c.k.set_row_stages(stages);
-            line(
-                &format!("silu_mul_quant_fp8 (scaled input), row stages {form}"),
-                format!("{t} x {inter}"),
-                us?,
-                t * 2 * inter * 2 + t * inter + t * 8,
-            );
-        }
+        let mut i = 0usize;
+        let us = time_each(&s, n, || {
+            i += 1;
+            // SAFETY: shapes as allocated.
+            unsafe {
+                c.k.silu_mul_quant_fp8(
+                    &s,
+                    dptr(&q, &s),
+                    dptr(&qs, &s),
+                    dptr(&gus[i % copies], &s),
+                    Some((dptr(&xs, &s), dptr(&ws, &s))),
+                    t,
+                    inter,
+                )?
+            };
+            Ok(())
+        })?;
+        line(
+            "silu_mul_quant_fp8 (scaled input)",
+            format!("{t} x {inter}"),
+            us,
+            t * 2 * inter * 2 + t * inter + t * 8,
+        );
     }
 
     for t in [1024usize, 8192] {

@@ -193,45 +193,6 @@ pub(crate) fn check_fp8_fused(c: &mut Ctx) -> R<()> {
             differ as f64,
             0.0,
         );
-        // the ring form at both depths and the register form: the same bytes
-        let stages = c.k.row_stages();
-        for other in [3u32, 2, 0].into_iter().filter(|&n| n != stages) {
-            let (q_o, s_o) = (c.up(&vec![0u8; t * inter])?, c.up(&xs_in)?);
-            c.k.set_row_stages(other);
-            // SAFETY: as above.
-            let run = unsafe {
-                c.k.silu_mul_quant_fp8(
-                    &c.s,
-                    c.p(&q_o),
-                    c.p(&s_o),
-                    c.p(&dgu),
-                    scaled.then(|| (c.p(&s_o), c.p(&dws))),
-                    t,
-                    inter,
-                )
-            };
-            c.k.set_row_stages(stages);
-            run?;
-            c.s.synchronize()?;
-            let (qo, so) = (c.s.clone_dtoh(&q_o)?, c.s.clone_dtoh(&s_o)?);
-            let differ = fp8_byte_diffs(&qo, &so, &qf, &sf);
-            let form = |n: u32| {
-                if n < 2 {
-                    "register form".to_string()
-                } else {
-                    format!("ring of {n} rows")
-                }
-            };
-            c.record(
-                &format!(
-                    "silu_mul_quant_fp8 {t}x{inter} {} vs {} ({differ} differ)",
-                    form(other),
-                    form(stages)
-                ),
-                differ as f64,
-                0.0,
-            );
-        }
         let mut want = Vec::with_capacity(t * inter);
         for r in 0..t {
             for i in 0..inter {

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """The streamed FP8 decode attention's fragment orders, checked on the host (no GPU): a
-lane-level model of `decode_attn_tcs_impl` (kernels/src/cu/decode_attn_tc.cu) for one 64-key
+lane-level model of `decode_attn_fp8_impl` (kernels/src/cu/decode_attn_tc.cu) for one 64-key
 tile, with mma.sync m16n8k16 and ldmatrix.x4.trans as the PTX manual lays out their fragments:
 the cp.async placement with its swizzles, the K fragments read as 16-byte words of a key, the
 query fragments in the same order of dims, ldmatrix.trans on the V bytes as 16-bit pairs and the
 even/odd-dim MMAs, and where each output lands. S = Q K^T and O = P V must equal the plain
 products; every K read and ldmatrix phase must touch 32 distinct banks. Bytes stand for values
 through val() (the widening itself is the kernel checks' to test). Needs numpy.
-Usage: python3 scripts/gpu/tcs_fragments.py"""
+Usage: python3 scripts/gpu/decode_fp8_fragments.py"""
 import numpy as np
 rng = np.random.default_rng(0)
 def val(b): return (b.astype(np.float64) - 128.0) / 7.0
