@@ -6,6 +6,14 @@
 use super::*;
 use sgl_kernels::KvScales;
 
+/// A decode attention plan of `splits` parts, on tensor cores or not.
+fn attn_plan(splits: u32, tensor_cores: bool) -> sgl_kernels::DecodeAttnPlan {
+    sgl_kernels::DecodeAttnPlan {
+        splits,
+        tensor_cores,
+    }
+}
+
 /// `vals` as a KV pool of `kv` elements with the layer's `scale`: the bytes to upload (each
 /// value rounded to bf16 first, as the kernels store bf16 results, then times `1 / scale` in
 /// f32, then rounded to the pool's FP8 type) and the values attention reads from them (stored
@@ -172,18 +180,9 @@ pub(crate) fn check_decode(
     let max_len = *lens.iter().max().unwrap_or(&1);
     for plan in [
         c.k.decode_plan(b, nkv, max_len),
-        sgl_kernels::DecodeAttnPlan {
-            splits: 1,
-            tensor_cores: false,
-        },
-        sgl_kernels::DecodeAttnPlan {
-            splits: 7,
-            tensor_cores: false,
-        },
-        sgl_kernels::DecodeAttnPlan {
-            splits: 1,
-            tensor_cores: true,
-        },
+        attn_plan(1, false),
+        attn_plan(7, false),
+        attn_plan(1, true),
     ] {
         let rows = b * nh * plan.splits as usize;
         let po = c.s.alloc_zeros::<f32>(rows * hd)?;
@@ -305,18 +304,9 @@ pub(crate) fn check_decode_fused(
     let mut splits = Vec::new();
     for plan in [
         c.k.decode_plan(b, nkv, max_len),
-        sgl_kernels::DecodeAttnPlan {
-            splits: 1,
-            tensor_cores: false,
-        },
-        sgl_kernels::DecodeAttnPlan {
-            splits: 3,
-            tensor_cores: false,
-        },
-        sgl_kernels::DecodeAttnPlan {
-            splits: 7,
-            tensor_cores: false,
-        },
+        attn_plan(1, false),
+        attn_plan(3, false),
+        attn_plan(7, false),
         sgl_kernels::DecodeAttnPlan {
             splits: sgl_kernels::MAX_DECODE_SPLITS,
             tensor_cores: false,
