@@ -4,7 +4,8 @@
 # engine's pass breakdown; the tensor-core decode attention's kernel checks first (`kernel-check
 # kv`), batch-1 decode and the TTFT of 1024 tokens (FP8) between the runs, and FP8 at each
 # further --schedule-conservativeness in VALUES while the budget lasts. Expects the binaries in
-# .dev/gpu (scripts/gpu/README.md); writes to $OUT. Knobs: VALUES ("1.3"), BUDGET_S (540).
+# .dev/gpu (scripts/gpu/README.md); writes to $OUT. Knobs: VALUES ("1.3"; "" for none), BF16=0
+# (no bf16 run), BUDGET_S (540).
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 D=.dev/gpu; W=/tmp/sgl; mkdir -p $W
@@ -29,6 +30,6 @@ off fp8 $F8
 stage "batch-1 decode and TTFT, FP8" 60 $D/sgl-bench bench-one-batch --model $W/ckpt --batch 1 \
   --input 128 --output 256 --ttft-input 1024 $F8 > $OUT/one-batch-fp8.txt 2>&1
 grep -E "^\|" $OUT/one-batch-fp8.txt | tail -3
-off bf16
-for c in ${VALUES:-1.3}; do off fp8-c$c $F8 --schedule-conservativeness $c; done
+[ "${BF16:-1}" = 0 ] || off bf16
+for c in ${VALUES-1.3}; do off fp8-c$c $F8 --schedule-conservativeness $c; done
 echo "== done in $(elapsed)s"
