@@ -42,6 +42,18 @@ __device__ __forceinline__ unsigned int dtc_bf2_to_h2(unsigned int w) {
     return dtc_pack_h2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
 }
 
+// Pool slots of this thread's rows (tid / CH + i * RPP, i < NP) of the tile starting at key
+// kt of a sequence of `len` keys whose indices start at kv_indices[beg]; -1 past its end.
+template <int NP, int RPP, int CH>
+__device__ __forceinline__ void dtc_slots(int (&slot)[NP], const int* __restrict__ kv_indices,
+                                          int beg, int kt, int len, int tid) {
+#pragma unroll
+    for (int i = 0; i < NP; ++i) {
+        const int r = kt + tid / CH + i * RPP;
+        slot[i] = r < len ? kv_indices[beg + r] : -1;
+    }
+}
+
 // One warp's online softmax step over its 16 keys (first key `key0`): row g's scores s (two
 // n-blocks of 8; elements 0 and 1 are keys nb * 8 + 2 tig + e) are masked past the sequence,
 // scaled (log2 domain) and replaced by their exponentials; (m0, l0) move on; returns the factor
@@ -153,11 +165,7 @@ __device__ __forceinline__ void decode_attn_tc_impl(
     }
 
     int slot[NP];
-#pragma unroll
-    for (int i = 0; i < NP; ++i) {
-        const int r = tid / CH + i * RPP;
-        slot[i] = r < len ? kv_indices[beg + r] : -1;
-    }
+    dtc_slots<NP, RPP, CH>(slot, kv_indices, beg, 0, len, tid);
     // Copies the tile whose pool slots `slot` holds into the tiles, then reads the slots of the
     // tile DTC_BK keys further while the copies are in flight.
     auto fetch = [&](int kt) {
@@ -169,11 +177,7 @@ __device__ __forceinline__ void decode_attn_tc_impl(
             cp_async16(sV + r * LD + c * 8, v_cache + row, slot[i] >= 0);
         }
         cp_commit();
-#pragma unroll
-        for (int i = 0; i < NP; ++i) {
-            const int r = kt + DTC_BK + tid / CH + i * RPP;
-            slot[i] = r < len ? kv_indices[beg + r] : -1;
-        }
+        dtc_slots<NP, RPP, CH>(slot, kv_indices, beg, kt + DTC_BK, len, tid);
     };
     float o[D / 8][2];  // row g's outputs (rows g + 8 are padding and stay zero)
 #pragma unroll
@@ -334,11 +338,7 @@ __device__ __forceinline__ void decode_attn_fp8_impl(
     }
 
     int slot[NP];
-#pragma unroll
-    for (int i = 0; i < NP; ++i) {
-        const int r = tid / CH + i * RPP;
-        slot[i] = r < len ? kv_indices[beg + r] : -1;
-    }
+    dtc_slots<NP, RPP, CH>(slot, kv_indices, beg, 0, len, tid);
     // Copies the tile whose pool slots `slot` holds into stage `st` (keys past the sequence
     // zero-filled), then reads the slots of the tile DTC_BK keys further.
     auto issue = [&](int kt, int st) {
@@ -351,11 +351,7 @@ __device__ __forceinline__ void decode_attn_fp8_impl(
             cp_async16(&tiles[st][1][r * D + dts_v_chunk<D>(r, c) * 16], v_cache + row, ok);
         }
         cp_commit();
-#pragma unroll
-        for (int i = 0; i < NP; ++i) {
-            const int r = kt + DTC_BK + tid / CH + i * RPP;
-            slot[i] = r < len ? kv_indices[beg + r] : -1;
-        }
+        dtc_slots<NP, RPP, CH>(slot, kv_indices, beg, kt + DTC_BK, len, tid);
     };
 
     float o[D / 16][4];  // row g's outputs at dims 16 qb + 4 tig + e
@@ -446,27 +442,28 @@ __device__ __forceinline__ void decode_attn_fp8_impl(
     dtc_finish<D, G>(s_o, s_m, s_l, orow, vs);
 }
 
-
 // Kernel names: decode_attn_tc_d<D>_g<G> for a bf16 pool, with _e4m3 / _e5m2 appended for FP8.
-#define DECODE_ATTN_TC(NAME, IMPL, D, G, SUF, KV)                                          \
-    extern "C" __global__ void __launch_bounds__(DTC_THREADS) NAME##_d##D##_g##G##SUF(     \
-        bf16_t* out, int out_stride, const bf16_t* q, int q_stride, const KV::T* kc,       \
-        const KV::T* vc, int kv_stride, const int* kv_indptr, const int* kv_indices,       \
-        float scale_log2, float v_scale) {                                                 \
+#define DECODE_ATTN_TC(IMPL, D, G, SUF, KV)                                                \
+    extern "C" __global__ void __launch_bounds__(DTC_THREADS)                              \
+        decode_attn_tc_d##D##_g##G##SUF(bf16_t* out, int out_stride, const bf16_t* q,      \
+                                        int q_stride, const KV::T* kc, const KV::T* vc,    \
+                                        int kv_stride, const int* kv_indptr,               \
+                                        const int* kv_indices, float scale_log2,           \
+                                        float v_scale) {                                   \
         IMPL<D, G, KV>(out, out_stride, q, q_stride, kc, vc, kv_stride, kv_indptr,         \
                        kv_indices, scale_log2, v_scale);                                   \
     }
 
-#define DECODE_ATTN_TC_ALL(NAME, IMPL, SUF, KV)  \
-    DECODE_ATTN_TC(NAME, IMPL, 64, 1, SUF, KV)   \
-    DECODE_ATTN_TC(NAME, IMPL, 64, 2, SUF, KV)   \
-    DECODE_ATTN_TC(NAME, IMPL, 64, 4, SUF, KV)   \
-    DECODE_ATTN_TC(NAME, IMPL, 64, 8, SUF, KV)   \
-    DECODE_ATTN_TC(NAME, IMPL, 128, 1, SUF, KV)  \
-    DECODE_ATTN_TC(NAME, IMPL, 128, 2, SUF, KV)  \
-    DECODE_ATTN_TC(NAME, IMPL, 128, 4, SUF, KV)  \
-    DECODE_ATTN_TC(NAME, IMPL, 128, 8, SUF, KV)
+#define DECODE_ATTN_TC_ALL(IMPL, SUF, KV)  \
+    DECODE_ATTN_TC(IMPL, 64, 1, SUF, KV)   \
+    DECODE_ATTN_TC(IMPL, 64, 2, SUF, KV)   \
+    DECODE_ATTN_TC(IMPL, 64, 4, SUF, KV)   \
+    DECODE_ATTN_TC(IMPL, 64, 8, SUF, KV)   \
+    DECODE_ATTN_TC(IMPL, 128, 1, SUF, KV)  \
+    DECODE_ATTN_TC(IMPL, 128, 2, SUF, KV)  \
+    DECODE_ATTN_TC(IMPL, 128, 4, SUF, KV)  \
+    DECODE_ATTN_TC(IMPL, 128, 8, SUF, KV)
 
-DECODE_ATTN_TC_ALL(decode_attn_tc, decode_attn_tc_impl, , KvBf16)
-DECODE_ATTN_TC_ALL(decode_attn_tc, decode_attn_fp8_impl, _e4m3, KvE4m3)
-DECODE_ATTN_TC_ALL(decode_attn_tc, decode_attn_fp8_impl, _e5m2, KvE5m2)
+DECODE_ATTN_TC_ALL(decode_attn_tc_impl, , KvBf16)
+DECODE_ATTN_TC_ALL(decode_attn_fp8_impl, _e4m3, KvE4m3)
+DECODE_ATTN_TC_ALL(decode_attn_fp8_impl, _e5m2, KvE5m2)
