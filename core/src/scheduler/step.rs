@@ -112,7 +112,14 @@ impl Scheduler {
         if !overlap && let Some(f) = self.flight.take() {
             self.land(f)?;
         }
+        let admissions = self.admissions;
         let plan = self.plan();
+        if self.admissions != admissions {
+            // Requests just admitted show as running for the whole pass, not only after it:
+            // a long prefill would otherwise read as an idle engine with a waiting request
+            // (the autoscaler's busy share samples these gauges).
+            self.publish_stats();
+        }
         if plan.is_empty() {
             if let Some(f) = self.flight.take() {
                 return self.land(f);

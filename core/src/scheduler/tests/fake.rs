@@ -14,9 +14,11 @@
 //! not. Then two copies of the same token's KV (the radix cache's and a request's recomputed
 //! one) are told apart by whatever reads them later.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use crate::backend::{Backend, SeqInput};
+use crate::engine::SchedulerStats;
 use crate::error::{EngineError, Result};
 
 const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -69,20 +71,35 @@ pub(super) struct SeqRecord {
 /// Every forward pass the backend ran, shared with the test that owns the scheduler.
 pub(super) type PassLog = Arc<Mutex<Vec<Vec<SeqRecord>>>>;
 
+/// The running requests the scheduler had published (`SchedulerStats::num_running_reqs`, what
+/// `/metrics` serves) as each pass ran.
+pub(super) type RunningSeen = Arc<Mutex<Vec<usize>>>;
+
 pub(super) struct FakeModel {
     vocab: usize,
     kv: Vec<Option<u64>>,
     log: PassLog,
     shape_dependent_kv: bool,
+    stats: Arc<SchedulerStats>,
+    running_seen: RunningSeen,
 }
 
 impl FakeModel {
-    pub fn new(vocab: usize, kv_capacity: usize, log: PassLog, shape_dependent_kv: bool) -> Self {
+    pub fn new(
+        vocab: usize,
+        kv_capacity: usize,
+        log: PassLog,
+        shape_dependent_kv: bool,
+        stats: Arc<SchedulerStats>,
+        running_seen: RunningSeen,
+    ) -> Self {
         FakeModel {
             vocab,
             kv: vec![None; kv_capacity],
             log,
             shape_dependent_kv,
+            stats,
+            running_seen,
         }
     }
 
@@ -101,6 +118,9 @@ impl FakeModel {
 
 impl Backend for FakeModel {
     fn forward(&mut self, batch: &[SeqInput<'_>]) -> Result<Vec<f32>> {
+        if let Ok(mut seen) = self.running_seen.lock() {
+            seen.push(self.stats.num_running_reqs.load(Ordering::Relaxed));
+        }
         if let Ok(mut log) = self.log.lock() {
             log.push(
                 batch

@@ -27,7 +27,7 @@ use crate::config::SchedulePolicy;
 use crate::engine::{PendingRequest, SchedulerMsg, SchedulerStats};
 use crate::metrics::Metrics;
 use crate::request::{FinishReason, GenerateRequest, SamplingParams, StreamEvent, Usage};
-use fake::{FakeModel, PassLog, SeqRecord};
+use fake::{FakeModel, PassLog, RunningSeen, SeqRecord};
 
 use fake::reference;
 
@@ -84,11 +84,15 @@ impl Default for Setup {
 impl Setup {
     pub fn build(self) -> Harness {
         let log = PassLog::default();
+        let stats = Arc::new(SchedulerStats::default());
+        let running_seen = RunningSeen::default();
         let fake = Box::new(FakeModel::new(
             self.vocab,
             self.capacity,
             log.clone(),
             self.shape_dependent_kv,
+            stats.clone(),
+            running_seen.clone(),
         ));
         let backend: Box<dyn Backend> = match self.mode {
             Mode::Plain => fake,
@@ -110,12 +114,12 @@ impl Setup {
         };
         let (tx, rx) = mpsc::channel();
         let metrics = Arc::new(Metrics::new("fake").expect("metrics"));
-        let stats = Arc::new(SchedulerStats::default());
         let sched = Scheduler::new(backend, rx, None, cfg, metrics, stats);
         Harness {
             sched,
             _tx: tx,
             log,
+            running_seen,
             capacity: self.capacity,
             vocab: self.vocab,
             next_id: 1,
@@ -191,6 +195,7 @@ pub(super) struct Harness {
     pub sched: Scheduler,
     _tx: mpsc::Sender<SchedulerMsg>,
     log: PassLog,
+    running_seen: RunningSeen,
     pub capacity: usize,
     pub vocab: usize,
     next_id: u64,
@@ -278,6 +283,11 @@ impl Harness {
     /// Every forward pass run so far.
     fn passes(&self) -> Vec<Vec<SeqRecord>> {
         self.log.lock().unwrap().clone()
+    }
+
+    /// The running requests the scheduler had published as each pass ran.
+    fn running_seen(&self) -> Vec<usize> {
+        self.running_seen.lock().unwrap().clone()
     }
 
     /// Every KV slot is in exactly one place: the pool's free list, the radix tree, or the

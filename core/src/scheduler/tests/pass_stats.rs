@@ -91,3 +91,41 @@ fn pass_stats_count_every_pass_token_and_prompt_of_a_run() {
         assert!(next.timeline(5.0).is_empty());
     }
 }
+
+/// A pass runs with its requests already published as running (`num_running_reqs`, served on
+/// `/metrics` and sampled by the autoscaler): a request admitted at a step shows while its
+/// prefill runs, not only once the pass is done. Published only after the pass, an engine
+/// serving one request after another read as idle with a request waiting for the whole of
+/// each prefill, which on a loaded machine was most of its time. One request at a time
+/// (`max_running_requests` 1), three queued, so every request but the first is admitted at
+/// the step after the one that finished its predecessor.
+#[test]
+fn admitted_requests_show_as_running_while_their_pass_runs() {
+    for mode in [Mode::Plain, Mode::Overlap] {
+        let mut h = Setup {
+            mode,
+            max_running_requests: 1,
+            ..Setup::default()
+        }
+        .build();
+        let mut clients: Vec<Client> = (0..3)
+            .map(|i| h.submit(prompt(12 + i, i as u32), greedy(3)))
+            .collect();
+        h.run_to_idle();
+        for c in &mut clients {
+            assert_eq!(c.output().len(), 3, "{mode:?}");
+        }
+        let (passes, seen) = (h.passes(), h.running_seen());
+        assert_eq!(passes.len(), seen.len(), "{mode:?}");
+        let prefills = passes.iter().filter(|p| p.iter().any(|s| s.prompt)).count();
+        assert_eq!(prefills, 3, "{mode:?}: one prefill a request");
+        for (i, (pass, &running)) in passes.iter().zip(&seen).enumerate() {
+            assert!(
+                running >= pass.len(),
+                "{mode:?}: pass {i} ran {} sequences while {running} were published as running \
+                 (passes {passes:?}, published {seen:?})",
+                pass.len()
+            );
+        }
+    }
+}
